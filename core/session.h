@@ -1,0 +1,201 @@
+// A calibration session: running observer state for one model and recipe, fed by any number of
+// producers (one stream per TP rank) and finalized once into scales for any deployment.
+// Thread-safe: Observe reduces a chunk without holding the session lock (so TP-rank streams
+// reduce in parallel) and only folds the small per-chunk statistics in under it. State is
+// O(layers x heads + modules x batches); the streamed tensor data is never retained.
+#ifndef CALIPER_CORE_SESSION_H_
+#define CALIPER_CORE_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "core/dtype.h"
+#include "core/kv_scales.h"
+#include "core/lightllm_format.h"
+#include "core/model_config.h"
+#include "core/nvfp4.h"
+#include "core/observers.h"
+#include "core/reduction_backend.h"
+#include "core/warnings.h"
+
+namespace caliper {
+
+enum class KvMode { kOff, kPerTensor, kPerHead };
+
+// What a session observes and how it turns statistics into scales.
+struct Recipe {
+  KvMode kv = KvMode::kPerHead;
+  Fp8Flavor fp8_flavor = Fp8Flavor::kE4M3FN;
+  bool nvfp4_weights = false;      // accept WEIGHT chunks
+  bool nvfp4_activations = false;  // accept INPUT chunks
+  ActivationObserverKind activation_observer = ActivationObserverKind::kStaticMinMax;
+  double averaging_constant = 0.01;  // c of the kMinMax moving average, in (0, 1]
+  FusedGroupTable fused_groups = FusedGroupTable::Default();
+  int64_t warmup_batches = 0;  // K/V/input chunks with batch < this are skipped (weights never)
+};
+
+enum class ChunkKind { kKey, kValue, kWeight, kInput };
+absl::string_view ChunkKindName(ChunkKind kind);  // "KEY", "VALUE", "WEIGHT", "INPUT_ACTIVATION"
+
+// One streamed tensor, referencing bytes the caller keeps alive for the duration of Observe.
+struct ChunkRef {
+  ChunkKind kind = ChunkKind::kKey;
+  int layer = 0;              // K / V
+  absl::string_view module;   // weight / input, e.g. "model.layers.0.self_attn.q_proj"
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  TpPlacement placement;      // tp_size >= 1
+  int64_t batch = 0;          // forward-pass index
+  uint64_t sequence = 0;      // per-stream; echoed in errors
+  absl::string_view producer_id;  // reserved for exactly-once dedupe (issue 7)
+  absl::Span<const uint8_t> data;
+};
+
+enum class ObserveOutcome { kAccepted, kSkippedWarmup };
+
+// Engine conventions for NVFP4 (domain.md 2): compressed-tensors stores the divisor and shares
+// only weight scales in fused groups; ModelOpt stores the multiplier and shares inputs too.
+enum class Nvfp4Convention { kCompressedTensors, kModelOpt };
+
+// A deployment asks for scales at TP `tp_size` (0: unset) or with `total_kv_heads` counted
+// across ranks (0: unset); both unset means TP 1. `rank` also returns that rank's K/V slice
+// and needs tp_size.
+struct Deployment {
+  int tp_size = 0;
+  int total_kv_heads = 0;
+  std::optional<int> rank;
+};
+
+struct SessionScales {
+  KvMode kv = KvMode::kOff;
+  Fp8Flavor fp8_flavor = Fp8Flavor::kE4M3FN;
+  int num_kv_heads = 0;             // the model's original KV heads
+  int deployed_total_kv_heads = 0;  // heads counted across ranks for this deployment
+  int tp_size = 0;                  // 0 when the deployment gave only total_kv_heads
+  std::optional<KvScales> kv_scales;           // over original heads; absent when kv is off
+  std::optional<LightLlmCalibration> lightllm;  // the file for this deployment
+  std::optional<int> rank;
+  std::vector<RankSlice> rank_slices;  // [layer] when rank is set (per tensor: one value each)
+  Nvfp4Convention convention = Nvfp4Convention::kCompressedTensors;
+  Nvfp4Scales nvfp4;
+  std::vector<ScaleWarning> warnings;  // KV, NVFP4 and session-level warnings together
+};
+
+enum class SessionState { kOpen, kFinalized };
+
+struct LayerProgressInfo {
+  int64_t k_tokens = 0;  // tokens per head, averaged over original heads
+  int64_t v_tokens = 0;
+};
+
+struct SessionStatus {
+  std::string id, name;
+  SessionState state = SessionState::kOpen;
+  ModelConfig model;
+  Recipe recipe;
+  int64_t accepted_chunks = 0, accepted_bytes = 0;
+  int64_t rejected_chunks = 0, skipped_warmup_chunks = 0;
+  std::vector<LayerProgressInfo> layers;  // [num_layers] when kv is on, else empty
+  int modules_with_weights = 0, modules_with_inputs = 0;
+  int64_t created_unix_ms = 0;
+};
+
+class CalibrationSession {
+ public:
+  // InvalidArgument (naming the field) for an invalid model or recipe.
+  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Create(ModelConfig model,
+                                                                    Recipe recipe,
+                                                                    std::string id = "",
+                                                                    std::string name = "");
+
+  // Validates and reduces one chunk, then folds it in. On any error the chunk is rejected whole
+  // and no statistic changes. Errors: InvalidArgument (layer out of range, empty module, kind not
+  // enabled by the recipe, placement, dtype/shape/bytes, NaN/Inf - message names the field),
+  // FailedPrecondition (session finalized), NotFound (session deleted).
+  absl::StatusOr<ObserveOutcome> Observe(const ChunkRef& chunk, ReductionBackend& backend);
+
+  // Counts a chunk the transport rejected before it could build a ChunkRef (e.g. bad dtype).
+  void RecordRejected();
+
+  // Freezes the session and computes the deployment-independent results. Idempotent.
+  absl::Status Finalize();
+
+  // Scales for one deployment. FailedPrecondition before Finalize; InvalidArgument for a
+  // deployment the model cannot have (head counts that do not divide, rank out of range).
+  absl::StatusOr<SessionScales> Scales(const Deployment& deployment,
+                                       Nvfp4Convention convention) const;
+
+  SessionStatus Status() const;
+  const std::string& id() const { return id_; }
+  const ModelConfig& model() const { return model_; }
+  const Recipe& recipe() const { return recipe_; }
+  int64_t created_unix_ms() const { return created_unix_ms_; }
+
+  // Called by the registry on delete: later chunks from streams still open get NotFound.
+  void MarkDeleted() { deleted_.store(true); }
+
+ private:
+  CalibrationSession(ModelConfig model, Recipe recipe, std::string id, std::string name);
+
+  struct ModuleState {
+    MinMaxObserver weight;
+    ActivationObserver input;
+  };
+  // Reduction result of one chunk, computed without the lock.
+  struct ChunkStats {
+    std::optional<KvChunkStats> kv;
+    std::optional<RangeStats> range;
+  };
+
+  absl::Status ValidateChunk(const ChunkRef& chunk) const;
+  absl::Status CheckOpen() const;  // caller holds mu_ or accepts a racy pre-check
+
+  const ModelConfig model_;
+  const Recipe recipe_;
+  const std::string id_, name_;
+  const int64_t created_unix_ms_;
+  std::atomic<bool> deleted_{false};
+
+  mutable std::mutex mu_;
+  SessionState state_ = SessionState::kOpen;
+  std::vector<KvLayerObserver> kv_layers_;       // [num_layers] when kv is on
+  std::map<std::string, ModuleState> modules_;   // by module name
+  int64_t accepted_chunks_ = 0, accepted_bytes_ = 0;
+  int64_t rejected_chunks_ = 0, skipped_warmup_chunks_ = 0;
+  // Set by Finalize.
+  std::optional<KvScales> final_kv_;
+  std::map<std::string, ModuleAmax> final_amax_;
+  std::vector<ScaleWarning> final_warnings_;
+};
+
+// Sessions by id. Thread-safe. Ids are 128-bit random hex, so they are not guessable.
+class SessionRegistry {
+ public:
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> Create(ModelConfig model, Recipe recipe,
+                                                             std::string name = "");
+  // NotFound naming the id.
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> Get(absl::string_view id) const;
+  std::vector<std::shared_ptr<CalibrationSession>> List() const;  // by creation order
+  absl::Status Delete(absl::string_view id);
+  size_t size() const;
+
+ private:
+  std::string NewId();
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<CalibrationSession>, std::less<>> sessions_;
+};
+
+}  // namespace caliper
+
+#endif  // CALIPER_CORE_SESSION_H_
