@@ -27,12 +27,16 @@ struct LightLlmCalibration {
 // the actual nested shape, rows of 2*num_head (per head) or 2 (per tensor), finite scales.
 absl::StatusOr<LightLlmCalibration> ParseLightLlmCalibration(absl::string_view json_text);
 
+// qmin == -448 and qmax == 448 (float8_e4m3fn), the only range LightLLM's loader accepts.
+absl::Status CheckLightLlmFp8Range(const LightLlmCalibration& calibration);
+
 // The checks LightLLM's loader makes against the model it serves: qmin/qmax of e4m3fn,
 // architectures and num_layers equal, and num_head a multiple or divisor of total_heads.
 absl::Status CheckLightLlmForModel(const LightLlmCalibration& calibration,
                                    const ModelConfig& model, int total_heads);
 
-// Pretty JSON with the keys in LightLLM's order, including scales_shape.
+// Pretty JSON with the keys in LightLLM's order, including scales_shape; byte-identical to
+// LightLLM's json.dump(indent=4) output (floats in Python's shortest round-trip repr).
 std::string SerializeLightLlmCalibration(const LightLlmCalibration& calibration);
 
 // Adapts to a deployment with `total_heads` heads, keyed on quant_type: per-head rows go through
