@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""Renders every overlay in deploy/overlays with `kubectl kustomize` and checks the objects an
+SRE relies on: kinds, ports that match the server's flags, gRPC probes, graceful termination,
+the security context, resources, and the GPU only where it belongs.
+
+With --server, also starts the real caliper-server with the args the overlay renders (listen
+addresses moved to loopback port 0) to prove every flag in the ConfigMap is accepted.
+Exit 77 (CTest skip) when kubectl is absent."""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+try:
+    import yaml
+except ImportError:
+    sys.exit("render_test: PyYAML missing: install Debian's python3-yaml "
+             "(scripts/install-deps.sh python3-yaml) and run with /usr/bin/python3")
+
+SKIP = 77
+# The server's own flag defaults; the manifests must use the same ports.
+SERVER_GRPC_PORT = 50051
+SERVER_METRICS_PORT = 9464
+EXPECTED_DEVICE = {"gpu": "cuda", "cpu": "cpu"}
+EXPECTED_KINDS = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
+                  "PodDisruptionBudget", "ServiceMonitor"}
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+    return cond
+
+
+def quantity(q):
+    """Kubernetes quantity -> float (cores or bytes)."""
+    q = str(q)
+    units = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", q)
+    if not m or (m.group(2) and m.group(2) not in units):
+        raise ValueError(f"bad quantity {q!r}")
+    return float(m.group(1)) * units.get(m.group(2), 1)
+
+
+def port_of(addr):
+    m = re.fullmatch(r"(.+):(\d+)", addr)
+    return int(m.group(2)) if m else None
+
+
+def render(kubectl, path):
+    out = subprocess.run([kubectl, "kustomize", path], capture_output=True, text=True,
+                         timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {path} failed:\n{out.stderr}")
+    return out.stdout, [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def labels_match(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_overlay(name, text, objs):
+    p = f"[{name}]"
+    before = len(failures)
+    by_kind = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], []).append(o)
+    check(set(by_kind) == EXPECTED_KINDS, f"{p} kinds {sorted(by_kind)} != {sorted(EXPECTED_KINDS)}")
+    for kind in EXPECTED_KINDS:
+        check(len(by_kind.get(kind, [])) == 1, f"{p} expected exactly one {kind}")
+    if len(failures) > before:
+        return None
+    ns = by_kind["Namespace"][0]
+    namespaces = {o["metadata"].get("namespace") for o in objs if o["kind"] != "Namespace"}
+    check(namespaces == {ns["metadata"]["name"]},
+          f"{p} objects in namespaces {namespaces}, Namespace is {ns['metadata']['name']}")
+    check(ns["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce") == "restricted",
+          f"{p} namespace does not enforce the restricted Pod Security Standard")
+
+    cm = by_kind["ConfigMap"][0]
+    flags = cm["data"]
+    dep = by_kind["Deployment"][0]
+    pod = dep["spec"]["template"]
+    spec = pod["spec"]
+    check(dep["spec"].get("replicas") == 1, f"{p} replicas must be 1 (sessions are in memory)")
+    check(len(spec["containers"]) == 1, f"{p} one container expected")
+    c = spec["containers"][0]
+
+    # Flags: every arg is --flag=$(VAR) with VAR in the ConfigMap, and every key is used.
+    check(c["envFrom"] == [{"configMapRef": {"name": cm["metadata"]["name"]}}],
+          f"{p} envFrom must reference the generated ConfigMap {cm['metadata']['name']}")
+    used = set()
+    for arg in c["args"]:
+        m = re.fullmatch(r"--([a-z_]+)=\$\(([A-Z_]+)\)", arg)
+        if check(m is not None, f"{p} arg {arg!r} is not --flag=$(VAR)"):
+            check(m.group(2) in flags, f"{p} arg {arg} uses {m.group(2)} missing from ConfigMap")
+            check(m.group(2) == "CALIPER_" + m.group(1).upper(),
+                  f"{p} arg {arg}: variable should be named after the flag")
+            used.add(m.group(2))
+    check(set(flags) == used, f"{p} ConfigMap keys never passed as flags: {set(flags) - used}")
+    check(flags.get("CALIPER_DEVICE") == EXPECTED_DEVICE[name],
+          f"{p} CALIPER_DEVICE={flags.get('CALIPER_DEVICE')}, want {EXPECTED_DEVICE[name]}")
+    grpc_port = port_of(flags.get("CALIPER_LISTEN", ""))
+    metrics_port = port_of(flags.get("CALIPER_METRICS_LISTEN", ""))
+    check(grpc_port == SERVER_GRPC_PORT, f"{p} --listen port {grpc_port} != {SERVER_GRPC_PORT}")
+    check(metrics_port == SERVER_METRICS_PORT,
+          f"{p} --metrics_listen port {metrics_port} != {SERVER_METRICS_PORT}")
+    check(flags.get("CALIPER_LOG_FORMAT") in ("json", "text"), f"{p} bad CALIPER_LOG_FORMAT")
+    check(int(flags.get("CALIPER_MAX_MESSAGE_BYTES", "0")) > 0, f"{p} bad max_message_bytes")
+
+    # Ports, Service, ServiceMonitor, annotations.
+    cports = {cp["name"]: cp["containerPort"] for cp in c["ports"]}
+    check(cports == {"grpc": grpc_port, "metrics": metrics_port},
+          f"{p} containerPorts {cports} do not match the flags")
+    svc = by_kind["Service"][0]
+    sports = {sp["name"]: sp for sp in svc["spec"]["ports"]}
+    check(set(sports) == {"grpc", "metrics"}, f"{p} Service ports {set(sports)}")
+    for pname, sp in sports.items():
+        check(sp.get("targetPort") in (pname, cports.get(pname)),
+              f"{p} Service port {pname} targets {sp.get('targetPort')}")
+        check(sp["port"] == cports.get(pname), f"{p} Service port {pname} is {sp['port']}")
+    check(sports["grpc"].get("appProtocol") == "grpc", f"{p} grpc port lacks appProtocol: grpc")
+    pod_labels = pod["metadata"]["labels"]
+    check(labels_match(svc["spec"]["selector"], pod_labels), f"{p} Service selects no pod")
+    check(labels_match(dep["spec"]["selector"]["matchLabels"], pod_labels),
+          f"{p} Deployment selector does not match its pods")
+    pdb = by_kind["PodDisruptionBudget"][0]
+    check(labels_match(pdb["spec"]["selector"]["matchLabels"], pod_labels),
+          f"{p} PodDisruptionBudget selects no pod")
+    sm = by_kind["ServiceMonitor"][0]
+    check(labels_match(sm["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"]),
+          f"{p} ServiceMonitor selects no Service")
+    eps = sm["spec"]["endpoints"]
+    check(len(eps) == 1 and eps[0].get("port") == "metrics" and eps[0].get("path") == "/metrics",
+          f"{p} ServiceMonitor endpoint {eps}")
+    ann = pod["metadata"].get("annotations", {})
+    check(ann.get("prometheus.io/scrape") == "true" and ann.get("prometheus.io/path") == "/metrics"
+          and ann.get("prometheus.io/port") == str(metrics_port),
+          f"{p} prometheus.io annotations {ann}")
+
+    # Probes: Kubernetes' native gRPC probe on the gRPC port (grpc.health.v1).
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        pr = c.get(probe)
+        if check(pr is not None, f"{p} {probe} missing"):
+            check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"},
+                  f"{p} {probe} must be a grpc probe only")
+            check(pr.get("grpc", {}).get("port") == grpc_port,
+                  f"{p} {probe} probes port {pr.get('grpc', {}).get('port')}, not {grpc_port}")
+            check(pr.get("grpc", {}).get("service", "") == "",
+                  f"{p} {probe} should check the server's overall health (service \"\")")
+
+    # Graceful termination longer than the drain.
+    drain = int(flags["CALIPER_DRAIN_TIMEOUT"])
+    grace = spec.get("terminationGracePeriodSeconds", 30)
+    check(grace > drain, f"{p} terminationGracePeriodSeconds {grace} <= --drain_timeout {drain}")
+
+    # Security context (container settings win over pod settings).
+    psc, csc = spec.get("securityContext", {}), c.get("securityContext", {})
+    eff = {**psc, **csc}
+    check(eff.get("runAsNonRoot") is True, f"{p} runAsNonRoot not set")
+    check(eff.get("runAsUser", 1) != 0, f"{p} runs as uid 0")
+    check(csc.get("readOnlyRootFilesystem") is True, f"{p} root filesystem writable")
+    check(csc.get("allowPrivilegeEscalation") is False, f"{p} privilege escalation allowed")
+    check(csc.get("privileged", False) is False, f"{p} privileged")
+    check(csc.get("capabilities", {}).get("drop") == ["ALL"] and
+          not csc.get("capabilities", {}).get("add"), f"{p} capabilities not dropped")
+    check(eff.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{p} seccomp not RuntimeDefault")
+    check(spec.get("automountServiceAccountToken") is False, f"{p} service account token mounted")
+    check(spec.get("hostNetwork", False) is False and spec.get("hostPID", False) is False,
+          f"{p} host namespaces used")
+    mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+    check("/tmp" in mounts, f"{p} read-only root needs a writable /tmp")
+
+    # Resources: requests and limits for cpu and memory, requests <= limits.
+    res = c.get("resources", {})
+    for r in ("cpu", "memory"):
+        req, lim = res.get("requests", {}).get(r), res.get("limits", {}).get(r)
+        if check(req is not None and lim is not None, f"{p} {r} request/limit missing"):
+            check(quantity(req) <= quantity(lim), f"{p} {r} request {req} > limit {lim}")
+
+    # GPU only in the gpu overlay.
+    gpu_limit = res.get("limits", {}).get("nvidia.com/gpu")
+    tolerates_gpu = any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", []))
+    image_tag = c["image"].rsplit(":", 1)[-1]
+    if name == "gpu":
+        check(gpu_limit is not None and int(gpu_limit) == 1, f"{p} nvidia.com/gpu limit {gpu_limit}")
+        check(tolerates_gpu, f"{p} no toleration for the nvidia.com/gpu taint")
+        check(image_tag.endswith("-cuda"), f"{p} image {c['image']} is not the cuda variant")
+    else:
+        check("nvidia.com/gpu" not in text, f"{p} mentions nvidia.com/gpu")
+        check(image_tag.endswith("-" + name), f"{p} image {c['image']} is not the {name} variant")
+    return c, flags
+
+
+def run_server_with(server, c, flags, timeout=20):
+    """Starts the real server with the rendered args, listen addresses on loopback port 0."""
+    env_flags = dict(flags, CALIPER_LISTEN="127.0.0.1:0", CALIPER_METRICS_LISTEN="127.0.0.1:0")
+    args = [re.sub(r"\$\(([A-Z_]+)\)", lambda m: env_flags[m.group(1)], a) for a in c["args"]]
+    proc = subprocess.Popen([server] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    started, lines = False, []
+    deadline = time.monotonic() + timeout
+    try:
+        os.set_blocking(proc.stdout.fileno(), True)
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip())
+            if "caliper-server listening on 127.0.0.1:" in line:
+                started = True
+                break
+        check(started, f"server did not start with the rendered args {args}:\n" + "\n".join(lines))
+        if started:
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=int(flags["CALIPER_DRAIN_TIMEOUT"]) + 10)
+            check(rc == 0, f"server exited {rc} after SIGTERM")
+            print(f"  server accepted {' '.join(args)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--deploy", required=True, help="the repository's deploy/ folder")
+    ap.add_argument("--kubectl", default=shutil.which("kubectl"))
+    ap.add_argument("--server", help="caliper-server binary: also run it with the cpu overlay's args")
+    a = ap.parse_args()
+    if not a.kubectl or not os.path.exists(a.kubectl):
+        print("SKIP: kubectl not found; the render test needs kubectl with kustomize")
+        return SKIP
+    overlays = sorted(os.listdir(os.path.join(a.deploy, "overlays")))
+    check(set(overlays) == set(EXPECTED_DEVICE), f"overlays {overlays} != {sorted(EXPECTED_DEVICE)}")
+    for name in overlays:
+        text, objs = render(a.kubectl, os.path.join(a.deploy, "overlays", name))
+        before = len(failures)
+        got = check_overlay(name, text, objs)
+        print(f"{name}: {len(objs)} objects, {len(failures) - before} problems")
+        if a.server and name == "cpu" and got:
+            run_server_with(a.server, *got)
+    # The Grafana dashboard ConfigMap renders too.
+    _, objs = render(a.kubectl, os.path.join(a.deploy, "grafana"))
+    check([o["kind"] for o in objs] == ["ConfigMap"] and
+          "caliper-dashboard.json" in objs[0].get("data", {}),
+          "deploy/grafana does not render the dashboard ConfigMap")
+    for f in failures:
+        print("FAIL:", f)
+    print(f"render_test: {len(overlays)} overlays, {len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
