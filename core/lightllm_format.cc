@@ -261,6 +261,11 @@ absl::StatusOr<LightLlmCalibration> AdaptLightLlmCalibration(
   LightLlmCalibration out = calibration;
   out.num_head = total_heads;
   if (calibration.quant_type == KvGranularity::kPerTensor) return out;  // [L, 2] fits any heads
+  if (calibration.num_head % total_heads != 0 && total_heads % calibration.num_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_head: the file has ", calibration.num_head, " heads and the deployment ", total_heads,
+        ": neither divides the other, so per-head scales cannot be mapped"));
+  }
   out.scales.clear();
   for (size_t l = 0; l < calibration.scales.size(); ++l) {
     auto row = AdaptHeadRow(calibration.scales[l], calibration.num_head, total_heads);

@@ -1,0 +1,109 @@
+// caliper adapt: rewrites a LightLLM FP8 KV calibration file for another head count / TP.
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "client/cli_args.h"
+#include "client/commands.h"
+#include "client/file_io.h"
+#include "core/kv_scales.h"
+#include "core/lightllm_format.h"
+#include "core/model_config.h"
+
+namespace caliper::cli {
+namespace {
+
+const std::vector<FlagSpec>& AdaptFlags() {
+  static const std::vector<FlagSpec> flags = {
+      {"in", "FILE", "LightLLM calibration JSON to adapt (kv_cache_calib.json)"},
+      {"out", "FILE", "where to write the adapted file (written atomically)"},
+      {"num-heads", "M", "total KV heads of the deployment, replicas included"},
+      {"model", "CONFIG", "Hugging Face config.json of the served model (with --tp)"},
+      {"tp", "T", "tensor-parallel size; total heads = T * max(kv_heads / T, 1)"},
+  };
+  return flags;
+}
+
+constexpr absl::string_view kDescription =
+    "Adapts a LightLLM FP8 KV calibration file to a deployment's total KV head count.\n"
+    "per_head rows [K_0..K_{n-1} | V_0..V_{n-1}] go from n to m heads: group max when n is a\n"
+    "multiple of m (replicated heads collapse), repeat in place when m is a multiple of n;\n"
+    "otherwise the command refuses. per_tensor files keep their [layers, 2] scales. With\n"
+    "--model the file is also checked the way LightLLM's loader checks it (architectures,\n"
+    "num_layers, qmin/qmax). Exit codes: 0 written, 2 usage or input error (nothing written).";
+
+int Fail(std::ostream& err, absl::string_view message) {
+  // One line, whatever the message held, so scripts can grep it.
+  err << "caliper adapt: " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
+  return kExitUsage;
+}
+
+}  // namespace
+
+int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  auto flags = CliArgs::Parse(args, AdaptFlags());
+  if (!flags.ok()) {
+    return Fail(err, absl::StrCat(flags.status().message(), " (see caliper adapt --help)"));
+  }
+  if (flags->help()) {
+    out << FormatHelp("adapt", "--in FILE --out FILE (--num-heads M | --model CONFIG --tp T)",
+                      kDescription, AdaptFlags());
+    return kExitOk;
+  }
+  const std::optional<std::string> in_path = flags->Get("in");
+  const std::optional<std::string> out_path = flags->Get("out");
+  if (!in_path || in_path->empty()) return Fail(err, "--in FILE is required");
+  if (!out_path || out_path->empty()) return Fail(err, "--out FILE is required");
+  auto num_heads = flags->GetInt("num-heads", 1, 1 << 20);
+  if (!num_heads.ok()) return Fail(err, num_heads.status().message());
+  auto tp = flags->GetInt("tp", 1, 1 << 20);
+  if (!tp.ok()) return Fail(err, tp.status().message());
+  const bool by_model = flags->Has("model");
+  if (num_heads->has_value() == by_model) {
+    return Fail(err, "give either --num-heads M or --model CONFIG --tp T");
+  }
+  if (by_model != tp->has_value()) return Fail(err, "--model and --tp go together");
+
+  auto text = ReadWholeFile(*in_path);
+  if (!text.ok()) return Fail(err, absl::StrCat("--in ", text.status().message()));
+  auto calibration = ParseLightLlmCalibration(*text);
+  if (!calibration.ok()) return Fail(err, absl::StrCat(*in_path, ": ", calibration.status().message()));
+  // Checked even without a model: LightLLM refuses any other range, so the output would be useless.
+  if (absl::Status s = CheckLightLlmFp8Range(*calibration); !s.ok()) {
+    return Fail(err, absl::StrCat(*in_path, ": ", s.message()));
+  }
+
+  int total_heads = 0;
+  if (by_model) {
+    auto config_text = ReadWholeFile(*flags->Get("model"));
+    if (!config_text.ok()) return Fail(err, absl::StrCat("--model ", config_text.status().message()));
+    auto model = ParseHfConfig(*config_text);
+    if (!model.ok()) {
+      return Fail(err, absl::StrCat(*flags->Get("model"), ": ", model.status().message()));
+    }
+    auto total = DeployedTotalKvHeads(model->num_kv_heads, static_cast<int>(**tp));
+    if (!total.ok()) return Fail(err, absl::StrCat("--tp: ", total.status().message()));
+    total_heads = *total;
+    if (absl::Status s = CheckLightLlmForModel(*calibration, *model, total_heads); !s.ok()) {
+      return Fail(err, absl::StrCat(*in_path, " vs ", *flags->Get("model"), ": ", s.message()));
+    }
+  } else {
+    total_heads = static_cast<int>(**num_heads);
+  }
+
+  auto adapted = AdaptLightLlmCalibration(*calibration, total_heads);
+  if (!adapted.ok()) return Fail(err, absl::StrCat(*in_path, ": ", adapted.status().message()));
+  if (absl::Status s = WriteFileAtomically(*out_path, SerializeLightLlmCalibration(*adapted));
+      !s.ok()) {
+    return Fail(err, absl::StrCat("--out ", s.message()));
+  }
+  out << "caliper adapt: wrote " << *out_path << " ("
+      << (adapted->quant_type == KvGranularity::kPerHead ? "per_head" : "per_tensor")
+      << ", num_head " << calibration->num_head << " -> " << adapted->num_head << ", "
+      << adapted->num_layers << " layers)\n";
+  return kExitOk;
+}
+
+}  // namespace caliper::cli

@@ -1,0 +1,50 @@
+// caliper: command-line client. `caliper <command> [flags]`; `caliper <command> --help`.
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "client/commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  caliper::cli::CommandFn run;
+};
+
+// One row per subcommand; commands that need the server are added from their own library.
+constexpr Command kCommands[] = {
+    {"adapt", "adapt a LightLLM KV calibration file to another head count / TP (offline)",
+     caliper::cli::RunAdaptCommand},
+};
+
+void PrintUsage(std::ostream& out) {
+  out << "usage: caliper <command> [flags]\n\ncommands:\n";
+  for (const Command& command : kCommands) {
+    out << "  " << command.name << std::string(12 - std::strlen(command.name), ' ')
+        << command.summary << "\n";
+  }
+  out << "\nRun `caliper <command> --help` for a command's flags.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "caliper: missing command (see caliper --help)\n";
+    return caliper::cli::kExitUsage;
+  }
+  const std::string name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    PrintUsage(std::cout);
+    return caliper::cli::kExitOk;
+  }
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  for (const Command& command : kCommands) {
+    if (name == command.name) return command.run(args, std::cout, std::cerr);
+  }
+  std::cerr << "caliper: unknown command \"" << name << "\" (see caliper --help)\n";
+  return caliper::cli::kExitUsage;
+}
