@@ -49,6 +49,17 @@ def quantity(q):
     return float(m.group(1)) * units.get(m.group(2), 1)
 
 
+def seconds(duration):
+    """The server's --drain_timeout is an absl::Duration: "30s", "1m30s", "500ms"; plain "0"."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"([0-9.]+)(h|ms|us|ns|m|s)", duration)
+    if duration == "0":
+        return 0.0
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise ValueError(f"--drain_timeout={duration!r} is not an absl duration (e.g. 30s)")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
 def port_of(addr):
     m = re.fullmatch(r"(.+):(\d+)", addr)
     return int(m.group(2)) if m else None
@@ -157,7 +168,7 @@ def check_overlay(name, text, objs):
                   f"{p} {probe} should check the server's overall health (service \"\")")
 
     # Graceful termination longer than the drain.
-    drain = int(flags["CALIPER_DRAIN_TIMEOUT"])
+    drain = seconds(flags["CALIPER_DRAIN_TIMEOUT"])
     grace = spec.get("terminationGracePeriodSeconds", 30)
     check(grace > drain, f"{p} terminationGracePeriodSeconds {grace} <= --drain_timeout {drain}")
 
@@ -220,7 +231,7 @@ def run_server_with(server, c, flags, timeout=20):
         check(started, f"server did not start with the rendered args {args}:\n" + "\n".join(lines))
         if started:
             proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(timeout=int(flags["CALIPER_DRAIN_TIMEOUT"]) + 10)
+            rc = proc.wait(timeout=seconds(flags["CALIPER_DRAIN_TIMEOUT"]) + 10)
             check(rc == 0, f"server exited {rc} after SIGTERM")
             print(f"  server accepted {' '.join(args)}")
     finally:
