@@ -1,0 +1,331 @@
+#include "server/calibration_service.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/kv_scales.h"
+#include "core/lightllm_format.h"
+#include "server/proto_convert.h"
+#include "server/status_mapping.h"
+
+namespace caliper {
+namespace {
+
+double SecondsSince(int64_t start_ns) {
+  return static_cast<double>(absl::GetCurrentTimeNanos() - start_ns) * 1e-9;
+}
+
+std::string Millis(double seconds) { return absl::StrCat(static_cast<int64_t>(seconds * 1e3)); }
+
+absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+}  // namespace
+
+CalibrationService::CalibrationService(ServiceOptions options, SessionRegistry* registry,
+                                       ReductionBackend* backend, ServerMetrics* metrics,
+                                       EventLog* log)
+    : options_(options), registry_(registry), backend_(backend), metrics_(metrics), log_(log) {}
+
+grpc::ServerUnaryReactor* CalibrationService::FinishUnary(grpc::CallbackServerContext* context,
+                                                          absl::string_view method,
+                                                          absl::string_view session_id,
+                                                          int64_t start_ns,
+                                                          const absl::Status& status) {
+  const double seconds = SecondsSince(start_ns);
+  metrics_->RpcDone(method, seconds);
+  EventLog::Fields fields = {{"method", std::string(method)},
+                             {"session", std::string(session_id)},
+                             {"peer", context->peer()},
+                             {"code", absl::StatusCodeToString(status.code())},
+                             {"duration_ms", Millis(seconds)}};
+  if (!status.ok()) fields.emplace_back("message", std::string(status.message()));
+  log_->Log(status.ok() ? Severity::kInfo : Severity::kWarning, "rpc", fields);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CalibrationService::CreateSession(
+    grpc::CallbackServerContext* context, const v1::CreateSessionRequest* request,
+    v1::Session* response) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  absl::Status status;
+  std::string id;
+  absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
+  absl::StatusOr<Recipe> recipe = RecipeFromProto(request->recipe());
+  if (!model.ok()) {
+    status = model.status();
+  } else if (!recipe.ok()) {
+    status = recipe.status();
+  } else {
+    absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+        registry_->Create(*std::move(model), *std::move(recipe), request->name());
+    if (session.ok()) {
+      id = (*session)->id();
+      *response = SessionToProto((*session)->Status());
+      metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
+    } else {
+      status = session.status();
+    }
+  }
+  return FinishUnary(context, "CreateSession", id, start, status);
+}
+
+grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerContext* context,
+                                                         const v1::GetSessionRequest* request,
+                                                         v1::Session* response) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+      registry_->Get(request->session_id());
+  if (session.ok()) *response = SessionToProto((*session)->Status());
+  return FinishUnary(context, "GetSession", request->session_id(), start, session.status());
+}
+
+grpc::ServerUnaryReactor* CalibrationService::ListSessions(
+    grpc::CallbackServerContext* context, const v1::ListSessionsRequest* /*request*/,
+    v1::ListSessionsResponse* response) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  for (const std::shared_ptr<CalibrationSession>& session : registry_->List()) {
+    *response->add_sessions() = SessionToProto(session->Status());
+  }
+  return FinishUnary(context, "ListSessions", "", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
+    grpc::CallbackServerContext* context, const v1::DeleteSessionRequest* request,
+    v1::DeleteSessionResponse* /*response*/) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  absl::Status status = registry_->Delete(request->session_id());
+  metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
+  return FinishUnary(context, "DeleteSession", request->session_id(), start, status);
+}
+
+grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerContext* context,
+                                                       const v1::FinalizeRequest* request,
+                                                       v1::Session* response) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+      registry_->Get(request->session_id());
+  absl::Status status = session.status();
+  if (session.ok()) {
+    status = (*session)->Finalize();
+    if (status.ok()) *response = SessionToProto((*session)->Status());
+  }
+  metrics_->Finalization(status.ok());
+  return FinishUnary(context, "Finalize", request->session_id(), start, status);
+}
+
+grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerContext* context,
+                                                        const v1::ScalesRequest* request,
+                                                        v1::ScalesResponse* response) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  absl::Status status;
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+      registry_->Get(request->session_id());
+  if (!session.ok()) {
+    status = session.status();
+  } else {
+    absl::StatusOr<SessionScales> scales = (*session)->Scales(
+        DeploymentFromProto(request->deployment()), ConventionFromProto(request->convention()));
+    if (!scales.ok()) {
+      status = scales.status();
+    } else {
+      absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, request->formats());
+      if (proto.ok()) {
+        *response = *std::move(proto);
+      } else {
+        status = proto.status();
+      }
+    }
+  }
+  return FinishUnary(context, "GetScales", request->session_id(), start, status);
+}
+
+grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext* context,
+                                                    const v1::AdaptRequest* request,
+                                                    v1::AdaptResponse* response) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  auto adapt = [&]() -> absl::Status {
+    absl::StatusOr<LightLlmCalibration> calibration =
+        ParseLightLlmCalibration(request->lightllm_json());
+    if (!calibration.ok()) return Prefixed("lightllm_json: ", calibration.status());
+    int total = request->total_heads();
+    if (request->has_model()) {
+      absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
+      if (!model.ok()) return model.status();
+      if (total <= 0) {
+        absl::StatusOr<int> deployed = DeployedTotalKvHeads(
+            model->num_kv_heads, request->tp_size() > 0 ? request->tp_size() : 1);
+        if (!deployed.ok()) return Prefixed("tp_size: ", deployed.status());
+        total = *deployed;
+      }
+      if (absl::Status s = CheckLightLlmForModel(*calibration, *model, total); !s.ok()) {
+        return Prefixed("lightllm_json: ", s);
+      }
+    }
+    if (total <= 0) {
+      return absl::InvalidArgumentError("total_heads: required (or model and tp_size)");
+    }
+    absl::StatusOr<LightLlmCalibration> adapted = AdaptLightLlmCalibration(*calibration, total);
+    if (!adapted.ok()) return adapted.status();
+    response->set_lightllm_json(SerializeLightLlmCalibration(*adapted));
+    response->set_total_heads(total);
+    return absl::OkStatus();
+  };
+  return FinishUnary(context, "Adapt", "", start, adapt());
+}
+
+// One client stream. Chunks are processed one at a time on the callback thread that delivered
+// them (reduction included); parallelism comes from concurrent streams.
+class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<v1::TensorChunk> {
+ public:
+  ObserveReactor(CalibrationService* service, grpc::CallbackServerContext* context,
+                 v1::ObserveSummary* summary)
+      : service_(service),
+        context_(context),
+        summary_(summary),
+        start_ns_(absl::GetCurrentTimeNanos()) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // half-close by the client (or cancellation): the stream is complete
+      FinishStream(absl::OkStatus());
+      return;
+    }
+    if (absl::Status fault = HandleChunk(); !fault.ok()) {
+      FinishStream(fault);
+      return;
+    }
+    chunk_.Clear();
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override {
+    const double seconds = SecondsSince(start_ns_);
+    service_->metrics_->RpcDone("Observe", seconds);
+    const double bytes = static_cast<double>(summary_->accepted_bytes());
+    EventLog::Fields fields = {
+        {"method", "Observe"},
+        {"session", session_id_},
+        {"peer", context_->peer()},
+        {"code", absl::StatusCodeToString(final_status_.code())},
+        {"duration_ms", Millis(seconds)},
+        {"accepted_chunks", absl::StrCat(summary_->accepted_chunks())},
+        {"rejected_chunks", absl::StrCat(summary_->rejected_chunks())},
+        {"skipped_warmup_chunks", absl::StrCat(summary_->skipped_warmup_chunks())},
+        {"accepted_bytes", absl::StrCat(summary_->accepted_bytes())},
+        {"mb_per_s", absl::StrCat(seconds > 0 ? static_cast<int64_t>(bytes / seconds / 1e6) : 0)}};
+    if (!final_status_.ok()) fields.emplace_back("message", std::string(final_status_.message()));
+    service_->log_->Log(final_status_.ok() ? Severity::kInfo : Severity::kWarning, "rpc", fields);
+    delete this;
+  }
+
+ private:
+  void FinishStream(const absl::Status& status) {
+    final_status_ = status;
+    Finish(ToGrpcStatus(status));
+  }
+
+  // Reports one rejected chunk in-band; the stream goes on.
+  void RejectChunk(const absl::Status& status) {
+    service_->metrics_->ChunkRejected(status);
+    summary_->set_rejected_chunks(summary_->rejected_chunks() + 1);
+    summary_->set_rejected_bytes(summary_->rejected_bytes() +
+                                 static_cast<int64_t>(chunk_.data().size()));
+    if (summary_->errors_size() < service_->options_.max_errors_per_stream) {
+      v1::ChunkError* error = summary_->add_errors();
+      error->set_sequence(chunk_.sequence());
+      error->set_code(absl::StatusCodeToString(status.code()));
+      error->set_message(std::string(status.message()));
+      service_->log_->Log(Severity::kWarning, "chunk_rejected",
+                          {{"session", session_id_},
+                           {"peer", context_->peer()},
+                           {"sequence", absl::StrCat(chunk_.sequence())},
+                           {"code", absl::StatusCodeToString(status.code())},
+                           {"message", std::string(status.message())}});
+    }
+  }
+
+  // Returns a non-OK status only for faults that end the stream.
+  absl::Status HandleChunk() {
+    const int64_t limit = service_->options_.max_message_bytes;
+    if (static_cast<int64_t>(chunk_.data().size()) > limit) {
+      absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
+          "chunk.data: ", chunk_.data().size(), " bytes (sequence ", chunk_.sequence(),
+          ") exceeds the server's --max_message_bytes=", limit,
+          "; split the tensor into smaller chunks (along tokens, rows or TP shards)"));
+      service_->metrics_->ChunkRejected(status);
+      if (session_) session_->RecordRejected();
+      return status;
+    }
+    if (!session_) {
+      if (chunk_.session_id().empty()) {
+        absl::Status status =
+            absl::InvalidArgumentError("chunk.session_id: required on the first chunk of a stream");
+        service_->metrics_->ChunkRejected(status);
+        return status;
+      }
+      absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+          service_->registry_->Get(chunk_.session_id());
+      if (!session.ok()) {
+        service_->metrics_->ChunkRejected(session.status());
+        return Prefixed("chunk.", session.status());
+      }
+      session_ = *std::move(session);
+      session_id_ = chunk_.session_id();
+    } else if (!chunk_.session_id().empty() && chunk_.session_id() != session_id_) {
+      session_->RecordRejected();
+      RejectChunk(absl::InvalidArgumentError(
+          absl::StrCat("chunk.session_id: \"", chunk_.session_id(),
+                       "\" differs from this stream's session \"", session_id_,
+                       "\"; open one stream per session")));
+      return absl::OkStatus();
+    }
+
+    absl::StatusOr<ChunkRef> chunk = ChunkFromProto(chunk_);
+    if (!chunk.ok()) {
+      session_->RecordRejected();
+      RejectChunk(chunk.status());
+      return absl::OkStatus();
+    }
+    absl::StatusOr<ObserveOutcome> outcome = session_->Observe(*chunk, *service_->backend_);
+    if (!outcome.ok()) {
+      RejectChunk(outcome.status());
+      return absl::OkStatus();
+    }
+    switch (*outcome) {
+      case ObserveOutcome::kAccepted:
+        summary_->set_accepted_chunks(summary_->accepted_chunks() + 1);
+        summary_->set_accepted_bytes(summary_->accepted_bytes() +
+                                     static_cast<int64_t>(chunk->data.size()));
+        service_->metrics_->ChunkAccepted(chunk->kind, static_cast<int64_t>(chunk->data.size()));
+        break;
+      case ObserveOutcome::kSkippedWarmup:
+        summary_->set_skipped_warmup_chunks(summary_->skipped_warmup_chunks() + 1);
+        break;
+    }
+    return absl::OkStatus();
+  }
+
+  CalibrationService* const service_;
+  grpc::CallbackServerContext* const context_;
+  v1::ObserveSummary* const summary_;
+  const int64_t start_ns_;
+  v1::TensorChunk chunk_;
+  std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
+  std::string session_id_;
+  absl::Status final_status_;
+};
+
+grpc::ServerReadReactor<v1::TensorChunk>* CalibrationService::Observe(
+    grpc::CallbackServerContext* context, v1::ObserveSummary* response) {
+  return new ObserveReactor(this, context, response);
+}
+
+}  // namespace caliper

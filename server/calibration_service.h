@@ -1,0 +1,70 @@
+// caliper.v1.Calibration over gRPC's callback API. Transport only: requests are translated to
+// core::CalibrationSession calls and core errors go out through ToGrpcStatus. Observe is a
+// ServerReadReactor: a bad chunk is answered in-band (ObserveSummary.errors) and the stream
+// goes on; stream-level faults (unknown session on the first chunk, oversized chunk) end it.
+#ifndef CALIPER_SERVER_CALIBRATION_SERVICE_H_
+#define CALIPER_SERVER_CALIBRATION_SERVICE_H_
+
+#include <cstdint>
+
+#include "core/reduction_backend.h"
+#include "core/session.h"
+#include "proto/caliper.grpc.pb.h"
+#include "server/event_log.h"
+#include "server/metrics.h"
+
+namespace caliper {
+
+struct ServiceOptions {
+  int64_t max_message_bytes = int64_t{64} << 20;  // largest chunk.data accepted
+  int max_errors_per_stream = 64;                  // ObserveSummary.errors cap
+};
+
+class CalibrationService final : public v1::Calibration::CallbackService {
+ public:
+  // Borrows everything; all must outlive the service.
+  CalibrationService(ServiceOptions options, SessionRegistry* registry,
+                     ReductionBackend* backend, ServerMetrics* metrics, EventLog* log);
+
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const v1::CreateSessionRequest* request,
+                                          v1::Session* response) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const v1::GetSessionRequest* request,
+                                       v1::Session* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,
+                                          const v1::DeleteSessionRequest* request,
+                                          v1::DeleteSessionResponse* response) override;
+  grpc::ServerReadReactor<v1::TensorChunk>* Observe(grpc::CallbackServerContext* context,
+                                                    v1::ObserveSummary* response) override;
+  grpc::ServerUnaryReactor* Finalize(grpc::CallbackServerContext* context,
+                                     const v1::FinalizeRequest* request,
+                                     v1::Session* response) override;
+  grpc::ServerUnaryReactor* GetScales(grpc::CallbackServerContext* context,
+                                      const v1::ScalesRequest* request,
+                                      v1::ScalesResponse* response) override;
+  grpc::ServerUnaryReactor* Adapt(grpc::CallbackServerContext* context,
+                                  const v1::AdaptRequest* request,
+                                  v1::AdaptResponse* response) override;
+
+ private:
+  class ObserveReactor;
+
+  // Finishes a unary call with `status`, recording its latency and one log line.
+  grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                        absl::string_view method, absl::string_view session_id,
+                                        int64_t start_ns, const absl::Status& status);
+
+  const ServiceOptions options_;
+  SessionRegistry* const registry_;
+  ReductionBackend* const backend_;
+  ServerMetrics* const metrics_;
+  EventLog* const log_;
+};
+
+}  // namespace caliper
+
+#endif  // CALIPER_SERVER_CALIBRATION_SERVICE_H_

@@ -1,0 +1,89 @@
+#include "server/caliper_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace caliper {
+namespace {
+
+// HOST:PORT with the port replaced (works for "[::]:0" too: the port follows the last colon).
+std::string WithPort(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
+}
+
+// Room for the TensorChunk envelope around the largest accepted data field, so an oversized
+// chunk reaches our own check and gets the clear message rather than gRPC's generic one.
+constexpr int64_t kMessageHeadroomBytes = int64_t{1} << 20;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
+    const ServerOptions& options, std::unique_ptr<ReductionBackend> backend, EventLog* log) {
+  if (options.max_message_bytes <= 0 ||
+      options.max_message_bytes > (int64_t{2} << 30) - kMessageHeadroomBytes - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes: must be in (0, 2 GiB - 1 MiB), got ",
+                     options.max_message_bytes));
+  }
+  auto server = std::unique_ptr<CaliperServer>(new CaliperServer());
+  server->backend_ = std::move(backend);
+  server->server_metrics_ = std::make_unique<ServerMetrics>(server->backend_->name());
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+        MetricsEndpoint::Start(options.metrics_listen, *server->server_metrics_);
+    if (!endpoint.ok()) return endpoint.status();
+    server->metrics_ = *std::move(endpoint);
+    server->metrics_address_ = WithPort(options.metrics_listen, server->metrics_->port());
+  }
+
+  ServiceOptions service_options;
+  service_options.max_message_bytes = options.max_message_bytes;
+  service_options.max_errors_per_stream = options.max_errors_per_stream;
+  server->service_ = std::make_unique<CalibrationService>(
+      service_options, &server->registry_, server->backend_.get(),
+      server->server_metrics_.get(), log);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(options.max_message_bytes + kMessageHeadroomBytes));
+  // Throughput for large chunks (shared/perf-notes.md): big frames, a deep flow-control window
+  // (bounded, since it is buffered per stream) and no BDP probing.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen=", options.listen, ": cannot bind the gRPC port"));
+  }
+  server->address_ = WithPort(options.listen, server->port_);
+  return server;
+}
+
+CaliperServer::~CaliperServer() { Shutdown(absl::ZeroDuration()); }
+
+void CaliperServer::Shutdown(absl::Duration drain) {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->Shutdown();  // probes see NOT_SERVING while we drain
+  }
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+  server_->Wait();
+}
+
+void CaliperServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
+
+}  // namespace caliper

@@ -1,0 +1,68 @@
+// A running caliper-server: the gRPC service (with health checking and reflection) plus the
+// Prometheus endpoint. Used by main and by in-process tests (listen on port 0, read port()).
+#ifndef CALIPER_SERVER_CALIPER_SERVER_H_
+#define CALIPER_SERVER_CALIPER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/reduction_backend.h"
+#include "core/session.h"
+#include "server/calibration_service.h"
+#include "server/event_log.h"
+#include "server/metrics.h"
+
+namespace caliper {
+
+struct ServerOptions {
+  std::string listen = "0.0.0.0:50051";        // HOST:PORT; port 0 picks a free one
+  std::string metrics_listen = "0.0.0.0:9464";  // HOST:PORT; empty disables /metrics
+  int64_t max_message_bytes = int64_t{64} << 20;
+  int max_errors_per_stream = 64;
+};
+
+class CaliperServer {
+ public:
+  // Unavailable (naming the flag) when an address cannot be bound; InvalidArgument for bad
+  // options. `log` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<CaliperServer>> Start(
+      const ServerOptions& options, std::unique_ptr<ReductionBackend> backend, EventLog* log);
+  ~CaliperServer();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  // --listen with the bound port, e.g. "127.0.0.1:41234".
+  const std::string& address() const { return address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
+  absl::string_view backend_name() const { return backend_->name(); }
+
+  // Stops accepting RPCs, marks health NOT_SERVING, lets in-flight calls finish for up to
+  // `drain`, then cancels the rest. Idempotent.
+  void Shutdown(absl::Duration drain);
+  void Wait();
+
+  SessionRegistry& registry() { return registry_; }
+  ServerMetrics& metrics() { return *server_metrics_; }
+
+ private:
+  CaliperServer() = default;
+
+  std::unique_ptr<ReductionBackend> backend_;
+  SessionRegistry registry_;
+  std::unique_ptr<ServerMetrics> server_metrics_;
+  std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<CalibrationService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_, metrics_address_;
+  bool shut_down_ = false;
+};
+
+}  // namespace caliper
+
+#endif  // CALIPER_SERVER_CALIPER_SERVER_H_

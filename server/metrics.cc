@@ -1,0 +1,144 @@
+#include "server/metrics.h"
+
+#include <exception>
+
+#include <prometheus/text_serializer.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace caliper {
+namespace {
+
+constexpr absl::string_view kRpcMethods[] = {
+    "CreateSession", "GetSession", "ListSessions", "DeleteSession",
+    "Observe",       "Finalize",   "GetScales",    "Adapt"};
+
+constexpr absl::string_view kRejectReasons[] = {"invalid_argument",    "not_found",
+                                                "failed_precondition", "resource_exhausted",
+                                                "duplicate",           "other"};
+
+absl::string_view ReasonOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case absl::StatusCode::kNotFound:
+      return "not_found";
+    case absl::StatusCode::kFailedPrecondition:
+      return "failed_precondition";
+    case absl::StatusCode::kResourceExhausted:
+      return "resource_exhausted";
+    default:
+      return "other";
+  }
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(absl::string_view backend)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& bytes = prometheus::BuildCounter()
+                    .Name("caliper_ingested_bytes_total")
+                    .Help("Tensor bytes accepted into sessions, by target kind.")
+                    .Register(*registry_);
+  bytes_kv_ = &bytes.Add({{"kind", "kv"}});
+  bytes_weight_ = &bytes.Add({{"kind", "weight"}});
+  bytes_activation_ = &bytes.Add({{"kind", "activation"}});
+  auto& chunks = prometheus::BuildCounter()
+                     .Name("caliper_ingested_chunks_total")
+                     .Help("Tensor chunks accepted into sessions, by target kind.")
+                     .Register(*registry_);
+  chunks_kv_ = &chunks.Add({{"kind", "kv"}});
+  chunks_weight_ = &chunks.Add({{"kind", "weight"}});
+  chunks_activation_ = &chunks.Add({{"kind", "activation"}});
+  auto& rejected = prometheus::BuildCounter()
+                       .Name("caliper_rejected_chunks_total")
+                       .Help("Tensor chunks rejected, by reason.")
+                       .Register(*registry_);
+  for (absl::string_view reason : kRejectReasons) {
+    rejected_.emplace(std::string(reason), &rejected.Add({{"reason", std::string(reason)}}));
+  }
+  active_sessions_ = &prometheus::BuildGauge()
+                          .Name("caliper_active_sessions")
+                          .Help("Sessions currently held by the server.")
+                          .Register(*registry_)
+                          .Add({});
+  rpc_duration_ = &prometheus::BuildHistogram()
+                       .Name("caliper_rpc_duration_seconds")
+                       .Help("Wall time of each RPC, by method (Observe: whole stream).")
+                       .Register(*registry_);
+  const prometheus::Histogram::BucketBoundaries buckets = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+      1,      2.5,   5,      10,    30,   60,    300,  1800};
+  for (absl::string_view method : kRpcMethods) {
+    rpc_by_method_.emplace(std::string(method),
+                           &rpc_duration_->Add({{"method", std::string(method)}}, buckets));
+  }
+  auto& finalizations = prometheus::BuildCounter()
+                            .Name("caliper_finalizations_total")
+                            .Help("Finalize calls, by result.")
+                            .Register(*registry_);
+  finalize_ok_ = &finalizations.Add({{"result", "ok"}});
+  finalize_error_ = &finalizations.Add({{"result", "error"}});
+  prometheus::BuildGauge()
+      .Name("caliper_backend_info")
+      .Help("The reduction backend in use (value is always 1).")
+      .Register(*registry_)
+      .Add({{"backend", std::string(backend)}})
+      .Set(1);
+}
+
+void ServerMetrics::ChunkAccepted(ChunkKind kind, int64_t bytes) {
+  switch (kind) {
+    case ChunkKind::kKey:
+    case ChunkKind::kValue:
+      bytes_kv_->Increment(static_cast<double>(bytes));
+      chunks_kv_->Increment();
+      break;
+    case ChunkKind::kWeight:
+      bytes_weight_->Increment(static_cast<double>(bytes));
+      chunks_weight_->Increment();
+      break;
+    case ChunkKind::kInput:
+      bytes_activation_->Increment(static_cast<double>(bytes));
+      chunks_activation_->Increment();
+      break;
+  }
+}
+
+void ServerMetrics::ChunkRejected(const absl::Status& status) {
+  rejected_.find(ReasonOf(status))->second->Increment();
+}
+
+void ServerMetrics::ChunkDuplicate() { rejected_.find("duplicate")->second->Increment(); }
+
+void ServerMetrics::SetActiveSessions(int64_t count) {
+  active_sessions_->Set(static_cast<double>(count));
+}
+
+void ServerMetrics::RpcDone(absl::string_view method, double seconds) {
+  auto it = rpc_by_method_.find(method);
+  if (it != rpc_by_method_.end()) it->second->Observe(seconds);
+}
+
+void ServerMetrics::Finalization(bool ok) { (ok ? finalize_ok_ : finalize_error_)->Increment(); }
+
+std::string ServerMetrics::Render() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+    const std::string& listen, const ServerMetrics& metrics) {
+  auto endpoint = std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint());
+  try {
+    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen=", listen, ": cannot serve metrics: ", e.what()));
+  }
+  endpoint->exposer_->RegisterCollectable(metrics.registry());
+  std::vector<int> ports = endpoint->exposer_->GetListeningPorts();
+  endpoint->port_ = ports.empty() ? 0 : ports.front();
+  return endpoint;
+}
+
+}  // namespace caliper

@@ -1,0 +1,71 @@
+// Prometheus metrics of the server (names are a contract with deploy/ dashboards and tests).
+// Label values are bounded sets: no session ids. Thread-safe (prometheus-cpp metrics are).
+#ifndef CALIPER_SERVER_METRICS_H_
+#define CALIPER_SERVER_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/session.h"
+
+namespace caliper {
+
+class ServerMetrics {
+ public:
+  // `backend` ("cpu" or "cuda") is exported as caliper_backend_info{backend} = 1.
+  explicit ServerMetrics(absl::string_view backend);
+
+  void ChunkAccepted(ChunkKind kind, int64_t bytes);
+  // Reason label from the rejection's status code (duplicate is issue 7's exactly-once path).
+  void ChunkRejected(const absl::Status& status);
+  void ChunkDuplicate();
+  void SetActiveSessions(int64_t count);
+  void RpcDone(absl::string_view method, double seconds);
+  void Finalization(bool ok);
+
+  // The text exposition page, as /metrics serves it (for tests).
+  std::string Render() const;
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Counter* bytes_kv_;
+  prometheus::Counter* bytes_weight_;
+  prometheus::Counter* bytes_activation_;
+  prometheus::Counter* chunks_kv_;
+  prometheus::Counter* chunks_weight_;
+  prometheus::Counter* chunks_activation_;
+  std::map<std::string, prometheus::Counter*, std::less<>> rejected_;
+  prometheus::Gauge* active_sessions_;
+  prometheus::Family<prometheus::Histogram>* rpc_duration_;
+  std::map<std::string, prometheus::Histogram*, std::less<>> rpc_by_method_;
+  prometheus::Counter* finalize_ok_;
+  prometheus::Counter* finalize_error_;
+};
+
+// Serves `metrics` on http://<listen>/metrics. Returns the bound port (listen may use port 0).
+// Unavailable when the address cannot be bound.
+class MetricsEndpoint {
+ public:
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen,
+                                                               const ServerMetrics& metrics);
+  int port() const { return port_; }
+
+ private:
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace caliper
+
+#endif  // CALIPER_SERVER_METRICS_H_

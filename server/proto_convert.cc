@@ -1,0 +1,278 @@
+#include "server/proto_convert.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/lightllm_format.h"
+
+namespace caliper {
+
+absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto) {
+  ModelConfig model;
+  if (!proto.hf_config_json().empty()) {
+    absl::StatusOr<ModelConfig> parsed = ParseHfConfig(proto.hf_config_json());
+    if (!parsed.ok()) {
+      return absl::Status(parsed.status().code(),
+                          absl::StrCat("model.hf_config_json: ", parsed.status().message()));
+    }
+    model = *std::move(parsed);
+  } else {
+    model.architecture = proto.architecture();
+    model.model_type = proto.model_type();
+    model.num_layers = proto.num_layers();
+    model.num_attention_heads = proto.num_attention_heads();
+    model.num_kv_heads =
+        proto.num_kv_heads() > 0 ? proto.num_kv_heads() : proto.num_attention_heads();
+    model.hidden_size = proto.hidden_size();
+    model.head_dim = proto.head_dim();
+    if (model.head_dim == 0 && model.num_attention_heads > 0 && model.hidden_size > 0) {
+      model.head_dim = model.hidden_size / model.num_attention_heads;
+    }
+  }
+  if (absl::Status s = ValidateModelConfig(model); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("model: ", s.message()));
+  }
+  return model;
+}
+
+v1::ModelDescription ModelToProto(const ModelConfig& model) {
+  v1::ModelDescription proto;
+  proto.set_architecture(model.architecture);
+  proto.set_model_type(model.model_type);
+  proto.set_num_layers(model.num_layers);
+  proto.set_num_attention_heads(model.num_attention_heads);
+  proto.set_num_kv_heads(model.num_kv_heads);
+  proto.set_head_dim(model.head_dim);
+  proto.set_hidden_size(model.hidden_size);
+  return proto;
+}
+
+absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto) {
+  Recipe recipe;
+  switch (proto.kv()) {
+    case v1::KV_OFF:
+      recipe.kv = KvMode::kOff;
+      break;
+    case v1::KV_PER_TENSOR:
+      recipe.kv = KvMode::kPerTensor;
+      break;
+    case v1::KV_PER_HEAD:
+      recipe.kv = KvMode::kPerHead;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("recipe.kv: unknown value ", proto.kv()));
+  }
+  switch (proto.fp8_flavor()) {
+    case v1::FP8_E4M3FN:
+      recipe.fp8_flavor = Fp8Flavor::kE4M3FN;
+      break;
+    case v1::FP8_E4M3FNUZ:
+      recipe.fp8_flavor = Fp8Flavor::kE4M3FNUZ;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe.fp8_flavor: unknown value ", proto.fp8_flavor()));
+  }
+  recipe.nvfp4_weights = proto.nvfp4_weights();
+  recipe.nvfp4_activations = proto.nvfp4_activations();
+  switch (proto.activation_observer()) {
+    case v1::STATIC_MINMAX:
+      recipe.activation_observer = ActivationObserverKind::kStaticMinMax;
+      break;
+    case v1::MINMAX:
+      recipe.activation_observer = ActivationObserverKind::kMinMax;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("recipe.activation_observer: unknown value ",
+                                                     proto.activation_observer()));
+  }
+  if (proto.averaging_constant() != 0.0) recipe.averaging_constant = proto.averaging_constant();
+  if (!proto.fused_groups().empty()) {
+    absl::StatusOr<FusedGroupTable> groups = FusedGroupTable::Parse(proto.fused_groups());
+    if (!groups.ok()) {
+      return absl::Status(groups.status().code(),
+                          absl::StrCat("recipe.", groups.status().message()));
+    }
+    recipe.fused_groups = *std::move(groups);
+  }
+  recipe.warmup_batches = proto.warmup_batches();
+  return recipe;
+}
+
+v1::Recipe RecipeToProto(const Recipe& recipe) {
+  v1::Recipe proto;
+  switch (recipe.kv) {
+    case KvMode::kOff:
+      proto.set_kv(v1::KV_OFF);
+      break;
+    case KvMode::kPerTensor:
+      proto.set_kv(v1::KV_PER_TENSOR);
+      break;
+    case KvMode::kPerHead:
+      proto.set_kv(v1::KV_PER_HEAD);
+      break;
+  }
+  proto.set_fp8_flavor(recipe.fp8_flavor == Fp8Flavor::kE4M3FNUZ ? v1::FP8_E4M3FNUZ
+                                                                 : v1::FP8_E4M3FN);
+  proto.set_nvfp4_weights(recipe.nvfp4_weights);
+  proto.set_nvfp4_activations(recipe.nvfp4_activations);
+  proto.set_activation_observer(recipe.activation_observer == ActivationObserverKind::kMinMax
+                                    ? v1::MINMAX
+                                    : v1::STATIC_MINMAX);
+  proto.set_averaging_constant(recipe.averaging_constant);
+  std::vector<std::string> groups;
+  for (const std::vector<std::string>& group : recipe.fused_groups.groups) {
+    groups.push_back(absl::StrJoin(group, ","));
+  }
+  proto.set_fused_groups(absl::StrJoin(groups, ";"));
+  proto.set_warmup_batches(recipe.warmup_batches);
+  return proto;
+}
+
+v1::Session SessionToProto(const SessionStatus& status) {
+  v1::Session proto;
+  proto.set_id(status.id);
+  proto.set_name(status.name);
+  proto.set_state(status.state == SessionState::kFinalized ? v1::FINALIZED : v1::OPEN);
+  *proto.mutable_model() = ModelToProto(status.model);
+  *proto.mutable_recipe() = RecipeToProto(status.recipe);
+  proto.set_accepted_chunks(status.accepted_chunks);
+  proto.set_accepted_bytes(status.accepted_bytes);
+  proto.set_rejected_chunks(status.rejected_chunks);
+  proto.set_skipped_warmup_chunks(status.skipped_warmup_chunks);
+  for (size_t layer = 0; layer < status.layers.size(); ++layer) {
+    v1::LayerProgress* progress = proto.add_layers();
+    progress->set_layer(static_cast<int32_t>(layer));
+    progress->set_k_tokens(status.layers[layer].k_tokens);
+    progress->set_v_tokens(status.layers[layer].v_tokens);
+  }
+  proto.set_modules_with_weights(status.modules_with_weights);
+  proto.set_modules_with_inputs(status.modules_with_inputs);
+  proto.set_created_unix_ms(status.created_unix_ms);
+  return proto;
+}
+
+absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto) {
+  ChunkRef chunk;
+  switch (proto.kind()) {
+    case v1::KEY:
+      chunk.kind = ChunkKind::kKey;
+      break;
+    case v1::VALUE:
+      chunk.kind = ChunkKind::kValue;
+      break;
+    case v1::WEIGHT:
+      chunk.kind = ChunkKind::kWeight;
+      break;
+    case v1::INPUT_ACTIVATION:
+      chunk.kind = ChunkKind::kInput;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk.kind: must be KEY, VALUE, WEIGHT or INPUT_ACTIVATION, got ", proto.kind()));
+  }
+  absl::StatusOr<DType> dtype = ParseDType(proto.dtype(), "chunk.dtype");
+  if (!dtype.ok()) return dtype.status();
+  chunk.dtype = *dtype;
+  chunk.layer = proto.layer();
+  chunk.module = proto.module();
+  chunk.shape.assign(proto.shape().begin(), proto.shape().end());
+  chunk.placement.tp_rank = proto.tp_rank();
+  chunk.placement.tp_size = proto.tp_size() == 0 ? 1 : proto.tp_size();
+  chunk.batch = proto.batch();
+  chunk.sequence = proto.sequence();
+  chunk.producer_id = proto.producer_id();
+  chunk.data = absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(proto.data().data()),
+                                         proto.data().size());
+  return chunk;
+}
+
+Deployment DeploymentFromProto(const v1::Deployment& proto) {
+  Deployment deployment;
+  deployment.tp_size = proto.tp_size();
+  deployment.total_kv_heads = proto.total_kv_heads();
+  if (proto.has_rank()) deployment.rank = proto.rank();
+  return deployment;
+}
+
+Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto) {
+  return proto == v1::MODELOPT ? Nvfp4Convention::kModelOpt
+                               : Nvfp4Convention::kCompressedTensors;
+}
+
+absl::StatusOr<v1::ScalesResponse> ScalesToProto(
+    const SessionScales& scales, const google::protobuf::RepeatedPtrField<std::string>& formats) {
+  v1::ScalesResponse out;
+  switch (scales.kv) {
+    case KvMode::kOff:
+      out.set_kv(v1::KV_OFF);
+      break;
+    case KvMode::kPerTensor:
+      out.set_kv(v1::KV_PER_TENSOR);
+      break;
+    case KvMode::kPerHead:
+      out.set_kv(v1::KV_PER_HEAD);
+      break;
+  }
+  out.set_fp8_flavor(scales.fp8_flavor == Fp8Flavor::kE4M3FNUZ ? v1::FP8_E4M3FNUZ
+                                                               : v1::FP8_E4M3FN);
+  out.set_num_kv_heads(scales.num_kv_heads);
+  out.set_deployed_total_kv_heads(scales.deployed_total_kv_heads);
+  out.set_tp_size(scales.tp_size);
+  if (scales.kv_scales.has_value()) {
+    const KvScales& kv = *scales.kv_scales;
+    for (size_t layer = 0; layer < kv.k.size(); ++layer) {
+      v1::KvLayerScales* row = out.add_kv_layers();
+      row->set_layer(static_cast<int32_t>(layer));
+      row->mutable_k_absmax()->Add(kv.k_absmax[layer].begin(), kv.k_absmax[layer].end());
+      row->mutable_v_absmax()->Add(kv.v_absmax[layer].begin(), kv.v_absmax[layer].end());
+      row->mutable_k_scale()->Add(kv.k[layer].begin(), kv.k[layer].end());
+      row->mutable_v_scale()->Add(kv.v[layer].begin(), kv.v[layer].end());
+    }
+  }
+  for (size_t layer = 0; layer < scales.rank_slices.size(); ++layer) {
+    v1::RankKvSlice* slice = out.add_rank_slices();
+    slice->set_layer(static_cast<int32_t>(layer));
+    slice->mutable_k_scale()->Add(scales.rank_slices[layer].k.begin(),
+                                  scales.rank_slices[layer].k.end());
+    slice->mutable_v_scale()->Add(scales.rank_slices[layer].v.begin(),
+                                  scales.rank_slices[layer].v.end());
+  }
+  out.set_convention(scales.convention == Nvfp4Convention::kModelOpt ? v1::MODELOPT
+                                                                     : v1::COMPRESSED_TENSORS);
+  for (const auto& [name, module] : scales.nvfp4.modules) {
+    v1::ModuleScales* row = out.add_modules();
+    row->set_module(name);
+    row->set_fused_group(module.fused_group);
+    if (module.weight_amax) row->set_weight_amax(*module.weight_amax);
+    if (module.input_amax) row->set_input_amax(*module.input_amax);
+    if (module.weight_scale) row->set_weight_global_scale(*module.weight_scale);
+    if (module.input_scale) row->set_input_global_scale(*module.input_scale);
+  }
+  for (const ScaleWarning& warning : scales.warnings) {
+    v1::Warning* row = out.add_warnings();
+    row->set_where(warning.where);
+    row->set_message(warning.message);
+  }
+  std::vector<std::string> wanted(formats.begin(), formats.end());
+  if (wanted.empty() && scales.lightllm.has_value()) wanted.push_back("lightllm");
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (wanted[i] != "lightllm") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("formats[", i, "]: unknown format \"", wanted[i], "\" (known: lightllm)"));
+    }
+    if (!scales.lightllm.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "formats[", i, "]: lightllm needs KV scales, but the session's recipe has kv off"));
+    }
+    v1::OutputFile* file = out.add_files();
+    file->set_format("lightllm");
+    file->set_name("kv_cache_calib.json");
+    file->set_content(SerializeLightLlmCalibration(*scales.lightllm));
+  }
+  return out;
+}
+
+}  // namespace caliper

@@ -1,0 +1,102 @@
+// caliper-server: flags, signals and the process lifetime. Everything else is in
+// caliper_server_lib.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/reduction_backend.h"
+#include "server/caliper_server.h"
+#include "server/event_log.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address HOST:PORT (port 0: any free port)");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
+          "Prometheus /metrics address HOST:PORT; empty disables it");
+ABSL_FLAG(std::string, device, "auto", "Reduction backend: auto, cpu or cuda");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
+          "Largest tensor chunk accepted; larger ones end the stream with RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "On SIGTERM/SIGINT, how long in-flight streams may run before they are cancelled");
+ABSL_FLAG(std::string, log_format, "text", "Log lines as text or json");
+
+namespace {
+
+// TEMPORARY until server/device.h (MakeBackend) lands: CPU only.
+absl::StatusOr<std::unique_ptr<caliper::ReductionBackend>> MakeBackend(const std::string& device) {
+  if (device == "cpu" || device == "auto") return caliper::MakeCpuBackend();
+  return absl::UnavailableError(absl::StrCat("--device=", device, ": not available"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "caliper-server: streamed FP8 KV-cache and NVFP4 calibration over gRPC.\n"
+      "Usage: caliper-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT] "
+      "[--device=auto|cpu|cuda]");
+  absl::ParseCommandLine(argc, argv);
+
+  const std::string log_format = absl::GetFlag(FLAGS_log_format);
+  if (log_format != "text" && log_format != "json") {
+    std::fprintf(stderr, "--log_format: must be text or json, got \"%s\"\n", log_format.c_str());
+    return 2;
+  }
+  caliper::EventLog log(log_format == "json" ? caliper::LogFormat::kJson
+                                             : caliper::LogFormat::kText);
+
+  // Block the shutdown signals in every thread (gRPC's included) and take them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::string device = absl::GetFlag(FLAGS_device);
+  absl::StatusOr<std::unique_ptr<caliper::ReductionBackend>> backend = MakeBackend(device);
+  if (!backend.ok()) {
+    log.Log(caliper::Severity::kError, "startup_failed",
+            {{"message", std::string(backend.status().message())}});
+    return 1;
+  }
+
+  caliper::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  absl::StatusOr<std::unique_ptr<caliper::CaliperServer>> server =
+      caliper::CaliperServer::Start(options, *std::move(backend), &log);
+  if (!server.ok()) {
+    log.Log(caliper::Severity::kError, "startup_failed",
+            {{"message", std::string(server.status().message())}});
+    return 1;
+  }
+  const std::string metrics =
+      options.metrics_listen.empty() ? "disabled" : (*server)->metrics_address();
+  // Parsed by test harnesses: keep the format.
+  std::printf("caliper-server listening on %s (metrics %s, backend %s)\n",
+              (*server)->address().c_str(), metrics.c_str(),
+              std::string((*server)->backend_name()).c_str());
+  std::fflush(stdout);
+  log.Log(caliper::Severity::kInfo, "started",
+          {{"listen", (*server)->address()},
+           {"metrics", metrics},
+           {"backend", std::string((*server)->backend_name())},
+           {"max_message_bytes", absl::StrCat(options.max_message_bytes)}});
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);
+  log.Log(caliper::Severity::kInfo, "draining",
+          {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
+           {"drain_timeout", absl::FormatDuration(drain)}});
+  (*server)->Shutdown(drain);
+  log.Log(caliper::Severity::kInfo, "stopped", {});
+  return 0;
+}
