@@ -22,6 +22,7 @@ const std::vector<FlagSpec>& AdaptFlags() {
       {"num-heads", "M", "total KV heads of the deployment, replicas included"},
       {"model", "CONFIG", "Hugging Face config.json of the served model (with --tp)"},
       {"tp", "T", "tensor-parallel size; total heads = T * max(kv_heads / T, 1)"},
+      {"server", "ADDR", "adapt on caliper-server (Adapt RPC) instead of locally"},
   };
   return flags;
 }
@@ -34,6 +35,8 @@ constexpr absl::string_view kDescription =
     "--model the file is also checked the way LightLLM's loader checks it (architectures,\n"
     "num_layers, qmin/qmax). Exit codes: 0 written, 2 usage or input error (nothing written).";
 
+RemoteAdaptFn remote_adapt = nullptr;
+
 int Fail(std::ostream& err, absl::string_view message) {
   // One line, whatever the message held, so scripts can grep it.
   err << "caliper adapt: " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
@@ -41,6 +44,8 @@ int Fail(std::ostream& err, absl::string_view message) {
 }
 
 }  // namespace
+
+void SetRemoteAdapt(RemoteAdaptFn fn) { remote_adapt = fn; }
 
 int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   auto flags = CliArgs::Parse(args, AdaptFlags());
@@ -68,6 +73,24 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
 
   auto text = ReadWholeFile(*in_path);
   if (!text.ok()) return Fail(err, absl::StrCat("--in ", text.status().message()));
+  if (flags->Has("server")) {
+    if (remote_adapt == nullptr) return Fail(err, "--server: this caliper was built without gRPC");
+    std::string model_text;
+    if (by_model) {
+      auto config_text = ReadWholeFile(*flags->Get("model"));
+      if (!config_text.ok()) return Fail(err, absl::StrCat("--model ", config_text.status().message()));
+      model_text = *config_text;
+    }
+    std::string adapted;
+    const int rc = remote_adapt(*flags->Get("server"), *text, static_cast<int>(num_heads->value_or(0)),
+                                model_text, static_cast<int>(tp->value_or(0)), &adapted, err);
+    if (rc != kExitOk) return rc;
+    if (absl::Status s = WriteFileAtomically(*out_path, adapted); !s.ok()) {
+      return Fail(err, absl::StrCat("--out ", s.message()));
+    }
+    out << "caliper adapt: wrote " << *out_path << " (adapted by " << *flags->Get("server") << ")\n";
+    return kExitOk;
+  }
   auto calibration = ParseLightLlmCalibration(*text);
   if (!calibration.ok()) return Fail(err, absl::StrCat(*in_path, ": ", calibration.status().message()));
   // Checked even without a model: LightLLM refuses any other range, so the output would be useless.

@@ -12,12 +12,19 @@ namespace caliper::cli {
 absl::StatusOr<CliArgs> CliArgs::Parse(const std::vector<std::string>& args,
                                        const std::vector<FlagSpec>& specs) {
   CliArgs parsed;
+  const FlagSpec* open_list = nullptr;  // the repeated flag that bare words extend
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
       parsed.help_ = true;
       continue;
     }
+    if (open_list != nullptr && !absl::StartsWith(arg, "--")) {
+      parsed.lists_[open_list->name].push_back(arg);
+      parsed.values_[open_list->name] = arg;
+      continue;
+    }
+    open_list = nullptr;
     if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", arg, "\""));
     }
@@ -37,6 +44,16 @@ absl::StatusOr<CliArgs> CliArgs::Parse(const std::vector<std::string>& args,
         return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
       }
       value = "true";
+    } else if (spec->repeated) {
+      open_list = &*spec;
+      parsed.lists_[name];
+      if (!value.has_value()) {
+        parsed.values_.emplace(name, "");
+        continue;  // the values follow as bare words
+      }
+      parsed.lists_[name].push_back(*value);
+      parsed.values_[name] = *value;
+      continue;
     } else if (!value.has_value()) {
       if (i + 1 >= args.size() || absl::StartsWith(args[i + 1], "--")) {
         return absl::InvalidArgumentError(
@@ -55,6 +72,11 @@ std::optional<std::string> CliArgs::Get(const std::string& name) const {
   auto it = values_.find(name);
   if (it == values_.end()) return std::nullopt;
   return it->second;
+}
+
+std::vector<std::string> CliArgs::GetAll(const std::string& name) const {
+  auto it = lists_.find(name);
+  return it == lists_.end() ? std::vector<std::string>() : it->second;
 }
 
 absl::StatusOr<std::optional<int64_t>> CliArgs::GetInt(const std::string& name, int64_t min,

@@ -19,17 +19,23 @@ struct FlagSpec {
   std::string name;        // without dashes: "num-heads"
   std::string value_name;  // "M"; empty for a boolean switch
   std::string help;        // one line
+  // May be given more than once; also takes the bare words that follow it, so a shell glob
+  // after `--tensors=` works. Read with GetAll.
+  bool repeated = false;
 };
 
 class CliArgs {
  public:
-  // InvalidArgument on an unknown flag, a missing value, a repeated flag or a positional word.
+  // InvalidArgument on an unknown flag, a missing value, a flag given twice (unless `repeated`) or
+  // a positional word.
   static absl::StatusOr<CliArgs> Parse(const std::vector<std::string>& args,
                                        const std::vector<FlagSpec>& specs);
 
   bool help() const { return help_; }
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
   std::optional<std::string> Get(const std::string& name) const;
+  // Every value of a repeated flag in command-line order (empty when absent).
+  std::vector<std::string> GetAll(const std::string& name) const;
   // nullopt when absent; InvalidArgument naming the flag when not an integer in [min, max].
   absl::StatusOr<std::optional<int64_t>> GetInt(const std::string& name, int64_t min,
                                                 int64_t max) const;
@@ -37,6 +43,7 @@ class CliArgs {
  private:
   bool help_ = false;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> lists_;  // repeated flags
 };
 
 // "usage: caliper <command> <synopsis>\n\n<description>\n\nflags:\n  --name VALUE  help\n..."

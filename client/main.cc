@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "client/commands.h"
+#ifdef CALIPER_HAVE_GRPC_COMMANDS
+#include "client/remote_commands.h"
+#endif
 
 namespace {
 
@@ -18,6 +21,13 @@ struct Command {
 constexpr Command kCommands[] = {
     {"adapt", "adapt a LightLLM KV calibration file to another head count / TP (offline)",
      caliper::cli::RunAdaptCommand},
+#ifdef CALIPER_HAVE_GRPC_COMMANDS
+    {"calibrate", "stream dumps to caliper-server, finalize, write LightLLM + scales.json",
+     caliper::cli::RunCalibrateCommand},
+    {"scales", "write a finalized session's scale files for another deployment",
+     caliper::cli::RunScalesCommand},
+    {"sessions", "list the server's sessions and their progress", caliper::cli::RunSessionsCommand},
+#endif
 };
 
 void PrintUsage(std::ostream& out) {
@@ -32,6 +42,9 @@ void PrintUsage(std::ostream& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef CALIPER_HAVE_GRPC_COMMANDS
+  caliper::cli::SetRemoteAdapt(caliper::cli::RunRemoteAdapt);
+#endif
   if (argc < 2) {
     std::cerr << "caliper: missing command (see caliper --help)\n";
     return caliper::cli::kExitUsage;

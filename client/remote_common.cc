@@ -1,0 +1,249 @@
+#include "client/remote_common.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/file_io.h"
+#include "nlohmann/json.hpp"
+
+namespace caliper::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+// The shortest decimal that reads back as the same float, so scales.json shows 0.0123 rather
+// than the float's exact double expansion.
+double ShortFloat(float value) {
+  char buffer[32];
+  auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  double out = value;
+  absl::SimpleAtod(absl::string_view(buffer, result.ptr - buffer), &out);
+  return out;
+}
+
+ordered_json FloatList(const google::protobuf::RepeatedField<float>& values) {
+  ordered_json list = ordered_json::array();
+  for (float v : values) list.push_back(ShortFloat(v));
+  return list;
+}
+
+std::string FlavorName(v1::Fp8Flavor flavor) {
+  return flavor == v1::FP8_E4M3FNUZ ? "float8_e4m3fnuz" : "float8_e4m3fn";
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+std::string StatusCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::OK: return "OK";
+    case grpc::CANCELLED: return "CANCELLED";
+    case grpc::UNKNOWN: return "UNKNOWN";
+    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::NOT_FOUND: return "NOT_FOUND";
+    case grpc::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::ABORTED: return "ABORTED";
+    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::INTERNAL: return "INTERNAL";
+    case grpc::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::DATA_LOSS: return "DATA_LOSS";
+    case grpc::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return absl::StrCat("CODE_", static_cast<int>(code));
+  }
+}
+
+int ReportRpcError(std::ostream& err, absl::string_view command, absl::string_view what,
+                   const grpc::Status& status) {
+  err << "caliper " << command << ": " << what << " failed: " << StatusCodeName(status.error_code())
+      << ": " << status.error_message() << "\n";
+  return kExitServer;
+}
+
+std::string KvModeName(v1::KvMode mode) {
+  switch (mode) {
+    case v1::KV_PER_HEAD: return "per_head";
+    case v1::KV_PER_TENSOR: return "per_tensor";
+    default: return "off";
+  }
+}
+
+absl::StatusOr<v1::Nvfp4Convention> ParseConvention(const std::string& name) {
+  if (name == "compressed_tensors" || name == "compressed-tensors") return v1::COMPRESSED_TENSORS;
+  if (name == "modelopt") return v1::MODELOPT;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--convention: expected compressed_tensors or modelopt, got \"", name, "\""));
+}
+
+std::string HumanBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024.0 && unit < 4) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrFormat("%.0f %s", bytes, units[unit])
+                   : absl::StrFormat("%.1f %s", bytes, units[unit]);
+}
+
+absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
+                                                  const v1::ScalesResponse& scales,
+                                                  const v1::Session& session,
+                                                  const v1::Deployment& deployment) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("--out: cannot create ", dir, ": ", ec.message()));
+  WrittenOutputs written;
+
+  // The LightLLM file is the server's rendering for this deployment (full rows of the deployed
+  // total heads); a KV session without one is a server fault, not something to paper over.
+  const v1::OutputFile* lightllm = nullptr;
+  for (const auto& file : scales.files()) {
+    if (file.format() == "lightllm") lightllm = &file;
+  }
+  if (scales.kv() != v1::KV_OFF) {
+    if (lightllm == nullptr) {
+      return absl::DataLossError("GetScales returned no \"lightllm\" file for a KV session");
+    }
+    written.kv_cache_calib = (fs::path(dir) / "kv_cache_calib.json").string();
+    if (auto st = WriteFileAtomically(written.kv_cache_calib, lightllm->content()); !st.ok()) return st;
+  }
+
+  ordered_json doc;
+  doc["session_id"] = session.id();
+  doc["session_name"] = session.name();
+  const auto& model = session.model();
+  doc["model"] = {{"architecture", model.architecture()}, {"model_type", model.model_type()},
+                  {"num_layers", model.num_layers()},
+                  {"num_attention_heads", model.num_attention_heads()},
+                  {"num_kv_heads", model.num_kv_heads()}, {"head_dim", model.head_dim()},
+                  {"hidden_size", model.hidden_size()}};
+  ordered_json deploy = {{"tp_size", scales.tp_size()},
+                         {"total_kv_heads", scales.deployed_total_kv_heads()}};
+  if (deployment.has_rank()) deploy["rank"] = deployment.rank();
+  doc["deployment"] = deploy;
+  doc["progress"] = {{"accepted_chunks", session.accepted_chunks()},
+                     {"accepted_bytes", session.accepted_bytes()},
+                     {"rejected_chunks", session.rejected_chunks()},
+                     {"skipped_warmup_chunks", session.skipped_warmup_chunks()}};
+
+  ordered_json kv;
+  kv["mode"] = KvModeName(scales.kv());
+  kv["fp8_dtype"] = FlavorName(scales.fp8_flavor());
+  kv["qmax"] = scales.fp8_flavor() == v1::FP8_E4M3FNUZ ? 240.0 : 448.0;
+  kv["num_kv_heads"] = scales.num_kv_heads();
+  kv["deployed_total_kv_heads"] = scales.deployed_total_kv_heads();
+  kv["note"] = "scale = absmax / qmax (dequantization multiplier), over the model's original heads";
+  ordered_json layers = ordered_json::array();
+  for (const auto& layer : scales.kv_layers()) {
+    layers.push_back({{"layer", layer.layer()}, {"k_absmax", FloatList(layer.k_absmax())},
+                      {"v_absmax", FloatList(layer.v_absmax())},
+                      {"k_scale", FloatList(layer.k_scale())},
+                      {"v_scale", FloatList(layer.v_scale())}});
+  }
+  kv["layers"] = layers;
+  if (!scales.rank_slices().empty()) {
+    ordered_json slices = ordered_json::array();
+    for (const auto& slice : scales.rank_slices()) {
+      slices.push_back({{"layer", slice.layer()}, {"k_scale", FloatList(slice.k_scale())},
+                        {"v_scale", FloatList(slice.v_scale())}});
+    }
+    kv["rank_slices"] = slices;
+  }
+  if (!written.kv_cache_calib.empty()) kv["lightllm_file"] = "kv_cache_calib.json";
+  doc["kv_cache"] = kv;
+
+  const bool divisor = scales.convention() == v1::COMPRESSED_TENSORS;
+  ordered_json nvfp4;
+  nvfp4["convention"] = divisor ? "compressed_tensors" : "modelopt";
+  nvfp4["form"] = divisor ? "divisor: global_scale = 448 * 6 / amax"
+                          : "multiplier: scale = amax / (448 * 6)";
+  ordered_json modules = ordered_json::object();
+  for (const auto& m : scales.modules()) {
+    ordered_json entry;
+    entry["fused_group"] = m.fused_group();
+    if (m.has_weight_amax()) entry["weight_amax"] = ShortFloat(m.weight_amax());
+    if (m.has_weight_global_scale()) {
+      entry[divisor ? "weight_global_scale" : "weight_scale_2"] = ShortFloat(m.weight_global_scale());
+    }
+    if (m.has_input_amax()) entry["input_amax"] = ShortFloat(m.input_amax());
+    if (m.has_input_global_scale()) {
+      entry[divisor ? "input_global_scale" : "input_scale"] = ShortFloat(m.input_global_scale());
+    }
+    modules[m.module()] = entry;
+  }
+  nvfp4["modules"] = modules;
+  doc["nvfp4"] = nvfp4;
+
+  ordered_json warnings = ordered_json::array();
+  for (const auto& w : scales.warnings()) {
+    warnings.push_back({{"where", w.where()}, {"message", w.message()}});
+  }
+  doc["warnings"] = warnings;
+
+  written.scales_json = (fs::path(dir) / "scales.json").string();
+  if (auto st = WriteFileAtomically(written.scales_json, doc.dump(2) + "\n"); !st.ok()) return st;
+  return written;
+}
+
+void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out) {
+  if (scales.kv() != v1::KV_OFF) {
+    out << "kv cache  " << KvModeName(scales.kv()) << ", " << FlavorName(scales.fp8_flavor()) << ", "
+        << scales.num_kv_heads() << " original heads -> " << scales.deployed_total_kv_heads()
+        << " deployed (TP " << scales.tp_size() << ")\n";
+    for (const auto& layer : scales.kv_layers()) {
+      auto range = [](const auto& values) {
+        if (values.empty()) return std::string("-");
+        auto [lo, hi] = std::minmax_element(values.begin(), values.end());
+        return absl::StrFormat("%.4g..%.4g", *lo, *hi);
+      };
+      out << absl::StrFormat("  layer %-3d k_scale %-20s v_scale %s\n", layer.layer(),
+                             range(layer.k_scale()), range(layer.v_scale()));
+    }
+  }
+  if (!scales.modules().empty()) {
+    const bool divisor = scales.convention() == v1::COMPRESSED_TENSORS;
+    out << "nvfp4     " << scales.modules_size() << " modules, "
+        << (divisor ? "compressed-tensors global_scale (divisor)" : "ModelOpt scale_2 (multiplier)")
+        << "\n";
+    int shown = 0;
+    for (const auto& m : scales.modules()) {
+      if (shown++ == 7) break;
+      out << absl::StrFormat("  %-40s", m.module());
+      if (m.has_weight_global_scale()) out << absl::StrFormat(" weight %-10.5g", m.weight_global_scale());
+      if (m.has_input_global_scale()) out << absl::StrFormat(" input %-10.5g", m.input_global_scale());
+      if (!m.fused_group().empty()) out << "  [" << m.fused_group() << "]";
+      out << "\n";
+    }
+    if (scales.modules_size() > 7) out << "  ... (" << scales.modules_size() - 7 << " more in scales.json)\n";
+  }
+  out << "warnings  " << scales.warnings_size() << "\n";
+  int shown = 0;
+  for (const auto& w : scales.warnings()) {
+    if (shown++ == 5) {
+      out << "  ... (see scales.json)\n";
+      break;
+    }
+    out << "  " << w.where() << ": " << w.message() << "\n";
+  }
+}
+
+}  // namespace caliper::cli

@@ -1,0 +1,53 @@
+// Pieces shared by the gRPC subcommands: the channel (message limits matching caliper-server), gRPC status reporting, and the two output
+// files every scales-producing command writes (kv_cache_calib.json, scales.json).
+#ifndef CALIPER_CLIENT_REMOTE_COMMON_H_
+#define CALIPER_CLIENT_REMOTE_COMMON_H_
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "client/exit_codes.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/caliper.grpc.pb.h"
+
+namespace caliper::cli {
+
+// Largest gRPC message either side sends; caliper-server accepts the same (server/ flags).
+inline constexpr int kMaxMessageBytes = 64 << 20;
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// Prints "caliper <command>: <what> failed: <CODE>: <message>" and returns kExitServer.
+int ReportRpcError(std::ostream& err, absl::string_view command, absl::string_view what,
+                   const grpc::Status& status);
+std::string StatusCodeName(grpc::StatusCode code);
+
+// "per_head" / "per_tensor" / "off" <-> proto.
+std::string KvModeName(v1::KvMode mode);
+absl::StatusOr<v1::Nvfp4Convention> ParseConvention(const std::string& name);
+
+struct WrittenOutputs {
+  std::string kv_cache_calib;  // empty when the session has no KV scales
+  std::string scales_json;
+};
+// Writes DIR/kv_cache_calib.json (the response's LightLLM file) and DIR/scales.json (everything
+// in the response plus the session id and the deployment asked for). Files are replaced
+// atomically; DIR is created. Errors name the path; DataLoss when a KV response lacks the
+// LightLLM file (a server fault).
+absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
+                                                  const v1::ScalesResponse& scales,
+                                                  const v1::Session& session,
+                                                  const v1::Deployment& deployment);
+
+// A few lines for a person: KV scale ranges, the first NVFP4 groups, warnings.
+void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out);
+
+std::string HumanBytes(double bytes);
+
+}  // namespace caliper::cli
+
+#endif  // CALIPER_CLIENT_REMOTE_COMMON_H_

@@ -1,0 +1,103 @@
+// caliper sessions: a table of the server's sessions and their progress.
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli_args.h"
+#include "client/remote_commands.h"
+#include "client/remote_common.h"
+
+namespace caliper::cli {
+namespace {
+
+const std::vector<FlagSpec>& SessionsFlags() {
+  static const std::vector<FlagSpec> flags = {{"server", "ADDR", "caliper-server address"}};
+  return flags;
+}
+
+constexpr absl::string_view kDescription =
+    "Lists the sessions on caliper-server: id, state, recipe, chunks and bytes accepted, chunks\n"
+    "rejected, K/V tokens seen (fewest over layers), modules with weights/inputs, age, name.\n"
+    "Exit codes: 0 ok, 1 the server refused, 2 usage error.";
+
+std::string Age(int64_t created_unix_ms) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const int64_t s = std::max<int64_t>(0, (now - created_unix_ms) / 1000);
+  if (s < 120) return absl::StrCat(s, "s");
+  if (s < 7200) return absl::StrCat(s / 60, "m");
+  return absl::StrCat(s / 3600, "h");
+}
+
+std::string RecipeText(const v1::Recipe& r) {
+  std::string text = KvModeName(r.kv());
+  if (r.nvfp4_weights() || r.nvfp4_activations()) {
+    absl::StrAppend(&text, "+nvfp4", r.nvfp4_weights() ? "w" : "", r.nvfp4_activations() ? "a" : "");
+  }
+  return text;
+}
+
+}  // namespace
+
+int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  auto flags = CliArgs::Parse(args, SessionsFlags());
+  if (!flags.ok()) {
+    err << "caliper sessions: " << flags.status().message() << " (see caliper sessions --help)\n";
+    return kExitUsage;
+  }
+  if (flags->help()) {
+    out << FormatHelp("sessions", "--server ADDR", kDescription, SessionsFlags());
+    return kExitOk;
+  }
+  const std::string server = flags->Get("server").value_or("");
+  if (server.empty()) {
+    err << "caliper sessions: --server is required\n";
+    return kExitUsage;
+  }
+  auto stub = v1::Calibration::NewStub(MakeChannel(server));
+  grpc::ClientContext context;
+  v1::ListSessionsResponse response;
+  grpc::Status status = stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
+  if (!status.ok()) return ReportRpcError(err, "sessions", "ListSessions", status);
+  if (response.sessions().empty()) {
+    out << "no sessions\n";
+    return kExitOk;
+  }
+  out << absl::StrFormat("%-32s  %-9s  %-16s  %8s  %10s  %8s  %9s  %7s  %5s  %s\n", "ID", "STATE",
+                         "RECIPE", "CHUNKS", "BYTES", "REJECTED", "KV_TOKENS", "MOD_W/I", "AGE",
+                         "NAME");
+  for (const auto& s : response.sessions()) {
+    int64_t min_tokens = -1;
+    for (const auto& layer : s.layers()) {
+      const int64_t t = std::min(layer.k_tokens(), layer.v_tokens());
+      if (min_tokens < 0 || t < min_tokens) min_tokens = t;
+    }
+    out << absl::StrFormat("%-32s  %-9s  %-16s  %8d  %10s  %8d  %9s  %7s  %5s  %s\n", s.id(),
+                           s.state() == v1::FINALIZED ? "finalized" : "open", RecipeText(s.recipe()),
+                           s.accepted_chunks(), HumanBytes(static_cast<double>(s.accepted_bytes())),
+                           s.rejected_chunks(), min_tokens < 0 ? "-" : absl::StrCat(min_tokens),
+                           absl::StrCat(s.modules_with_weights(), "/", s.modules_with_inputs()),
+                           Age(s.created_unix_ms()), s.name());
+  }
+  return kExitOk;
+}
+
+int RunRemoteAdapt(const std::string& server, const std::string& lightllm_json, int total_heads,
+                   const std::string& model_config_json, int tp_size, std::string* adapted,
+                   std::ostream& err) {
+  auto stub = v1::Calibration::NewStub(MakeChannel(server));
+  v1::AdaptRequest request;
+  request.set_lightllm_json(lightllm_json);
+  if (total_heads > 0) request.set_total_heads(total_heads);
+  if (!model_config_json.empty()) request.mutable_model()->set_hf_config_json(model_config_json);
+  if (tp_size > 0) request.set_tp_size(tp_size);
+  v1::AdaptResponse response;
+  grpc::ClientContext context;
+  grpc::Status status = stub->Adapt(&context, request, &response);
+  if (!status.ok()) return ReportRpcError(err, "adapt", absl::StrCat("Adapt on ", server), status);
+  *adapted = response.lightllm_json();
+  return kExitOk;
+}
+
+}  // namespace caliper::cli

@@ -1,0 +1,228 @@
+#include "client/tensor_stream.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/dtype.h"
+#include "nlohmann/json.hpp"
+
+namespace caliper::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// "model.layers.12.self_attn.k" -> layer 12, kind KEY. Other names -> false.
+bool ParseKvName(const std::string& name, int* layer, v1::TargetKind* kind) {
+  const std::string marker = "layers.";
+  const size_t at = name.rfind(marker);
+  if (at == std::string::npos) return false;
+  const size_t digits = at + marker.size();
+  size_t end = digits;
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+  if (end == digits) return false;
+  const std::string rest = name.substr(end);
+  if (rest == ".self_attn.k") {
+    *kind = v1::KEY;
+  } else if (rest == ".self_attn.v") {
+    *kind = v1::VALUE;
+  } else {
+    return false;
+  }
+  return absl::SimpleAtoi(name.substr(digits, end - digits), layer);
+}
+
+absl::StatusOr<int64_t> MetadataInt(const SafetensorsFile& file, const std::string& path,
+                                    const std::string& key, int64_t fallback) {
+  auto it = file.metadata().find(key);
+  if (it == file.metadata().end()) return fallback;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(it->second, &value) || value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__.", key,
+                                                   ": expected a non-negative integer, got \"",
+                                                   it->second, "\""));
+  }
+  return value;
+}
+
+// Splits one tensor along dim 0 into pieces of at most chunk_bytes (at least one row each).
+void AddChunks(const SafetensorsFile& file, const SafetensorsEntry& entry, PlannedChunk base,
+               int64_t chunk_bytes, StreamPlan* plan) {
+  const auto data = file.Data(entry);
+  base.dtype = entry.dtype;
+  base.tensor = entry.name;
+  const int64_t rows = entry.shape.empty() ? 0 : entry.shape[0];
+  if (entry.shape.size() < 2 || rows <= 1 || static_cast<int64_t>(data.size()) <= chunk_bytes) {
+    base.shape = entry.shape;
+    base.data = data.data();
+    base.bytes = data.size();
+    plan->chunks.push_back(std::move(base));
+    plan->bytes += static_cast<int64_t>(data.size());
+    return;
+  }
+  const int64_t row_bytes = static_cast<int64_t>(data.size()) / rows;
+  const int64_t rows_per_chunk = std::max<int64_t>(1, chunk_bytes / std::max<int64_t>(row_bytes, 1));
+  for (int64_t row = 0; row < rows; row += rows_per_chunk) {
+    const int64_t count = std::min(rows_per_chunk, rows - row);
+    PlannedChunk chunk = base;
+    chunk.shape = entry.shape;
+    chunk.shape[0] = count;
+    chunk.first_row = row;
+    chunk.data = data.data() + row * row_bytes;
+    chunk.bytes = static_cast<size_t>(count * row_bytes);
+    plan->bytes += static_cast<int64_t>(chunk.bytes);
+    plan->chunks.push_back(std::move(chunk));
+  }
+}
+
+absl::Status CheckDType(const std::string& path, const SafetensorsEntry& entry) {
+  auto dtype = ParseDType(entry.dtype, absl::StrCat(path, ": ", entry.name, ".dtype"));
+  return dtype.ok() ? absl::OkStatus() : dtype.status();
+}
+
+}  // namespace
+
+absl::StatusOr<StreamPlan> PlanDumpFile(const std::string& path, const PlanOptions& options,
+                                        int64_t default_batch) {
+  StreamPlan plan;
+  plan.path = path;
+  auto file = SafetensorsFile::Open(path);
+  if (!file.ok()) return file.status();
+  plan.file = std::move(*file);
+  auto rank = MetadataInt(*plan.file, path, "tp_rank", 0);
+  auto size = MetadataInt(*plan.file, path, "tp_size", 1);
+  auto batch = MetadataInt(*plan.file, path, "batch", default_batch);
+  for (const auto* st : {&rank.status(), &size.status(), &batch.status()}) {
+    if (!st->ok()) return *st;
+  }
+  if (*size < 1 || *rank >= *size || *size > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__.tp_rank ", *rank,
+                                                   " must be below tp_size ", *size));
+  }
+  plan.tp_rank = static_cast<int>(*rank);
+  plan.tp_size = static_cast<int>(*size);
+  plan.batch = *batch;
+  for (const SafetensorsEntry& entry : plan.file->tensors()) {
+    PlannedChunk base;
+    if (ParseKvName(entry.name, &base.layer, &base.kind)) {
+      if (!options.kv) {
+        plan.skipped.push_back(entry.name);
+        continue;
+      }
+    } else if (absl::EndsWith(entry.name, ".input") && entry.name.size() > 6) {
+      if (!options.inputs) {
+        plan.skipped.push_back(entry.name);
+        continue;
+      }
+      base.kind = v1::INPUT_ACTIVATION;
+      base.module = entry.name.substr(0, entry.name.size() - 6);
+    } else {
+      plan.skipped.push_back(entry.name);
+      continue;
+    }
+    if (auto st = CheckDType(path, entry); !st.ok()) return st;
+    AddChunks(*plan.file, entry, std::move(base), options.chunk_bytes, &plan);
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("--weights: ", dir, " is not a directory"));
+  }
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::vector<std::string> files;
+  if (fs::exists(index, ec)) {
+    std::ifstream in(index);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    if (json.is_discarded() || !json.contains("weight_map") || !json["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index.string(), ": weight_map: missing or not an object"));
+    }
+    std::set<std::string> shards;
+    for (const auto& [name, shard] : json["weight_map"].items()) {
+      if (!shard.is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index.string(), ": weight_map[\"", name, "\"]: not a string"));
+      }
+      shards.insert(shard.get<std::string>());
+    }
+    for (const auto& shard : shards) files.push_back((fs::path(dir) / shard).string());
+    return files;
+  }
+  if (fs::exists(fs::path(dir) / "model.safetensors", ec)) {
+    return std::vector<std::string>{(fs::path(dir) / "model.safetensors").string()};
+  }
+  for (const auto& item : fs::directory_iterator(dir, ec)) {
+    if (item.path().extension() == ".safetensors") files.push_back(item.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--weights: no *.safetensors in ", dir));
+  }
+  return files;
+}
+
+absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk_bytes) {
+  StreamPlan plan;
+  plan.path = path;
+  auto file = SafetensorsFile::Open(path);
+  if (!file.ok()) return file.status();
+  plan.file = std::move(*file);
+  for (const SafetensorsEntry& entry : plan.file->tensors()) {
+    const bool linear = absl::EndsWith(entry.name, ".weight") && entry.shape.size() == 2 &&
+                        !absl::StrContains(entry.name, "embed_tokens") &&
+                        !absl::StrContains(entry.name, "lm_head") &&
+                        ParseDType(entry.dtype).ok();
+    if (!linear) {
+      plan.skipped.push_back(entry.name);
+      continue;
+    }
+    PlannedChunk base;
+    base.kind = v1::WEIGHT;
+    base.module = entry.name.substr(0, entry.name.size() - 7);
+    AddChunks(*plan.file, entry, std::move(base), chunk_bytes, &plan);
+  }
+  return plan;
+}
+
+StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std::string& session_id,
+                                 const StreamPlan& plan, const std::string& producer_id,
+                                 std::atomic<int64_t>* sent_bytes) {
+  StreamResult result;
+  grpc::ClientContext context;
+  auto writer = stub.Observe(&context, &result.summary);
+  v1::TensorChunk message;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const PlannedChunk& chunk = plan.chunks[i];
+    message.Clear();
+    message.set_session_id(session_id);
+    message.set_kind(chunk.kind);
+    message.set_layer(chunk.layer);
+    message.set_module(chunk.module);
+    message.set_dtype(chunk.dtype);
+    for (int64_t d : chunk.shape) message.add_shape(d);
+    message.set_tp_rank(plan.tp_rank);
+    message.set_tp_size(plan.tp_size);
+    message.set_batch(plan.batch);
+    message.set_sequence(i);
+    message.set_producer_id(producer_id);
+    message.mutable_data()->assign(reinterpret_cast<const char*>(chunk.data), chunk.bytes);
+    if (!writer->Write(message)) break;  // the server ended the stream; Finish says why
+    if (sent_bytes != nullptr) sent_bytes->fetch_add(static_cast<int64_t>(chunk.bytes));
+  }
+  writer->WritesDone();
+  result.status = writer->Finish();
+  return result;
+}
+
+}  // namespace caliper::cli

@@ -1,0 +1,75 @@
+// Turns safetensors files into Observe streams: K/V and activation dumps (names per issue 3:
+// `model.layers.{L}.self_attn.k|v`, `{module}.input`; `__metadata__` tp_rank/tp_size/batch) and
+// HF checkpoint weights (`{module}.weight`). Tensors are split along their first dimension into
+// chunks of at most `chunk_bytes`; each file is one stream with sequence numbers 0, 1, ...
+#ifndef CALIPER_CLIENT_TENSOR_STREAM_H_
+#define CALIPER_CLIENT_TENSOR_STREAM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/safetensors.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/caliper.grpc.pb.h"
+
+namespace caliper::cli {
+
+struct PlannedChunk {
+  v1::TargetKind kind = v1::TARGET_UNSPECIFIED;
+  int layer = 0;
+  std::string module;
+  std::string dtype;
+  std::vector<int64_t> shape;  // of this chunk
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+  std::string tensor;          // source tensor name, for error reports
+  int64_t first_row = 0;       // rows [first_row, first_row + shape[0]) of the tensor
+};
+
+struct StreamPlan {
+  std::string path;
+  std::unique_ptr<SafetensorsFile> file;  // owns the mapping the chunks point into
+  int tp_rank = 0, tp_size = 1;
+  int64_t batch = 0;
+  std::vector<PlannedChunk> chunks;  // index == sequence number
+  int64_t bytes = 0;
+  std::vector<std::string> skipped;  // tensors with names or dtypes this recipe does not stream
+};
+
+struct PlanOptions {
+  bool kv = true;              // stream K/V
+  bool inputs = false;         // stream {module}.input
+  int64_t chunk_bytes = 4 << 20;
+};
+
+// A dump file. `default_batch` is used when the metadata has no batch. Errors (unreadable file,
+// bad metadata, a dtype other than BF16/F16/F32 on a streamed tensor) name the file and field.
+absl::StatusOr<StreamPlan> PlanDumpFile(const std::string& path, const PlanOptions& options,
+                                        int64_t default_batch);
+
+// The safetensors files of an HF checkpoint directory: the shards listed in
+// model.safetensors.index.json, else model.safetensors, else every *.safetensors, sorted.
+absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir);
+
+// Weights of one checkpoint file: 2-D float `{module}.weight` tensors except embeddings and
+// lm_head (NVFP4 recipes leave those unquantized).
+absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk_bytes);
+
+struct StreamResult {
+  grpc::Status status;
+  v1::ObserveSummary summary;
+};
+
+// Streams every chunk of `plan` into `session_id` on one Observe call. `sent_bytes` grows as
+// chunks are written (for progress). `producer_id` identifies the stream for de-duplication.
+StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std::string& session_id,
+                                 const StreamPlan& plan, const std::string& producer_id,
+                                 std::atomic<int64_t>* sent_bytes);
+
+}  // namespace caliper::cli
+
+#endif  // CALIPER_CLIENT_TENSOR_STREAM_H_
