@@ -1,0 +1,464 @@
+// In-process gRPC tests: a real caliper-server on 127.0.0.1:0, a real client stub. Scales that
+// come back over the wire must equal core's, computed directly on the same tensors.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+
+#include "core/lightllm_format.h"
+#include "core/session.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/caliper.grpc.pb.h"
+#include "server/caliper_server.h"
+
+namespace caliper {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kLayers = 3;
+constexpr int kHeads = 2;
+constexpr int kHeadDim = 4;
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::string Raw(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+v1::TensorChunk KvChunk(const std::string& session, v1::TargetKind kind, int layer,
+                        const std::vector<float>& data, uint64_t sequence) {
+  v1::TensorChunk c;
+  c.set_session_id(session);
+  c.set_kind(kind);
+  c.set_layer(layer);
+  c.set_dtype("F32");
+  c.add_shape(static_cast<int64_t>(data.size() / (kHeads * kHeadDim)));
+  c.add_shape(kHeads);
+  c.add_shape(kHeadDim);
+  c.set_sequence(sequence);
+  c.set_data(Raw(data));
+  return c;
+}
+
+v1::TensorChunk ModuleChunk(const std::string& session, v1::TargetKind kind,
+                            const std::string& module, const std::vector<float>& data,
+                            uint64_t sequence) {
+  v1::TensorChunk c;
+  c.set_session_id(session);
+  c.set_kind(kind);
+  c.set_module(module);
+  c.set_dtype("F32");
+  c.add_shape(4);
+  c.add_shape(static_cast<int64_t>(data.size() / 4));
+  c.set_sequence(sequence);
+  c.set_data(Raw(data));
+  return c;
+}
+
+ChunkRef RefOf(const v1::TensorChunk& c) {
+  ChunkRef r;
+  r.kind = c.kind() == v1::KEY     ? ChunkKind::kKey
+           : c.kind() == v1::VALUE ? ChunkKind::kValue
+           : c.kind() == v1::WEIGHT ? ChunkKind::kWeight
+                                    : ChunkKind::kInput;
+  r.layer = c.layer();
+  r.module = c.module();
+  r.dtype = DType::kF32;
+  r.shape.assign(c.shape().begin(), c.shape().end());
+  r.data = {reinterpret_cast<const uint8_t*>(c.data().data()), c.data().size()};
+  return r;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer(ServerOptions{}); }
+
+  void StartServer(ServerOptions options) {
+    server_.reset();
+    options.listen = "127.0.0.1:0";
+    options.metrics_listen = "";
+    absl::StatusOr<std::unique_ptr<CaliperServer>> server =
+        CaliperServer::Start(options, MakeCpuBackend(1), &log_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_GT(server_->port(), 0);
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    channel_ = grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(),
+                                         args);
+    stub_ = v1::Calibration::NewStub(channel_);
+  }
+
+  v1::CreateSessionRequest TinyRequest() {
+    v1::CreateSessionRequest req;
+    v1::ModelDescription* m = req.mutable_model();
+    m->set_architecture("LlamaForCausalLM");
+    m->set_model_type("llama");
+    m->set_num_layers(kLayers);
+    m->set_num_attention_heads(4);
+    m->set_num_kv_heads(kHeads);
+    m->set_head_dim(kHeadDim);
+    m->set_hidden_size(16);
+    req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
+    req.mutable_recipe()->set_nvfp4_weights(true);
+    req.mutable_recipe()->set_nvfp4_activations(true);
+    req.set_name("tiny");
+    return req;
+  }
+
+  std::string Create() {
+    grpc::ClientContext ctx;
+    v1::Session session;
+    grpc::Status s = stub_->CreateSession(&ctx, TinyRequest(), &session);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return session.id();
+  }
+
+  // Streams `chunks` on one Observe call and returns the final status.
+  grpc::Status Stream(const std::vector<v1::TensorChunk>& chunks, v1::ObserveSummary* summary) {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, summary);
+    for (const v1::TensorChunk& c : chunks) {
+      if (!writer->Write(c)) break;  // the server ended the stream
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  grpc::Status Finalize(const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::FinalizeRequest req;
+    req.set_session_id(id);
+    v1::Session out;
+    return stub_->Finalize(&ctx, req, &out);
+  }
+
+  grpc::Status Scales(const std::string& id, int tp, v1::ScalesResponse* out,
+                      std::optional<int> rank = std::nullopt) {
+    grpc::ClientContext ctx;
+    v1::ScalesRequest req;
+    req.set_session_id(id);
+    req.mutable_deployment()->set_tp_size(tp);
+    if (rank) req.mutable_deployment()->set_rank(*rank);
+    return stub_->GetScales(&ctx, req, out);
+  }
+
+  EventLog log_{LogFormat::kText, stderr};
+  std::unique_ptr<CaliperServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Calibration::Stub> stub_;
+};
+
+TEST_F(ServiceTest, CreateGetListDelete) {
+  const std::string a = Create();
+  const std::string b = Create();
+  EXPECT_NE(a, b);
+  {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(a);
+    v1::Session out;
+    ASSERT_TRUE(stub_->GetSession(&ctx, req, &out).ok());
+    EXPECT_EQ(out.id(), a);
+    EXPECT_EQ(out.name(), "tiny");
+    EXPECT_EQ(out.state(), v1::OPEN);
+    EXPECT_EQ(out.model().num_layers(), kLayers);
+    EXPECT_EQ(out.recipe().kv(), v1::KV_PER_HEAD);
+    EXPECT_EQ(out.layers_size(), kLayers);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ListSessionsResponse out;
+    ASSERT_TRUE(stub_->ListSessions(&ctx, {}, &out).ok());
+    EXPECT_EQ(out.sessions_size(), 2);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteSessionRequest req;
+    req.set_session_id(a);
+    v1::DeleteSessionResponse out;
+    ASSERT_TRUE(stub_->DeleteSession(&ctx, req, &out).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetSessionRequest req;
+    req.set_session_id(a);
+    v1::Session out;
+    grpc::Status s = stub_->GetSession(&ctx, req, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(s.error_message(), HasSubstr(a));
+  }
+  EXPECT_EQ(server_->registry().size(), 1u);
+}
+
+TEST_F(ServiceTest, CreateRejectsInvalidModelNamingTheField) {
+  v1::CreateSessionRequest req = TinyRequest();
+  req.mutable_model()->set_num_layers(0);
+  grpc::ClientContext ctx;
+  v1::Session out;
+  grpc::Status s = stub_->CreateSession(&ctx, req, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("model"));
+
+  v1::CreateSessionRequest groups = TinyRequest();
+  groups.mutable_recipe()->set_fused_groups("q_proj,,k_proj");
+  grpc::ClientContext ctx2;
+  s = stub_->CreateSession(&ctx2, groups, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("fused_groups"));
+}
+
+TEST_F(ServiceTest, ScalesOverTheWireEqualCoreOnTheSameTensors) {
+  const std::string id = Create();
+  std::vector<v1::TensorChunk> chunks;
+  uint64_t seq = 0;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    chunks.push_back(KvChunk(id, v1::KEY, layer, Random(6 * kHeads * kHeadDim, 10 + layer), seq++));
+    chunks.push_back(
+        KvChunk(id, v1::VALUE, layer, Random(6 * kHeads * kHeadDim, 20 + layer, 2.0f), seq++));
+  }
+  chunks.push_back(ModuleChunk(id, v1::WEIGHT, "model.layers.0.self_attn.q_proj",
+                               Random(32, 30, 0.5f), seq++));
+  chunks.push_back(ModuleChunk(id, v1::WEIGHT, "model.layers.0.self_attn.k_proj",
+                               Random(32, 31, 3.0f), seq++));
+  chunks.push_back(ModuleChunk(id, v1::INPUT_ACTIVATION, "model.layers.0.self_attn.q_proj",
+                               Random(32, 32, 5.0f), seq++));
+
+  v1::ObserveSummary summary;
+  grpc::Status s = Stream(chunks, &summary);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(summary.accepted_chunks(), static_cast<int64_t>(chunks.size()));
+  EXPECT_EQ(summary.rejected_chunks(), 0);
+  int64_t bytes = 0;
+  for (const auto& c : chunks) bytes += static_cast<int64_t>(c.data().size());
+  EXPECT_EQ(summary.accepted_bytes(), bytes);
+  ASSERT_TRUE(Finalize(id).ok());
+
+  v1::ScalesResponse wire;
+  ASSERT_TRUE(Scales(id, 4, &wire, 3).ok());
+
+  // The same tensors through core directly.
+  ModelConfig model;
+  model.architecture = "LlamaForCausalLM";
+  model.model_type = "llama";
+  model.num_layers = kLayers;
+  model.num_attention_heads = 4;
+  model.num_kv_heads = kHeads;
+  model.head_dim = kHeadDim;
+  model.hidden_size = 16;
+  Recipe recipe;
+  recipe.nvfp4_weights = recipe.nvfp4_activations = true;
+  auto direct = *CalibrationSession::Create(model, recipe);
+  auto backend = MakeCpuBackend(1);
+  for (const auto& c : chunks) ASSERT_TRUE(direct->Observe(RefOf(c), *backend).ok());
+  ASSERT_TRUE(direct->Finalize().ok());
+  const SessionScales core = *direct->Scales({4, 0, 3}, Nvfp4Convention::kCompressedTensors);
+
+  EXPECT_EQ(wire.num_kv_heads(), kHeads);
+  EXPECT_EQ(wire.deployed_total_kv_heads(), 4);
+  ASSERT_EQ(wire.kv_layers_size(), kLayers);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    EXPECT_THAT(wire.kv_layers(layer).k_scale(), ::testing::ElementsAreArray(core.kv_scales->k[layer]));
+    EXPECT_THAT(wire.kv_layers(layer).v_scale(), ::testing::ElementsAreArray(core.kv_scales->v[layer]));
+    EXPECT_THAT(wire.kv_layers(layer).k_absmax(),
+                ::testing::ElementsAreArray(core.kv_scales->k_absmax[layer]));
+    // TP 4 over 2 heads: rank 3 holds a replica of original head 1.
+    EXPECT_THAT(wire.rank_slices(layer).k_scale(),
+                ::testing::ElementsAre(core.kv_scales->k[layer][1]));
+  }
+  ASSERT_EQ(wire.files_size(), 1);
+  EXPECT_EQ(wire.files(0).name(), "kv_cache_calib.json");
+  EXPECT_EQ(wire.files(0).content(), SerializeLightLlmCalibration(*core.lightllm));
+  ASSERT_EQ(wire.modules_size(), 2);
+  for (const v1::ModuleScales& m : wire.modules()) {
+    const ModuleNvfp4Scales& c = core.nvfp4.modules.at(m.module());
+    EXPECT_EQ(m.fused_group(), c.fused_group);
+    EXPECT_EQ(m.weight_global_scale(), *c.weight_scale);
+    EXPECT_EQ(m.has_input_global_scale(), c.input_scale.has_value());
+  }
+  // q and k share the fused weight scale 2688 / max(amax).
+  EXPECT_EQ(wire.modules(0).weight_global_scale(), wire.modules(1).weight_global_scale());
+  EXPECT_FALSE(wire.modules(0).fused_group().empty());
+}
+
+TEST_F(ServiceTest, BadChunksAreReportedInBandAndTheStreamGoesOn) {
+  const std::string id = Create();
+  const std::vector<float> good = Random(3 * kHeads * kHeadDim, 1);
+  std::vector<v1::TensorChunk> chunks;
+  chunks.push_back(KvChunk(id, v1::KEY, 0, good, 0));
+  v1::TensorChunk bad_dtype = KvChunk(id, v1::KEY, 0, good, 1);
+  bad_dtype.set_dtype("F8_E4M3");
+  chunks.push_back(bad_dtype);
+  v1::TensorChunk shape_mismatch = KvChunk(id, v1::KEY, 0, good, 2);
+  shape_mismatch.set_shape(0, 5);  // bytes say 3 tokens
+  chunks.push_back(shape_mismatch);
+  std::vector<float> nan = Random(3 * kHeads * kHeadDim, 2, 100.0f);
+  nan[5] = std::numeric_limits<float>::quiet_NaN();
+  chunks.push_back(KvChunk(id, v1::KEY, 0, nan, 3));
+  chunks.push_back(KvChunk(id, v1::VALUE, kLayers + 4, good, 4));  // unknown layer
+  v1::TensorChunk no_kind = KvChunk(id, v1::TARGET_UNSPECIFIED, 0, good, 5);
+  chunks.push_back(no_kind);
+  chunks.push_back(KvChunk(id, v1::VALUE, 1, good, 6));  // good again after the bad ones
+
+  v1::ObserveSummary summary;
+  grpc::Status s = Stream(chunks, &summary);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(summary.accepted_chunks(), 2);
+  EXPECT_EQ(summary.rejected_chunks(), 5);
+  EXPECT_EQ(summary.rejected_bytes(), 5 * static_cast<int64_t>(good.size() * 4));
+  ASSERT_EQ(summary.errors_size(), 5);
+  const std::vector<std::string> fields = {"chunk.dtype", "chunk", "chunk.data", "chunk.layer",
+                                           "chunk.kind"};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(summary.errors(i).sequence(), static_cast<uint64_t>(i + 1));
+    EXPECT_EQ(summary.errors(i).code(), "INVALID_ARGUMENT");
+    EXPECT_THAT(summary.errors(i).message(), HasSubstr(fields[i]));
+  }
+  EXPECT_THAT(summary.errors(2).message(), HasSubstr("NaN"));
+
+  // The session kept exactly the good chunks.
+  grpc::ClientContext ctx;
+  v1::GetSessionRequest req;
+  req.set_session_id(id);
+  v1::Session out;
+  ASSERT_TRUE(stub_->GetSession(&ctx, req, &out).ok());
+  EXPECT_EQ(out.accepted_chunks(), 2);
+  EXPECT_EQ(out.rejected_chunks(), 5);
+  EXPECT_EQ(out.layers(0).k_tokens(), 3);
+  EXPECT_EQ(out.layers(1).v_tokens(), 3);
+  ASSERT_TRUE(Finalize(id).ok());
+  v1::ScalesResponse scales;
+  ASSERT_TRUE(Scales(id, 1, &scales).ok());
+  float head0 = 0;
+  for (int t = 0; t < 3; ++t) {
+    for (int d = 0; d < kHeadDim; ++d) head0 = std::max(head0, std::fabs(good[t * kHeads * kHeadDim + d]));
+  }
+  EXPECT_FLOAT_EQ(scales.kv_layers(0).k_absmax(0), head0);
+}
+
+TEST_F(ServiceTest, UnknownSessionEndsTheStreamWithNotFound) {
+  v1::ObserveSummary summary;
+  grpc::Status s = Stream({KvChunk("no-such-session", v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)},
+                          &summary);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("no-such-session"));
+}
+
+TEST_F(ServiceTest, FinalizedSessionRejectsChunksAndUnfinalizedHasNoScales) {
+  const std::string id = Create();
+  v1::ScalesResponse scales;
+  EXPECT_EQ(Scales(id, 1, &scales).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(Finalize(id).ok());
+  v1::ObserveSummary summary;
+  ASSERT_TRUE(Stream({KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 7)}, &summary).ok());
+  EXPECT_EQ(summary.rejected_chunks(), 1);
+  ASSERT_EQ(summary.errors_size(), 1);
+  EXPECT_EQ(summary.errors(0).code(), "FAILED_PRECONDITION");
+  EXPECT_EQ(summary.errors(0).sequence(), 7u);
+  EXPECT_EQ(Scales(id, 3, &scales).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServiceTest, OversizedChunkEndsTheStreamWithResourceExhausted) {
+  ServerOptions options;
+  options.max_message_bytes = 1024;
+  StartServer(options);
+  const std::string id = Create();
+  v1::ObserveSummary summary;
+  // 256 floats = 1024 bytes is accepted; 512 floats is over the limit but within the headroom,
+  // so our own check answers; 1 MiB + is beyond gRPC's receive limit.
+  grpc::Status s = Stream({KvChunk(id, v1::KEY, 0, Random(256, 1), 0),
+                           KvChunk(id, v1::KEY, 0, Random(512, 2), 1)},
+                          &summary);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_message_bytes=1024"));
+  EXPECT_THAT(s.error_message(), HasSubstr("sequence 1"));
+
+  s = Stream({KvChunk(id, v1::KEY, 0, Random((2 << 20) / 4, 3), 0)}, &summary);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // The first chunk of the first stream stayed counted.
+  EXPECT_EQ(server_->registry().Get(id).value()->Status().accepted_chunks, 1);
+}
+
+TEST_F(ServiceTest, MetricsCountIngestAndRejections) {
+  const std::string id = Create();
+  const std::vector<float> k = Random(kHeads * kHeadDim * 2, 1);
+  std::vector<float> nan = k;
+  nan[0] = std::numeric_limits<float>::quiet_NaN();
+  v1::ObserveSummary summary;
+  ASSERT_TRUE(Stream({KvChunk(id, v1::KEY, 0, k, 0), KvChunk(id, v1::KEY, 0, nan, 1),
+                      ModuleChunk(id, v1::WEIGHT, "m.o_proj", Random(16, 2), 2)},
+                     &summary)
+                  .ok());
+  ASSERT_TRUE(Finalize(id).ok());
+  const std::string page = server_->metrics().Render();
+  EXPECT_THAT(page, HasSubstr(absl::StrCat("caliper_ingested_bytes_total{kind=\"kv\"} ", k.size() * 4)));
+  EXPECT_THAT(page, HasSubstr("caliper_ingested_bytes_total{kind=\"weight\"} 64"));
+  EXPECT_THAT(page, HasSubstr("caliper_ingested_chunks_total{kind=\"kv\"} 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_rejected_chunks_total{reason=\"invalid_argument\"} 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_active_sessions 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_finalizations_total{result=\"ok\"} 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_backend_info{backend=\"cpu\"} 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_rpc_duration_seconds_count{method=\"Observe\"} 1"));
+  EXPECT_THAT(page, ::testing::Not(HasSubstr(id)));  // no session ids as labels
+}
+
+TEST_F(ServiceTest, HealthCheckServesAndAdaptWorks) {
+  // grpc.health.v1.Health/Check with an empty request; SERVING is status = 1 (bytes 08 01).
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  cq.Shutdown();
+
+  v1::AdaptRequest adapt;
+  adapt.set_lightllm_json(
+      R"({"version":"1.0","architectures":"LlamaForCausalLM","quant_type":"per_head",)"
+      R"("qmin":-448.0,"qmax":448.0,"num_layers":1,"num_head":2,"scales_shape":[1,4],)"
+      R"("scales":[[0.5,0.25,2.0,4.0]]})");
+  adapt.set_total_heads(4);
+  grpc::ClientContext actx;
+  v1::AdaptResponse out;
+  grpc::Status s = stub_->Adapt(&actx, adapt, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  absl::StatusOr<LightLlmCalibration> parsed = ParseLightLlmCalibration(out.lightllm_json());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->num_head, 4);
+  EXPECT_THAT(parsed->scales[0],
+              ::testing::ElementsAre(0.5f, 0.5f, 0.25f, 0.25f, 2.0f, 2.0f, 4.0f, 4.0f));
+  adapt.set_total_heads(3);
+  grpc::ClientContext bctx;
+  EXPECT_EQ(stub_->Adapt(&bctx, adapt, &out).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace caliper
