@@ -1,4 +1,5 @@
 // caliper adapt: rewrites a LightLLM FP8 KV calibration file for another head count / TP.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,7 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
   }
 
   int total_heads = 0;
+  std::optional<ModelConfig> model_config;
   if (by_model) {
     auto config_text = ReadWholeFile(*flags->Get("model"));
     if (!config_text.ok()) return Fail(err, absl::StrCat("--model ", config_text.status().message()));
@@ -109,15 +111,19 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
     auto total = DeployedTotalKvHeads(model->num_kv_heads, static_cast<int>(**tp));
     if (!total.ok()) return Fail(err, absl::StrCat("--tp: ", total.status().message()));
     total_heads = *total;
-    if (absl::Status s = CheckLightLlmForModel(*calibration, *model, total_heads); !s.ok()) {
-      return Fail(err, absl::StrCat(*in_path, " vs ", *flags->Get("model"), ": ", s.message()));
-    }
+    model_config = *std::move(model);
   } else {
     total_heads = static_cast<int>(**num_heads);
   }
 
   auto adapted = AdaptLightLlmCalibration(*calibration, total_heads);
   if (!adapted.ok()) return Fail(err, absl::StrCat(*in_path, ": ", adapted.status().message()));
+  // The loader's checks run on what LightLLM will read: the adapted file.
+  if (model_config.has_value()) {
+    if (absl::Status s = CheckLightLlmForModel(*adapted, *model_config, total_heads); !s.ok()) {
+      return Fail(err, absl::StrCat(*in_path, " vs ", *flags->Get("model"), ": ", s.message()));
+    }
+  }
   if (absl::Status s = WriteFileAtomically(*out_path, SerializeLightLlmCalibration(*adapted));
       !s.ok()) {
     return Fail(err, absl::StrCat("--out ", s.message()));

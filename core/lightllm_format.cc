@@ -205,13 +205,13 @@ absl::Status CheckLightLlmForModel(const LightLlmCalibration& calibration,
     return Invalid("num_layers", absl::StrCat(calibration.num_layers, ", but the model has ",
                                               model.num_layers, " layers"));
   }
-  if (calibration.quant_type == KvGranularity::kPerHead && total_heads > 0 &&
-      calibration.num_head % total_heads != 0 && total_heads % calibration.num_head != 0) {
-    return Invalid("num_head", absl::StrCat(calibration.num_head, " and the deployment's ",
-                                            total_heads, " total heads: neither divides the other"));
-  }
   if (total_heads <= 0) {
     return Invalid("total_heads", absl::StrCat("must be positive, got ", total_heads));
+  }
+  // LightLLM's loader applies this to per-tensor files too, although it never reads their heads.
+  if (calibration.num_head % total_heads != 0 && total_heads % calibration.num_head != 0) {
+    return Invalid("num_head", absl::StrCat(calibration.num_head, " and the deployment's ",
+                                            total_heads, " total heads: neither divides the other"));
   }
   return absl::OkStatus();
 }

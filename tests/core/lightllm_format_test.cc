@@ -187,8 +187,11 @@ TEST(LightLlmFixturesTest, CheckForModel) {
   EXPECT_THAT(std::string(CheckLightLlmForModel(fnuz, qwen3, 8).message()), HasSubstr("qmin"));
   fnuz.qmin = -448.0;
   EXPECT_THAT(std::string(CheckLightLlmFp8Range(fnuz).message()), HasSubstr("qmax"));
-  // Per-tensor files load at any head count.
-  EXPECT_TRUE(CheckLightLlmForModel(LoadFixture("per_tensor_qwen3_235b"), qwen3, 6).ok());
+  // LightLLM's loader checks num_head of per-tensor files too; adapting them rewrites num_head.
+  const LightLlmCalibration tensor = LoadFixture("per_tensor_qwen3_235b");
+  EXPECT_THAT(std::string(CheckLightLlmForModel(tensor, qwen3, 6).message()),
+              HasSubstr("num_head"));
+  EXPECT_TRUE(CheckLightLlmForModel(*AdaptLightLlmCalibration(tensor, 6), qwen3, 6).ok());
 }
 
 std::string Minimal(const std::string& override_key = "", const std::string& value = "") {
