@@ -67,7 +67,9 @@ struct Nvfp4Scales {
 };
 
 // Shared weight scale = min of member global scales (= 2688 / max amax); input scales are shared
-// only with share_input_scales. A dead tensor (amax 0 or non-finite) falls back to 1.0 with a warning.
+// only with share_input_scales. A dead tensor (amax 0, too small or non-finite) falls back to 1.0
+// with a warning. A dead member of a fused group is left out of the group max (it cannot poison
+// it) and takes the group's shared scale, with a warning; only an all-dead group falls back to 1.0.
 Nvfp4Scales ComputeNvfp4Scales(const std::map<std::string, ModuleAmax>& modules,
                                const Nvfp4Options& options);
 
