@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/create_channel.h>
@@ -458,6 +459,46 @@ TEST_F(ServiceTest, HealthCheckServesAndAdaptWorks) {
   adapt.set_total_heads(3);
   grpc::ClientContext bctx;
   EXPECT_EQ(stub_->Adapt(&bctx, adapt, &out).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ServiceTest, ShutdownDrainsInFlightStreamsAndRefusesNewCalls) {
+  const std::string id = Create();
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
+  ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)));
+  std::shared_ptr<CalibrationSession> session = server_->registry().Get(id).value();
+  for (int i = 0; i < 200 && session->Status().accepted_chunks < 1; ++i) absl::SleepFor(absl::Milliseconds(5));
+
+  std::thread stopper([&] { server_->Shutdown(absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(200));  // shutdown has begun; the stream is still open
+  {
+    grpc::ClientContext late;
+    v1::ListSessionsResponse out;
+    late.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    EXPECT_FALSE(stub_->ListSessions(&late, {}, &out).ok());
+  }
+  ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 1, Random(kHeads * kHeadDim, 2), 1)));
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  stopper.join();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(summary.accepted_chunks(), 2);
+  EXPECT_EQ(session->Status().accepted_chunks, 2);
+}
+
+TEST_F(ServiceTest, DrainTimeoutCancelsStreamsThatDoNotFinish) {
+  const std::string id = Create();
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
+  ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)));
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE(writer->Finish().ok());
+  // The chunk that arrived whole stays counted.
+  EXPECT_EQ(server_->registry().Get(id).value()->Status().accepted_chunks, 1);
 }
 
 }  // namespace
