@@ -16,29 +16,47 @@ SKIP = 77
 BASE_IMAGE = {"libc6", "libgcc-s1", "libstdc++6", "zlib1g"}
 
 
-def dpkg_query(fmt, pkgs):
-    out = subprocess.run(["dpkg-query", "-W", "-f", fmt] + list(pkgs), capture_output=True,
-                         text=True)
-    return out.stdout
+def installed_packages():
+    """{package: its Depends and Pre-Depends} for every package installed here (one dpkg call)."""
+    out = subprocess.run(["dpkg-query", "-W", "-f",
+                          "${Package}\t${db:Status-Status}\t${Depends}, ${Pre-Depends}\n"],
+                         capture_output=True, text=True, check=True).stdout
+    deps = {}
+    for line in out.splitlines():
+        pkg, status, depends = line.split("\t")
+        if status == "installed":
+            deps[pkg] = depends
+    return deps
 
 
-def depends_closure(roots):
-    """Installed packages apt would install for `roots` (Depends and Pre-Depends, first choice of
-    each alternative that is installed here)."""
+def depends_closure(roots, installed):
+    """Installed packages apt would install for `roots` (Depends and Pre-Depends, the first
+    installed choice of each alternative)."""
     seen, todo = set(), list(roots)
     while todo:
         pkg = todo.pop()
-        if pkg in seen:
+        if pkg in seen or pkg not in installed:
             continue
         seen.add(pkg)
-        deps = dpkg_query("${Depends}, ${Pre-Depends}", [pkg])
-        for clause in deps.split(","):
+        for clause in installed[pkg].split(","):
             names = [re.sub(r"[ (].*|:any", "", alt.strip()) for alt in clause.split("|")]
-            names = [n for n in names if n]
-            installed = [n for n in names if dpkg_query("${Status}", [n]).endswith("installed")]
-            if installed:
-                todo.append(installed[0])
+            choices = [n for n in names if n in installed]
+            if choices:
+                todo.append(choices[0])
     return seen
+
+
+def owners(paths):
+    """{path: package} via one dpkg -S call; usrmerge means a library under /lib may be
+    registered as /usr/lib (or the other way), so both spellings are asked."""
+    alt = {p: (p[4:] if p.startswith("/usr/") else "/usr" + p) for p in paths}
+    out = subprocess.run(["dpkg", "-S"] + list(paths) + list(alt.values()), capture_output=True,
+                         text=True).stdout
+    owner = {}
+    for line in out.splitlines():
+        pkg, _, path = line.partition(": ")
+        owner[path.strip()] = pkg.split(":")[0].split(",")[0].strip()
+    return {p: owner.get(p) or owner.get(alt[p]) for p in paths}
 
 
 def main():
@@ -51,12 +69,13 @@ def main():
         return SKIP
     listed = [l.strip() for l in open(a.packages) if l.strip() and not l.startswith("#")]
     failures = []
+    installed = installed_packages()
     for pkg in listed:
         if pkg.endswith("-dev"):
             failures.append(f"{pkg}: a -dev package in the runtime image")
-        if not dpkg_query("${Status}", [pkg]).endswith("installed"):
+        if pkg not in installed:
             failures.append(f"{pkg}: not a package installed here (typo, or not bookworm's name?)")
-    closure = depends_closure(listed) | BASE_IMAGE
+    closure = depends_closure(listed, installed) | BASE_IMAGE
     ldd = subprocess.run(["ldd", a.binary], capture_output=True, text=True, check=True).stdout
     libs = []
     for line in ldd.splitlines():
@@ -68,19 +87,14 @@ def main():
             failures.append(f"{name}: not found by ldd")
             continue
         libs.append((name, path))
+    # The Dockerfile copies libraries from /usr/local/cuda next to the binary.
+    libs = [(n, p) for n, p in libs if not p.startswith("/usr/local/cuda")]
+    owner = owners([p for _, p in libs])
     for name, path in libs:
-        if path.startswith("/usr/local/cuda"):
-            continue  # the Dockerfile copies these next to the binary
-        owner = subprocess.run(["dpkg", "-S", path], capture_output=True, text=True)
-        if owner.returncode != 0:
-            # usrmerge: /lib/x86_64-linux-gnu is registered under /usr/lib or the other way
-            alt = path[4:] if path.startswith("/usr/") else "/usr" + path
-            owner = subprocess.run(["dpkg", "-S", alt], capture_output=True, text=True)
-        if owner.returncode != 0:
+        pkg = owner[path]
+        if pkg is None:
             failures.append(f"{name} ({path}): no Debian package owns it")
-            continue
-        pkg = owner.stdout.split(":")[0].strip()
-        if pkg not in closure:
+        elif pkg not in closure:
             failures.append(f"{name}: from {pkg}, which deploy/runtime-packages.txt does not bring")
     for f in failures:
         print("FAIL:", f)
