@@ -1,0 +1,143 @@
+#include "cuda/cuda_backend.h"
+
+#include <condition_variable>
+#include <limits>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cuda/kernels.h"
+
+namespace caliper {
+namespace {
+
+// The one place a kernel-layer error becomes an absl::Status.
+absl::Status ToStatus(const cuda::Error& e) {
+  if (e.ok()) return absl::OkStatus();
+  const std::string message = absl::StrCat("cuda: ", e.message);
+  switch (e.code) {
+    case cudaErrorInvalidValue:
+    case cudaErrorMisalignedAddress:
+      return absl::InvalidArgumentError(message);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+      return absl::FailedPreconditionError(message);
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+cuda::ElementType ToElementType(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return cuda::ElementType::kBF16;
+    case DType::kF16: return cuda::ElementType::kF16;
+    case DType::kF32: break;
+  }
+  return cuda::ElementType::kF32;
+}
+
+class CudaBackend : public ReductionBackend {
+ public:
+  explicit CudaBackend(std::vector<std::unique_ptr<cuda::HostReducer>> lanes)
+      : lanes_(std::move(lanes)) {
+    for (auto& lane : lanes_) free_.push_back(lane.get());
+  }
+
+  absl::string_view name() const override { return "cuda"; }
+
+  absl::Status Range(const TensorView& t, RangeStats* out) override {
+    if (out == nullptr) return absl::InvalidArgumentError("out: must not be null");
+    cuda::HostRange range;
+    Lease lease(*this);
+    absl::Status s =
+        ToStatus(lease.reducer->Range(t.data(), ToElementType(t.dtype()), t.num_elements(), &range));
+    if (!s.ok()) return s;
+    *out = RangeStats();
+    out->nonfinite = range.nonfinite;
+    if (range.has_finite) {
+      out->min = range.min;
+      out->max = range.max;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AbsMaxPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
+                             absl::Span<float> out, int64_t* nonfinite) override {
+    if (num_heads <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("num_heads: must be positive, got ", num_heads));
+    }
+    if (head_dim <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("head_dim: must be positive, got ", head_dim));
+    }
+    if (num_heads > std::numeric_limits<int64_t>::max() / head_dim) {
+      return absl::InvalidArgumentError("num_heads * head_dim: overflows");
+    }
+    if (static_cast<int64_t>(out.size()) != num_heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("out: has ", out.size(), " entries for ", num_heads, " heads"));
+    }
+    if (nonfinite == nullptr) return absl::InvalidArgumentError("nonfinite: must not be null");
+    if (t.num_elements() % (num_heads * head_dim) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor.shape: ", t.ShapeString(), " (", t.num_elements(),
+          " elements) is not whole rows of num_heads ", num_heads, " x head_dim ", head_dim));
+    }
+    Lease lease(*this);
+    return ToStatus(lease.reducer->AbsMaxPerHead(t.data(), ToElementType(t.dtype()),
+                                                 t.num_elements(), num_heads, head_dim,
+                                                 out.data(), nonfinite));
+  }
+
+ private:
+  // Borrows a free reducer for one call.
+  struct Lease {
+    explicit Lease(CudaBackend& b) : backend(b) {
+      std::unique_lock<std::mutex> lock(backend.mu_);
+      backend.available_.wait(lock, [&] { return !backend.free_.empty(); });
+      reducer = backend.free_.back();
+      backend.free_.pop_back();
+    }
+    ~Lease() {
+      {
+        std::lock_guard<std::mutex> lock(backend.mu_);
+        backend.free_.push_back(reducer);
+      }
+      backend.available_.notify_one();
+    }
+    CudaBackend& backend;
+    cuda::HostReducer* reducer = nullptr;
+  };
+
+  std::vector<std::unique_ptr<cuda::HostReducer>> lanes_;
+  std::mutex mu_;
+  std::condition_variable available_;
+  std::vector<cuda::HostReducer*> free_;  // guarded by mu_
+};
+
+}  // namespace
+
+int CudaDeviceCount() { return cuda::DeviceCount(); }
+
+absl::StatusOr<std::unique_ptr<ReductionBackend>> MakeCudaBackend(const CudaBackendOptions& options) {
+  const int devices = cuda::DeviceCount();
+  if (devices <= options.device) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device: no CUDA device ", options.device, " (", devices, " found)"));
+  }
+  if (options.lanes < 1) return absl::InvalidArgumentError("lanes: must be at least 1");
+  cuda::ReducerOptions reducer_options;
+  reducer_options.device = options.device;
+  reducer_options.staging_bytes = options.staging_bytes;
+  reducer_options.slots = options.slots;
+  std::vector<std::unique_ptr<cuda::HostReducer>> lanes(options.lanes);
+  for (auto& lane : lanes) {
+    if (absl::Status s = ToStatus(cuda::HostReducer::Create(reducer_options, &lane)); !s.ok()) return s;
+  }
+  return std::unique_ptr<ReductionBackend>(new CudaBackend(std::move(lanes)));
+}
+
+}  // namespace caliper
