@@ -9,6 +9,7 @@ problem.
 """
 import json
 import math
+import re
 import os
 import struct
 import subprocess
@@ -103,6 +104,7 @@ def check_file(path, expected):
     if cursor != data_size:
         fail(where, f"tensors cover {cursor} of {data_size} data bytes")
 
+    check_engine_conventions(where, header.get("__metadata__", {}), tensors)
     if expected is None:
         return
     if set(expected) != set(tensors):
@@ -122,6 +124,80 @@ def check_file(path, expected):
                 if not same:
                     fail(f"{where}: {name}[{i}]", f"{got!r} != manifest {ref!r}")
                     break
+
+
+FUSED = [("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3")]
+
+
+def check_fused(where, scalars, suffix):
+    """Members of a fused group under one parent must carry the same value."""
+    groups = {}
+    for name, value in scalars.items():
+        if not name.endswith(suffix):
+            continue
+        module = name[: -len(suffix)]
+        parent, _, leaf = module.rpartition(".")
+        for i, group in enumerate(FUSED):
+            if leaf in group:
+                groups.setdefault((parent, i), set()).add(value)
+    for (parent, i), values in groups.items():
+        if len(values) != 1:
+            fail(where, f"fused group {FUSED[i]} under {parent} has different {suffix}: {values}")
+
+
+def check_engine_conventions(where, metadata, tensors):
+    """Names, dtypes and shapes the engines expect, from the spec, not from our code."""
+    fmt = metadata.get("caliper.format")
+    if fmt is None:
+        return
+    config = json.loads(metadata.get("caliper.config", "null"))
+    scalars = {}
+    kv_shapes = set()
+    for name, (dtype, shape, raw, count) in tensors.items():
+        if dtype != "F32":
+            fail(f"{where}: {name}", f"scale dtype {dtype}, engines expect F32")
+            continue
+        if count == 1:
+            scalars[name] = struct.unpack("<f", raw)[0]
+        if fmt == "compressed-tensors":
+            if re.fullmatch(r".*layers\.\d+\.self_attn\.[kv]_scale", name):
+                kv_shapes.add(tuple(shape))
+                if len(shape) > 1:
+                    fail(f"{where}: {name}", f"KV scale shape {shape}")
+            elif re.fullmatch(r".+\.(weight|input)_global_scale", name):
+                if shape != [1]:
+                    fail(f"{where}: {name}", f"global scale shape {shape}, expected [1]")
+            else:
+                fail(f"{where}: {name}", "not a compressed-tensors scale name")
+        elif fmt == "modelopt":
+            ok = re.fullmatch(r".*layers\.\d+\.self_attn\.(k_proj\.k|v_proj\.v)_scale", name) \
+                or re.fullmatch(r".+\.(weight_scale_2|input_scale)", name)
+            if not ok:
+                fail(f"{where}: {name}", "not a ModelOpt scale name")
+            if shape != []:
+                fail(f"{where}: {name}", f"ModelOpt scale shape {shape}, expected []")
+        else:
+            fail(where, f"unknown caliper.format {fmt!r}")
+    if fmt == "compressed-tensors":
+        if config.get("quant_method") != "compressed-tensors":
+            fail(where, "quantization_config.quant_method is not compressed-tensors")
+        scheme = config.get("kv_cache_scheme")
+        if kv_shapes:
+            per_head = any(len(s) == 1 for s in kv_shapes)
+            want = "attn_head" if per_head else "tensor"
+            if len(kv_shapes) != 1 or not scheme or scheme.get("strategy") != want:
+                fail(where, f"KV shapes {kv_shapes} disagree with kv_cache_scheme {scheme}")
+            elif (scheme.get("num_bits"), scheme.get("type"), scheme.get("dynamic"),
+                  scheme.get("symmetric")) != (8, "float", False, True):
+                fail(where, f"kv_cache_scheme {scheme}")
+        check_fused(where, scalars, ".weight_global_scale")
+    elif fmt == "modelopt":
+        q = config.get("quantization", {})
+        if config.get("producer", {}).get("name") != "caliper" or \
+                (q.get("quant_algo"), q.get("group_size")) != ("NVFP4", 16):
+            fail(where, f"hf_quant_config {config}")
+        check_fused(where, scalars, ".weight_scale_2")
+        check_fused(where, scalars, ".input_scale")
 
 
 def main():

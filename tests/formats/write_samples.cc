@@ -2,10 +2,13 @@
 // (an independent stdlib-only parser) to validate layout and decoded values.
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/engine_formats.h"
 #include "core/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -45,6 +48,89 @@ class Sample {
   SafetensorsWriter writer_;
 };
 
+// Writes `bytes` as DIR/name and records every tensor's dtype, shape and values as our reader
+// sees them, so the Python parser checks the engine files against an independent decoding.
+bool WriteRendered(const std::string& dir, const std::string& name, const std::string& bytes,
+                   nlohmann::json* manifest) {
+  auto file = SafetensorsFile::FromBytes(bytes);
+  if (!file.ok()) {
+    std::fprintf(stderr, "%s\n", file.status().ToString().c_str());
+    return false;
+  }
+  nlohmann::json& entries = (*manifest)[name] = nlohmann::json::object();
+  for (const SafetensorsEntry& entry : (*file)->tensors()) {
+    std::vector<float> values((entry.end - entry.begin) / 4);
+    std::memcpy(values.data(), (*file)->Data(entry).data(), values.size() * 4);
+    entries[entry.name] = {{"dtype", entry.dtype}, {"shape", entry.shape}, {"values", values}};
+  }
+  absl::Status status = WriteFileAtomically(dir + "/" + name, bytes);
+  if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
+  return status.ok();
+}
+
+KvScales SampleKv(int layers, int heads, KvGranularity granularity) {
+  KvScales kv;
+  kv.granularity = granularity;
+  kv.num_kv_heads = heads;
+  const int width = granularity == KvGranularity::kPerHead ? heads : 1;
+  for (int l = 0; l < layers; ++l) {
+    std::vector<float> k, v;
+    for (int h = 0; h < width; ++h) {
+      k.push_back(0.01f * (l + 1) + 0.001f * h);
+      v.push_back(0.02f * (l + 1) + 0.003f * h);
+    }
+    kv.k.push_back(k);
+    kv.v.push_back(v);
+    kv.k_absmax.push_back({});
+    kv.v_absmax.push_back({});
+    for (float x : k) kv.k_absmax.back().push_back(x * 448.0f);
+    for (float x : v) kv.v_absmax.back().push_back(x * 448.0f);
+  }
+  return kv;
+}
+
+bool WriteEngineSamples(const std::string& dir, nlohmann::json* manifest) {
+  bool ok = true;
+  RenderInputs llama;
+  llama.model = {"LlamaForCausalLM", "llama", 3, 8, 2, 16, 128};
+  llama.kv = SampleKv(3, 2, KvGranularity::kPerHead);
+  std::map<std::string, ModuleAmax> amax;
+  for (int l = 0; l < 3; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    float a = 1.0f + l;
+    for (const char* m : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      amax[p + m] = {a, 3.0f * a};
+      a += 0.37f;
+    }
+  }
+  llama.nvfp4 = ComputeNvfp4Scales(amax, Nvfp4Options());
+  std::vector<ScaleWarning> warnings;
+  auto ct = CompressedTensorsScalesFile(llama, &warnings);
+  auto mo = ModelOptScalesFile(llama, &warnings);
+  if (!ct.ok() || !mo.ok()) return false;
+  ok &= WriteRendered(dir, "llama_ct.safetensors", *ct, manifest);
+  ok &= WriteRendered(dir, "llama_modelopt.safetensors", *mo, manifest);
+
+  RenderInputs moe;
+  moe.model = {"Qwen3MoeForCausalLM", "qwen3_moe", 2, 8, 4, 16, 128};
+  moe.kv = SampleKv(2, 4, KvGranularity::kPerTensor);
+  amax.clear();
+  for (int e = 0; e < 3; ++e) {
+    const std::string p = "model.layers.1.mlp.experts." + std::to_string(e) + ".";
+    amax[p + "gate_proj"] = {0.5f + e, 2.0f};
+    amax[p + "up_proj"] = {5.0f + e, std::nullopt};
+    amax[p + "down_proj"] = {1.5f, 7.0f};
+  }
+  moe.nvfp4 = ComputeNvfp4Scales(amax, Nvfp4Options());
+  ct = CompressedTensorsScalesFile(moe, &warnings);
+  mo = ModelOptScalesFile(moe, &warnings);
+  if (!ct.ok() || !mo.ok()) return false;
+  ok &= WriteRendered(dir, "qwen3moe_ct.safetensors", *ct, manifest);
+  ok &= WriteRendered(dir, "qwen3moe_modelopt.safetensors", *mo, manifest);
+  return ok;
+}
+
 bool WriteSamples(const std::string& dir, nlohmann::json* manifest) {
   bool ok = true;
   Sample mixed(manifest, "mixed.safetensors");
@@ -65,6 +151,7 @@ bool WriteSamples(const std::string& dir, nlohmann::json* manifest) {
 
   Sample empty(manifest, "empty.safetensors");
   ok &= empty.Write(dir);
+  ok &= WriteEngineSamples(dir, manifest);
   return ok;
 }
 
