@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # caliper-server image. The build stage installs Debian's packages with scripts/install-deps.sh
 # and builds with scripts/build.sh: the same two scripts CI runs. The runtime stage holds only
-# the shared libraries the server links (deploy/runtime-packages.txt) and runs as a non-root user.
+# the shared libraries the server links (deploy/install-runtime.sh installs
+# deploy/runtime-packages.txt) and runs as a non-root user.
 #
 #   docker build -t caliper-server:0.1.0-cuda .                          # CUDA backend (default)
 #   docker build --build-arg VARIANT=cpu -t caliper-server:0.1.0-cpu .   # CPU only, no CUDA at all
@@ -44,14 +45,8 @@ RUN JOBS="${JOBS:-$(nproc)}" scripts/build.sh \
 
 # --- runtime
 FROM ${RUNTIME_IMAGE} AS runtime
-COPY deploy/runtime-packages.txt /tmp/runtime-packages.txt
-RUN apt-get update \
- && grep -v '^#' /tmp/runtime-packages.txt \
-    | xargs apt-get install -y --no-install-recommends \
- && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt \
- && groupadd --system --gid 65532 caliper \
- && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
-      --shell /usr/sbin/nologin caliper
+COPY deploy/install-runtime.sh deploy/runtime-packages.txt /tmp/runtime/
+RUN /tmp/runtime/install-runtime.sh && rm -rf /tmp/runtime
 COPY --from=build /opt/caliper/ /opt/caliper/
 ENV LD_LIBRARY_PATH=/opt/caliper/lib
 # Compute only. NVIDIA_VISIBLE_DEVICES is deliberately unset: the device plugin sets it for pods
