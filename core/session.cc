@@ -305,24 +305,26 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
     }
   } else if (deployment.total_kv_heads > 0) {
     total = deployment.total_kv_heads;
-    if (total % H != 0 && H % total != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("deployment.total_kv_heads: ", total, " is neither a multiple nor a divisor",
-                       " of the model's ", H, " KV heads"));
+    if (total % H != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "deployment.total_kv_heads: ", total, " is not a multiple of the model's ", H,
+          " KV heads (a TP deployment counts T * max(H / T, 1) heads)"));
     }
+    if (deployment.rank.has_value()) {
+      return absl::InvalidArgumentError(
+          "deployment.rank: needs deployment.tp_size (heads per rank are not known from "
+          "total_kv_heads alone)");
+    }
+    tp = total > H ? total : 1;
   } else {
     tp = 1;
     total = H;
   }
   out.tp_size = tp;
   out.deployed_total_kv_heads = total;
+  out.model = model_;
 
   if (deployment.rank.has_value()) {
-    if (tp <= 0) {
-      return absl::InvalidArgumentError(
-          "deployment.rank: needs deployment.tp_size (heads per rank are not known from "
-          "total_kv_heads alone)");
-    }
     if (*deployment.rank < 0 || *deployment.rank >= tp) {
       return absl::InvalidArgumentError(absl::StrCat("deployment.rank: ", *deployment.rank,
                                                      " is outside [0, tp_size=", tp, ")"));
@@ -331,9 +333,7 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
   }
 
   if (kv.has_value()) {
-    // With only total_kv_heads, build the TP-1 file and adapt its rows to the total.
-    absl::StatusOr<LightLlmCalibration> file = LightLlmFromKvScales(*kv, model_, tp > 0 ? tp : 1);
-    if (file.ok() && tp <= 0) file = AdaptLightLlmCalibration(*file, total);
+    absl::StatusOr<LightLlmCalibration> file = LightLlmFromKvScales(*kv, model_, tp);
     if (!file.ok()) return file.status();
     if (out.rank.has_value()) {
       const int heads_per_rank = total / tp;
@@ -368,6 +368,19 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
   }
   out.warnings.insert(out.warnings.end(), session_warnings.begin(), session_warnings.end());
   return out;
+}
+
+absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
+    const SessionScales& scales, absl::Span<const std::string> formats,
+    std::vector<ScaleWarning>* warnings) {
+  std::vector<std::string> wanted(formats.begin(), formats.end());
+  if (wanted.empty() && scales.kv_scales.has_value()) wanted.push_back(kFormatLightLlm);
+  RenderInputs inputs;
+  inputs.model = scales.model;
+  inputs.tp_size = scales.tp_size;
+  inputs.kv = scales.kv_scales;
+  inputs.nvfp4 = scales.nvfp4;
+  return RenderOutputs(wanted, inputs, warnings);
 }
 
 SessionStatus CalibrationSession::Status() const {

@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/dtype.h"
+#include "core/engine_formats.h"
 #include "core/kv_scales.h"
 #include "core/lightllm_format.h"
 #include "core/model_config.h"
@@ -68,8 +69,8 @@ enum class ObserveOutcome { kAccepted, kSkippedWarmup };
 enum class Nvfp4Convention { kCompressedTensors, kModelOpt };
 
 // A deployment asks for scales at TP `tp_size` (0: unset) or with `total_kv_heads` counted
-// across ranks (0: unset); both unset means TP 1. `rank` also returns that rank's K/V slice
-// and needs tp_size.
+// across ranks (0: unset; a multiple of the model's heads, since T * max(H / T, 1) always is);
+// both unset means TP 1. `rank` also returns that rank's K/V slice and needs tp_size.
 struct Deployment {
   int tp_size = 0;
   int total_kv_heads = 0;
@@ -81,7 +82,10 @@ struct SessionScales {
   Fp8Flavor fp8_flavor = Fp8Flavor::kE4M3FN;
   int num_kv_heads = 0;             // the model's original KV heads
   int deployed_total_kv_heads = 0;  // heads counted across ranks for this deployment
-  int tp_size = 0;                  // 0 when the deployment gave only total_kv_heads
+  // As given, or inferred from total_kv_heads: total / H replicas > 1 means TP = total; total ==
+  // H gives the same files for every TP that divides H, and 1 is reported.
+  int tp_size = 1;
+  ModelConfig model;
   std::optional<KvScales> kv_scales;           // over original heads; absent when kv is off
   std::optional<LightLlmCalibration> lightllm;  // the file for this deployment
   std::optional<int> rank;
@@ -109,6 +113,13 @@ struct SessionStatus {
   int modules_with_weights = 0, modules_with_inputs = 0;
   int64_t created_unix_ms = 0;
 };
+
+// Renders engine files (core/engine_formats.h: "lightllm", "compressed-tensors", "modelopt",
+// "vllm-legacy") for the scales' deployment. Empty `formats` means {"lightllm"} when KV is on,
+// none otherwise. InvalidArgument naming formats[i]; lossy-step warnings go to `warnings`.
+absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
+    const SessionScales& scales, absl::Span<const std::string> formats,
+    std::vector<ScaleWarning>* warnings);
 
 class CalibrationSession {
  public:

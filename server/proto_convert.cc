@@ -251,26 +251,21 @@ absl::StatusOr<v1::ScalesResponse> ScalesToProto(
     if (module.weight_scale) row->set_weight_global_scale(*module.weight_scale);
     if (module.input_scale) row->set_input_global_scale(*module.input_scale);
   }
-  for (const ScaleWarning& warning : scales.warnings) {
+  std::vector<ScaleWarning> warnings = scales.warnings;
+  const std::vector<std::string> wanted(formats.begin(), formats.end());
+  absl::StatusOr<std::vector<RenderedFile>> files =
+      RenderSessionOutputs(scales, wanted, &warnings);
+  if (!files.ok()) return files.status();
+  for (RenderedFile& file : *files) {
+    v1::OutputFile* row = out.add_files();
+    row->set_format(std::move(file.format));
+    row->set_name(std::move(file.name));
+    row->set_content(std::move(file.content));
+  }
+  for (const ScaleWarning& warning : warnings) {
     v1::Warning* row = out.add_warnings();
     row->set_where(warning.where);
     row->set_message(warning.message);
-  }
-  std::vector<std::string> wanted(formats.begin(), formats.end());
-  if (wanted.empty() && scales.lightllm.has_value()) wanted.push_back("lightllm");
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    if (wanted[i] != "lightllm") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("formats[", i, "]: unknown format \"", wanted[i], "\" (known: lightllm)"));
-    }
-    if (!scales.lightllm.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "formats[", i, "]: lightllm needs KV scales, but the session's recipe has kv off"));
-    }
-    v1::OutputFile* file = out.add_files();
-    file->set_format("lightllm");
-    file->set_name("kv_cache_calib.json");
-    file->set_content(SerializeLightLlmCalibration(*scales.lightllm));
   }
   return out;
 }

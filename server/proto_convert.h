@@ -26,8 +26,8 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto);
 Deployment DeploymentFromProto(const v1::Deployment& proto);
 Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto);
 
-// Renders `formats` (empty: "lightllm" when KV is on) into files. InvalidArgument for an
-// unknown format or one the session cannot produce.
+// Renders `formats` through RenderSessionOutputs (empty: "lightllm" when KV is on).
+// InvalidArgument naming formats[i] for an unknown format or one the session cannot produce.
 absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
                                                  const google::protobuf::RepeatedPtrField<std::string>& formats);
 

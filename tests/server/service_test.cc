@@ -468,7 +468,9 @@ TEST_F(ServiceTest, ShutdownDrainsInFlightStreamsAndRefusesNewCalls) {
   std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
   ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)));
   std::shared_ptr<CalibrationSession> session = server_->registry().Get(id).value();
-  for (int i = 0; i < 200 && session->Status().accepted_chunks < 1; ++i) absl::SleepFor(absl::Milliseconds(5));
+  for (int i = 0; i < 400 && session->Status().accepted_chunks < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));  // the stream is open on the server side
+  }
 
   std::thread stopper([&] { server_->Shutdown(absl::Seconds(20)); });
   absl::SleepFor(absl::Milliseconds(200));  // shutdown has begun; the stream is still open
@@ -493,12 +495,16 @@ TEST_F(ServiceTest, DrainTimeoutCancelsStreamsThatDoNotFinish) {
   v1::ObserveSummary summary;
   std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
   ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)));
+  std::shared_ptr<CalibrationSession> session = server_->registry().Get(id).value();
+  for (int i = 0; i < 400 && session->Status().accepted_chunks < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));  // the stream is open on the server side
+  }
   const absl::Time start = absl::Now();
   server_->Shutdown(absl::Milliseconds(300));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_FALSE(writer->Finish().ok());
   // The chunk that arrived whole stays counted.
-  EXPECT_EQ(server_->registry().Get(id).value()->Status().accepted_chunks, 1);
+  EXPECT_EQ(session->Status().accepted_chunks, 1);
 }
 
 }  // namespace

@@ -352,6 +352,18 @@ TEST_F(SessionTest, OneSessionServesManyDeployments) {
                                                Nvfp4Convention::kCompressedTensors);
   ASSERT_TRUE(t8.ok()) << t8.status();
   EXPECT_EQ(t8->lightllm->scales, d8->lightllm->scales);
+  EXPECT_EQ(t8->tp_size, 8);
+
+  // Engine files for the deployment, through core's renderers.
+  std::vector<ScaleWarning> warnings;
+  absl::StatusOr<std::vector<RenderedFile>> files = RenderSessionOutputs(*d8, {}, &warnings);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 1u);
+  EXPECT_EQ((*files)[0].name, "kv_cache_calib.json");
+  EXPECT_EQ((*files)[0].content, SerializeLightLlmCalibration(*d8->lightllm));
+  const std::vector<std::string> unknown = {"lightllm", "onnx"};
+  EXPECT_EQ(RenderSessionOutputs(*d8, unknown, &warnings).status().code(),
+            absl::StatusCode::kInvalidArgument);
 
   // Deployments the model cannot have.
   EXPECT_EQ(s->Scales({3, 0, std::nullopt}, Nvfp4Convention::kCompressedTensors).status().code(),
@@ -361,6 +373,9 @@ TEST_F(SessionTest, OneSessionServesManyDeployments) {
   EXPECT_EQ(s->Scales({2, 0, 2}, Nvfp4Convention::kCompressedTensors).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s->Scales({0, 8, 0}, Nvfp4Convention::kCompressedTensors).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A deployment always counts at least the model's heads.
+  EXPECT_EQ(s->Scales({0, 2, std::nullopt}, Nvfp4Convention::kCompressedTensors).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
