@@ -148,6 +148,21 @@ TEST_F(AdaptCliTest, PerTensorFileKeepsScales) {
   EXPECT_EQ(out.scales, in.scales);
 }
 
+TEST_F(AdaptCliTest, InPlaceAndPerTensorWithModel) {
+  CALIPER_REQUIRE_LIGHTLLM_FIXTURES();
+  const std::string file = Write(
+      "calib.json", testing::ReadFileOrEmpty(testing::LightLlmFixturePath(
+                        "test_kv_cache_calib_per_tensor_qwen3_235b.json")));
+  const std::string config = Write("config.json", kQwen3Config);
+  RunResult r = Run("adapt --in " + file + " --out " + file + " --model " + config + " --tp 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const LightLlmCalibration out = Load(file);
+  EXPECT_EQ(out.quant_type, KvGranularity::kPerTensor);
+  EXPECT_EQ(out.num_head, 4);
+  EXPECT_EQ(out.scales[0][0], 0.0552455373108387f);
+  EXPECT_EQ(out.scales[0][1], 0.00022888185048941523f);
+}
+
 TEST_F(AdaptCliTest, NonDividingHeadsRefused) {
   CALIPER_REQUIRE_LIGHTLLM_FIXTURES();
   ExpectRefused(Run("adapt --in " + Fixture("per_head_qwen3_235b") + " --out " + Path("out.json") +
