@@ -168,7 +168,20 @@ CALIPER_INLINE void ColumnsBody(const uint8_t* data, int64_t rows, int64_t cols,
                                 typename KeyOps<Bits>::Key* __restrict__ acc) {
   using Ops = KeyOps<Bits>;
   const auto* p = reinterpret_cast<const typename Ops::Loose*>(data);
-  for (int64_t r = 0; r < rows; ++r) {
+  int64_t r = 0;
+  // Four rows per pass: one accumulator load/store per four input vectors.
+  for (; r + 4 <= rows; r += 4) {
+    const auto* a = p + r * cols;
+    const auto* b = a + cols;
+    const auto* c = b + cols;
+    const auto* d = c + cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      const auto ab = std::max(Ops::Abs(a[j]), Ops::Abs(b[j]));
+      const auto cd = std::max(Ops::Abs(c[j]), Ops::Abs(d[j]));
+      acc[j] = std::max(acc[j], std::max(ab, cd));
+    }
+  }
+  for (; r < rows; ++r) {
     const auto* row = p + r * cols;
     for (int64_t j = 0; j < cols; ++j) acc[j] = std::max(acc[j], Ops::Abs(row[j]));
   }

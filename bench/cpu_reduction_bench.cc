@@ -1,0 +1,145 @@
+// Benchmark 1: CPU reduction throughput (GB/s of input) against this machine's single-thread
+// memory read bandwidth, measured in the same run over a buffer of the same size (a plain
+// sum-read loop, run once per iteration next to the reduction). Counter ratio_to_read_bw =
+// reduction GB/s / read GB/s; goal >= 0.8 for per-head absmax on BF16 and F32.
+//   cpu_reduction_bench [--benchmark_filter=...] [--benchmark_min_time=...]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/reduction_backend.h"
+#include "core/tensor_view.h"
+
+namespace caliper {
+namespace {
+
+constexpr int64_t kBufferBytes = int64_t{256} << 20;  // far larger than any cache here
+constexpr int64_t kHeads = 8, kHeadDim = 128;
+
+// Finite random values of `dtype`, one 256 MiB buffer per dtype, built once.
+const std::vector<uint8_t>& Buffer(DType dtype) {
+  static std::vector<uint8_t> buffers[3];
+  std::vector<uint8_t>& b = buffers[static_cast<int>(dtype)];
+  if (b.empty()) {
+    b.resize(kBufferBytes);
+    std::mt19937 rng(static_cast<unsigned>(dtype) + 1);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<uint8_t> block(1 << 20);
+    for (size_t i = 0; i < block.size(); i += ItemSize(dtype)) {
+      const float v = normal(rng);
+      if (dtype == DType::kF32) {
+        std::memcpy(&block[i], &v, 4);
+      } else {
+        const uint16_t bits = dtype == DType::kBF16 ? FloatToBF16(v) : FloatToF16(v);
+        std::memcpy(&block[i], &bits, 2);
+      }
+    }
+    for (int64_t off = 0; off < kBufferBytes; off += block.size()) {
+      std::memcpy(b.data() + off, block.data(), block.size());
+    }
+  }
+  return b;
+}
+
+// The baseline: one thread summing the buffer as 64-bit words.
+__attribute__((noinline)) uint64_t SumRead(const uint8_t* p, int64_t bytes) {
+  uint64_t acc[8] = {};
+  for (int64_t i = 0; i + 64 <= bytes; i += 64) {
+    for (int l = 0; l < 8; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      acc[l] += w;
+    }
+  }
+  uint64_t s = 0;
+  for (uint64_t a : acc) s += a;
+  return s;
+}
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Runs `reduce` once per iteration and, paired with it, one baseline read pass over the same
+// buffer, so both see the same machine load (this machine is shared and noisy). Reports the
+// reduction's time as the iteration time and ratio_to_read_bw = baseline time / reduction time.
+template <typename Fn>
+void RunPaired(benchmark::State& state, const std::vector<uint8_t>& buffer, Fn&& reduce) {
+  double reduce_s = 0, read_s = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    reduce();
+    const double r = Seconds(t0);
+    state.SetIterationTime(r);
+    reduce_s += r;
+    t0 = Clock::now();
+    benchmark::DoNotOptimize(SumRead(buffer.data(), kBufferBytes));
+    read_s += Seconds(t0);
+  }
+  const double bytes = static_cast<double>(kBufferBytes) * state.iterations();
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.counters["read_GBps"] = bytes / read_s / 1e9;
+  state.counters["reduce_GBps"] = bytes / reduce_s / 1e9;
+  state.counters["ratio_to_read_bw"] = read_s / reduce_s;
+}
+
+void BM_SingleThreadReadBandwidth(benchmark::State& state) {
+  const std::vector<uint8_t>& b = Buffer(DType::kBF16);
+  RunPaired(state, b, [&] { benchmark::DoNotOptimize(SumRead(b.data(), kBufferBytes)); });
+}
+
+// Args: dtype, backend threads (0 = all cores).
+void BM_AbsMaxPerHead(benchmark::State& state) {
+  const auto dtype = static_cast<DType>(state.range(0));
+  const std::vector<uint8_t>& b = Buffer(dtype);
+  const int64_t tokens = kBufferBytes / ItemSize(dtype) / (kHeads * kHeadDim);
+  auto view = TensorView::Create(dtype, {tokens, kHeads, kHeadDim}, b);
+  auto backend = MakeCpuBackend(static_cast<int>(state.range(1)));
+  std::vector<float> out(kHeads);
+  int64_t bad = 0;
+  RunPaired(state, b, [&] {
+    if (!backend->AbsMaxPerHead(*view, kHeads, kHeadDim, absl::MakeSpan(out), &bad).ok()) {
+      state.SkipWithError("AbsMaxPerHead failed");
+    }
+    benchmark::DoNotOptimize(out.data());
+  });
+  state.SetLabel(std::string(DTypeName(dtype)));
+}
+
+void BM_Range(benchmark::State& state) {
+  const auto dtype = static_cast<DType>(state.range(0));
+  const std::vector<uint8_t>& b = Buffer(dtype);
+  auto view = TensorView::Create(dtype, {kBufferBytes / static_cast<int64_t>(ItemSize(dtype))}, b);
+  auto backend = MakeCpuBackend(static_cast<int>(state.range(1)));
+  RangeStats stats;
+  RunPaired(state, b, [&] {
+    if (!backend->Range(*view, &stats).ok()) state.SkipWithError("Range failed");
+    benchmark::DoNotOptimize(stats);
+  });
+  state.SetLabel(std::string(DTypeName(dtype)));
+}
+
+void DTypesAndThreads(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"dtype", "threads"});
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int threads : {1, 0}) b->Args({static_cast<int64_t>(d), threads});
+  }
+  b->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+}
+
+BENCHMARK(BM_SingleThreadReadBandwidth)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(BM_AbsMaxPerHead)->Apply(DTypesAndThreads);
+BENCHMARK(BM_Range)->Apply(DTypesAndThreads);
+
+}  // namespace
+}  // namespace caliper
+
+BENCHMARK_MAIN();
