@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "core/reduction_backend.h"
 #include "server/caliper_server.h"
+#include "server/device.h"
 #include "server/event_log.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address HOST:PORT (port 0: any free port)");
@@ -25,16 +26,6 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long in-flight streams may run before they are cancelled");
 ABSL_FLAG(std::string, log_format, "text", "Log lines as text or json");
-
-namespace {
-
-// TEMPORARY until server/device.h (MakeBackend) lands: CPU only.
-absl::StatusOr<std::unique_ptr<caliper::ReductionBackend>> MakeBackend(const std::string& device) {
-  if (device == "cpu" || device == "auto") return caliper::MakeCpuBackend();
-  return absl::UnavailableError(absl::StrCat("--device=", device, ": not available"));
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -59,12 +50,15 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const std::string device = absl::GetFlag(FLAGS_device);
-  absl::StatusOr<std::unique_ptr<caliper::ReductionBackend>> backend = MakeBackend(device);
+  std::string backend_reason;
+  absl::StatusOr<std::unique_ptr<caliper::ReductionBackend>> backend =
+      caliper::MakeBackend(device, &backend_reason);
   if (!backend.ok()) {
     log.Log(caliper::Severity::kError, "startup_failed",
-            {{"message", std::string(backend.status().message())}});
+            {{"flag", "--device=" + device}, {"message", std::string(backend.status().message())}});
     return 1;
   }
+  log.Log(caliper::Severity::kInfo, "backend", {{"device", device}, {"reason", backend_reason}});
 
   caliper::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
