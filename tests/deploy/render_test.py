@@ -3,7 +3,9 @@
 SRE relies on: kinds, ports that match the server's flags, gRPC probes, graceful termination,
 the security context, resources, and the GPU only where it belongs.
 
-With --server, also starts the real caliper-server with the args the overlay renders (listen
+With --validate (the kubernetes-validate tool from PyPI), also checks every object against the
+Kubernetes API schemas, strictly (unknown fields fail), for the oldest and newest versions we
+support. With --server, also starts the real caliper-server with the args the overlay renders (listen
 addresses moved to loopback port 0) to prove every flag in the ConfigMap is accepted.
 Exit 77 (CTest skip) when kubectl is absent."""
 import argparse
@@ -13,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 try:
@@ -26,6 +29,8 @@ SKIP = 77
 SERVER_GRPC_PORT = 50051
 SERVER_METRICS_PORT = 9464
 EXPECTED_DEVICE = {"gpu": "cuda", "cpu": "cpu"}
+# 1.27: first release with gRPC probes on by default (GA); 1.37: the newest schema bundled.
+SCHEMA_VERSIONS = ("1.27.0", "1.37.0")
 EXPECTED_KINDS = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
                   "PodDisruptionBudget", "ServiceMonitor"}
 
@@ -210,6 +215,20 @@ def check_overlay(name, text, objs):
     return c, flags
 
 
+def validate_schema(validator, name, text):
+    """Strict schema validation of the rendered objects (CRDs such as ServiceMonitor have no
+    bundled schema and are only warned about)."""
+    with tempfile.NamedTemporaryFile("w", suffix=f"-{name}.yaml") as f:
+        f.write(text)
+        f.flush()
+        for version in SCHEMA_VERSIONS:
+            out = subprocess.run([validator, "--strict", "--quiet", "-k", version, f.name],
+                                 capture_output=True, text=True, timeout=120)
+            errors = [l for l in (out.stdout + out.stderr).splitlines() if "ERROR" in l]
+            check(out.returncode == 0 and not errors,
+                  f"[{name}] Kubernetes {version} schema: " + "\n".join(errors or [out.stderr]))
+
+
 def run_server_with(server, c, flags, timeout=20):
     """Starts the real server with the rendered args, listen addresses on loopback port 0."""
     env_flags = dict(flags, CALIPER_LISTEN="127.0.0.1:0", CALIPER_METRICS_LISTEN="127.0.0.1:0")
@@ -244,6 +263,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--deploy", required=True, help="the repository's deploy/ folder")
     ap.add_argument("--kubectl", default=shutil.which("kubectl"))
+    ap.add_argument("--validate", help="kubernetes-validate executable (schema check)")
     ap.add_argument("--server", help="caliper-server binary: also run it with the cpu overlay's args")
     a = ap.parse_args()
     if not a.kubectl or not os.path.exists(a.kubectl):
@@ -256,6 +276,8 @@ def main():
         before = len(failures)
         got = check_overlay(name, text, objs)
         print(f"{name}: {len(objs)} objects, {len(failures) - before} problems")
+        if a.validate:
+            validate_schema(a.validate, name, text)
         if a.server and name == "cpu" and got:
             run_server_with(a.server, *got)
     # The Grafana dashboard ConfigMap renders too.
@@ -263,6 +285,10 @@ def main():
     check([o["kind"] for o in objs] == ["ConfigMap"] and
           "caliper-dashboard.json" in objs[0].get("data", {}),
           "deploy/grafana does not render the dashboard ConfigMap")
+    if a.validate:
+        print(f"schema: every object validated strictly against Kubernetes {SCHEMA_VERSIONS}")
+    else:
+        print("schema: not validated (kubernetes-validate not installed; scripts/test.sh installs it)")
     for f in failures:
         print("FAIL:", f)
     print(f"render_test: {len(overlays)} overlays, {len(failures)} failures")
