@@ -10,9 +10,9 @@
 # Both stages are Debian 12: the gRPC, Protobuf and Abseil the project builds against are
 # bookworm's, and NVIDIA publishes no Debian CUDA images. So for VARIANT=cuda the toolkit is
 # copied from NVIDIA's devel image into the build stage only (CUDA 13 supports Debian 12 and its
-# gcc 12). CMake links the CUDA runtime statically; any CUDA library the binary still loads from
-# the toolkit is copied next to it, and the driver's libcuda comes from the NVIDIA container
-# runtime when the pod gets a GPU. So the runtime base stays debian:bookworm-slim for both.
+# gcc 12). The toolkit libraries the binary links (libcudart.so.13, found with ldd) are copied
+# next to it, and the driver's libcuda comes from the NVIDIA container runtime when the pod gets
+# a GPU. So the runtime base stays debian:bookworm-slim for both variants.
 
 ARG VARIANT=cuda
 ARG DEBIAN_IMAGE=debian:bookworm
