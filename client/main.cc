@@ -21,6 +21,8 @@ struct Command {
 constexpr Command kCommands[] = {
     {"adapt", "adapt a LightLLM KV calibration file to another head count / TP (offline)",
      caliper::cli::RunAdaptCommand},
+    {"merge", "add a scale file to an HF checkpoint as a new shard + quantization_config",
+     caliper::cli::RunMergeCommand},
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
     {"calibrate", "stream dumps to caliper-server, finalize, write LightLLM + scales.json",
      caliper::cli::RunCalibrateCommand},

@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
       }
     }
     checkpoint->shards_.assign(shards.begin(), shards.end());
-    checkpoint->indexed_ = true;
+    checkpoint->from_index_ = true;
+    checkpoint->names_known_ = true;
     return checkpoint;
   }
   if (fs::is_regular_file(fs::path(dir) / kSingleSafetensorsName, ec)) {
@@ -104,7 +105,7 @@ absl::StatusOr<const SafetensorsFile*> HfCheckpoint::Shard(const std::string& sh
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
       SafetensorsFile::Open((fs::path(dir_) / shard).string());
   if (!file.ok()) return file.status();
-  if (indexed_) {
+  if (from_index_) {
     // The index is authoritative: every tensor it places here must be here.
     for (const auto& [name, owner] : shard_of_) {
       if (owner == shard && (*file)->Find(name) == nullptr) {
@@ -120,7 +121,7 @@ absl::StatusOr<const SafetensorsFile*> HfCheckpoint::Shard(const std::string& sh
 }
 
 absl::Status HfCheckpoint::IndexAllShards() {
-  if (indexed_) return absl::OkStatus();
+  if (names_known_) return absl::OkStatus();
   std::map<std::string, std::string> found;
   for (const std::string& shard : shards_) {
     absl::StatusOr<const SafetensorsFile*> file = Shard(shard);
@@ -135,7 +136,7 @@ absl::Status HfCheckpoint::IndexAllShards() {
     }
   }
   shard_of_ = std::move(found);
-  indexed_ = true;
+  names_known_ = true;
   return absl::OkStatus();
 }
 
@@ -193,7 +194,7 @@ absl::Status HfCheckpoint::ForEachTensor(
     if (!file.ok()) return file.status();
     for (const SafetensorsEntry& entry : (*file)->tensors()) {
       // With an index, a tensor that also sits in another shard belongs to the one listed.
-      if (indexed_) {
+      if (names_known_) {
         auto owner = shard_of_.find(entry.name);
         if (owner == shard_of_.end() || owner->second != shard) continue;
       }

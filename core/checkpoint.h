@@ -37,7 +37,7 @@ class HfCheckpoint {
   // Shard file names relative to dir(), sorted.
   const std::vector<std::string>& shard_files() const { return shards_; }
   // True when the tensor list came from model.safetensors.index.json.
-  bool indexed() const { return indexed_; }
+  bool indexed() const { return from_index_; }
   // Every tensor name, sorted. Without an index this opens every shard's header.
   absl::StatusOr<std::vector<std::string>> TensorNames();
   // The shard holding `name` (NotFound naming it if none).
@@ -67,7 +67,8 @@ class HfCheckpoint {
   absl::Status IndexAllShards();  // builds name -> shard for unindexed checkpoints
 
   std::string dir_;
-  bool indexed_ = false;
+  bool from_index_ = false;   // weight_map came from model.safetensors.index.json
+  bool names_known_ = false;  // shard_of_ lists every tensor (index read, or all headers)
   std::vector<std::string> shards_;
   std::map<std::string, std::string> shard_of_;  // tensor -> shard (complete once indexed)
   std::string open_name_;                        // the one shard currently mapped
