@@ -8,10 +8,13 @@ ROOT=$(pwd)
 BUILD_DIR=${BUILD_DIR:-build}
 OUT=${DEMO_OUT:-demo-out}
 
-scripts/install-deps.sh
-scripts/build.sh
+# SKIP_BUILD=1 reuses an existing BUILD_DIR (e.g. after scripts/test.sh).
+if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+  scripts/install-deps.sh
+  scripts/build.sh
+fi
 
-BIN="$ROOT/$BUILD_DIR"
+if [[ "$BUILD_DIR" = /* ]]; then BIN="$BUILD_DIR"; else BIN="$ROOT/$BUILD_DIR"; fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
 echo
