@@ -440,6 +440,8 @@ TEST_F(ServiceTest, HealthCheckServesAndAdaptWorks) {
   for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
   cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 
   v1::AdaptRequest adapt;
   adapt.set_lightllm_json(
@@ -505,6 +507,47 @@ TEST_F(ServiceTest, DrainTimeoutCancelsStreamsThatDoNotFinish) {
   EXPECT_FALSE(writer->Finish().ok());
   // The chunk that arrived whole stays counted.
   EXPECT_EQ(session->Status().accepted_chunks, 1);
+}
+
+TEST_F(ServiceTest, ReflectionListsTheCalibrationService) {
+  // grpc.reflection.v1alpha ServerReflectionInfo with list_services = "" (field 7: bytes 3a 00).
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  auto next = [&cq] {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    return ok;
+  };
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = generic.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(next());
+  grpc::Slice list_services(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&list_services, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(next());
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(next());
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(next());
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_THAT(bytes, HasSubstr("caliper.v1.Calibration"));
+  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  next();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 }  // namespace
