@@ -194,8 +194,12 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // half-close by the client (or cancellation): the stream is complete
-      FinishStream(absl::OkStatus());
+    if (!ok) {
+      // Half-close: the stream is complete. Cancellation (client gone, drain timeout): the chunks
+      // that arrived whole stay counted; the status only goes to the log.
+      FinishStream(context_->IsCancelled()
+                       ? absl::CancelledError("stream cancelled (client gone or server draining)")
+                       : absl::OkStatus());
       return;
     }
     if (absl::Status fault = HandleChunk(); !fault.ok()) {

@@ -1,0 +1,384 @@
+// Benchmarks 2 and 3: end-to-end ingest through caliper-server on loopback.
+//   2. BF16 K chunks streamed with Observe vs a raw loopback TCP socket moving the same bytes,
+//      measured back to back in the same iteration: counter ratio_to_tcp (goal >= 0.5), for one
+//      stream and for 4 concurrent streams (separate connections), with two clients:
+//        - proto: the generated stub, TensorChunk.data filled by copy (what `caliper calibrate` does);
+//        - zerocopy: the chunk header serialized once and the payload handed to gRPC as a slice
+//          over the caller's memory (no client-side copy; identical bytes on the wire).
+//   3. Server peak RSS (VmHWM) of a fresh server after ingesting 4 GiB on 4 streams: < 256 MiB.
+// The server is started as a child process: caliper-server --listen=127.0.0.1:0 --device=cpu.
+//   ingest_bench [--server=PATH] [--benchmark_filter=...]
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <benchmark/benchmark.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "proto/caliper.grpc.pb.h"
+
+namespace {
+
+namespace v1 = caliper::v1;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kStreamBytes = int64_t{1} << 30;  // per stream
+constexpr int64_t kChunkBytes = 4 << 20;
+constexpr int64_t kHeads = 8, kHeadDim = 128;
+constexpr int64_t kChunkTokens = kChunkBytes / (kHeads * kHeadDim * 2);
+
+std::string g_server_path = CALIPER_SERVER_BINARY;
+
+double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// 64 MiB of finite BF16 values; chunks cycle through it.
+const std::vector<uint8_t>& Source() {
+  static const std::vector<uint8_t> data = [] {
+    std::vector<uint8_t> d(64 << 20);
+    std::mt19937 rng(3);
+    for (size_t i = 0; i < d.size(); i += 2) {
+      const uint16_t b = static_cast<uint16_t>((rng() & 0x807f) | ((112 + rng() % 16) << 7));
+      std::memcpy(&d[i], &b, 2);
+    }
+    return d;
+  }();
+  return data;
+}
+const uint8_t* ChunkData(int64_t index) {
+  const auto& s = Source();
+  return s.data() + (index * kChunkBytes) % static_cast<int64_t>(s.size());
+}
+
+// ---- the server child process ----
+
+struct ServerProcess {
+  pid_t pid = -1;
+  std::string address;
+
+  bool Start() {
+    int out[2];
+    if (pipe(out) != 0) return false;
+    pid = fork();
+    if (pid == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      close(out[0]);
+      // Server logs go to a file, not into the benchmark table.
+      const int log = open("ingest_bench_server.log", O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (log >= 0) dup2(log, STDERR_FILENO);
+      execl(g_server_path.c_str(), g_server_path.c_str(), "--listen=127.0.0.1:0",
+            "--metrics_listen=127.0.0.1:0", "--device=cpu", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    // "caliper-server listening on HOST:PORT (metrics ..., backend ...)"
+    std::string line;
+    char c;
+    while (read(out[0], &c, 1) == 1) {
+      if (c == '\n') {
+        if (line.rfind("caliper-server listening on ", 0) == 0) break;
+        line.clear();
+      } else {
+        line.push_back(c);
+      }
+    }
+    close(out[0]);
+    const std::string prefix = "caliper-server listening on ";
+    if (line.rfind(prefix, 0) != 0) return false;
+    address = line.substr(prefix.size(), line.find(' ', prefix.size()) - prefix.size());
+    return true;
+  }
+
+  // Peak resident set (VmHWM) in bytes, from /proc/<pid>/status.
+  int64_t PeakRssBytes() const {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    std::string key;
+    while (status >> key) {
+      if (key == "VmHWM:") {
+        int64_t kib = 0;
+        status >> kib;
+        return kib * 1024;
+      }
+    }
+    return -1;
+  }
+
+  ~ServerProcess() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      int status = 0;
+      waitpid(pid, &status, 0);
+    }
+  }
+};
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int index) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 64 << 20);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt("caliper.bench.connection", index);  // distinct args: one TCP connection per stream
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+std::string CreateSession(const std::string& address) {
+  auto stub = v1::Calibration::NewStub(MakeChannel(address, -1));
+  v1::CreateSessionRequest req;
+  auto* m = req.mutable_model();
+  m->set_architecture("LlamaForCausalLM");
+  m->set_model_type("llama");
+  m->set_num_layers(4);
+  m->set_num_attention_heads(32);
+  m->set_num_kv_heads(kHeads);
+  m->set_head_dim(kHeadDim);
+  m->set_hidden_size(32 * kHeadDim);
+  req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
+  req.set_name("ingest_bench");
+  v1::Session session;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub->CreateSession(&ctx, req, &session);
+  if (!s.ok()) {
+    std::fprintf(stderr, "CreateSession: %s\n", s.error_message().c_str());
+    return "";
+  }
+  return session.id();
+}
+
+// Chunk `seq` of stream `stream`, without data.
+v1::TensorChunk ChunkHeader(const std::string& session, int stream, int64_t seq) {
+  v1::TensorChunk c;
+  c.set_session_id(session);
+  c.set_kind(v1::KEY);
+  c.set_layer(stream % 4);
+  c.set_dtype("BF16");
+  c.add_shape(kChunkTokens);
+  c.add_shape(kHeads);
+  c.add_shape(kHeadDim);
+  c.set_tp_size(1);
+  c.set_sequence(static_cast<uint64_t>(seq));
+  c.set_producer_id("ingest-bench-" + std::to_string(getpid()) + "-" + std::to_string(stream) + "-" +
+                    std::to_string(Clock::now().time_since_epoch().count()));
+  return c;
+}
+
+bool CheckSummary(const grpc::Status& s, const v1::ObserveSummary& summary, int64_t bytes) {
+  if (!s.ok() || summary.accepted_bytes() != bytes) {
+    std::fprintf(stderr, "Observe: %s accepted_bytes=%lld rejected=%lld %s\n", s.error_message().c_str(),
+                 static_cast<long long>(summary.accepted_bytes()),
+                 static_cast<long long>(summary.rejected_chunks()),
+                 summary.errors_size() ? summary.errors(0).message().c_str() : "");
+    return false;
+  }
+  return true;
+}
+
+// Generated stub; TensorChunk.data filled by copy.
+bool StreamProto(const std::string& address, const std::string& session, int stream, int64_t bytes) {
+  auto stub = v1::Calibration::NewStub(MakeChannel(address, stream));
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  auto writer = stub->Observe(&ctx, &summary);
+  v1::TensorChunk chunk = ChunkHeader(session, stream, 0);
+  for (int64_t seq = 0; seq * kChunkBytes < bytes; ++seq) {
+    chunk.set_sequence(static_cast<uint64_t>(seq));
+    chunk.set_data(ChunkData(seq), kChunkBytes);
+    if (!writer->Write(chunk)) break;
+  }
+  writer->WritesDone();
+  return CheckSummary(writer->Finish(), summary, bytes);
+}
+
+}  // namespace
+
+// A pre-serialized message: protobuf fields may be concatenated, so header bytes followed by
+// field 15 (data) pointing at the caller's memory is a valid TensorChunk.
+struct RawChunk {
+  grpc::ByteBuffer buffer;
+};
+
+template <>
+class grpc::SerializationTraits<RawChunk, void> {
+ public:
+  static grpc::Status Serialize(const RawChunk& msg, grpc::ByteBuffer* bb, bool* own_buffer) {
+    *bb = msg.buffer;  // slice references, no payload copy
+    *own_buffer = true;
+    return grpc::Status::OK;
+  }
+  static grpc::Status Deserialize(grpc::ByteBuffer*, RawChunk*) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "write-only");
+  }
+};
+
+namespace {
+
+RawChunk MakeRawChunk(const v1::TensorChunk& header, const uint8_t* data, int64_t bytes) {
+  std::string prefix = header.SerializeAsString();
+  prefix.push_back(static_cast<char>((15 << 3) | 2));  // field 15, length-delimited
+  for (uint64_t v = static_cast<uint64_t>(bytes); ; v >>= 7) {
+    if (v < 0x80) {
+      prefix.push_back(static_cast<char>(v));
+      break;
+    }
+    prefix.push_back(static_cast<char>((v & 0x7f) | 0x80));
+  }
+  grpc::Slice slices[2] = {grpc::Slice(prefix),
+                           grpc::Slice(data, static_cast<size_t>(bytes), grpc::Slice::STATIC_SLICE)};
+  return RawChunk{grpc::ByteBuffer(slices, 2)};
+}
+
+bool StreamZeroCopy(const std::string& address, const std::string& session, int stream, int64_t bytes) {
+  auto channel = MakeChannel(address, 100 + stream);
+  const grpc::internal::RpcMethod method("/caliper.v1.Calibration/Observe",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  std::unique_ptr<grpc::ClientWriter<RawChunk>> writer(
+      grpc::internal::ClientWriterFactory<RawChunk>::Create(channel.get(), method, &ctx, &summary));
+  v1::TensorChunk header = ChunkHeader(session, stream, 0);
+  for (int64_t seq = 0; seq * kChunkBytes < bytes; ++seq) {
+    header.set_sequence(static_cast<uint64_t>(seq));
+    if (!writer->Write(MakeRawChunk(header, ChunkData(seq), kChunkBytes))) break;
+  }
+  writer->WritesDone();
+  return CheckSummary(writer->Finish(), summary, bytes);
+}
+
+// Raw loopback TCP: `streams` connections each moving `bytes` from the same source memory into
+// a 4 MiB receive buffer. Returns seconds until every receiver saw EOF.
+double RawTcp(int streams, int64_t bytes) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listener, 16) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(listener);
+    return -1;
+  }
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int s = 0; s < streams; ++s) {
+    threads.emplace_back([&] {  // receiver
+      const int fd = accept(listener, nullptr, nullptr);
+      std::vector<uint8_t> buf(kChunkBytes);
+      while (read(fd, buf.data(), buf.size()) > 0) {
+      }
+      close(fd);
+    });
+    threads.emplace_back([&, s] {  // sender
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
+      for (int64_t seq = 0; seq * kChunkBytes < bytes; ++seq) {
+        const uint8_t* p = ChunkData(seq + s);
+        for (int64_t off = 0; off < kChunkBytes;) {
+          const ssize_t n = write(fd, p + off, kChunkBytes - off);
+          if (n <= 0) break;
+          off += n;
+        }
+      }
+      close(fd);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double s = Seconds(t0);
+  close(listener);
+  return s;
+}
+
+template <typename StreamFn>
+double RunStreams(int streams, StreamFn&& fn, bool* ok) {
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  std::vector<char> good(streams, 0);
+  for (int s = 0; s < streams; ++s) threads.emplace_back([&, s] { good[s] = fn(s); });
+  for (auto& t : threads) t.join();
+  const double secs = Seconds(t0);
+  *ok = std::all_of(good.begin(), good.end(), [](char g) { return g != 0; });
+  return secs;
+}
+
+// Args: streams, client (0 = proto, 1 = zerocopy).
+void BM_Ingest(benchmark::State& state) {
+  const int streams = static_cast<int>(state.range(0));
+  const bool zero_copy = state.range(1) == 1;
+  ServerProcess server;
+  if (!server.Start()) return state.SkipWithError("cannot start caliper-server");
+  const std::string session = CreateSession(server.address);
+  if (session.empty()) return state.SkipWithError("CreateSession failed");
+  Source();
+  double tcp_s = 0, grpc_s = 0;
+  for (auto _ : state) {
+    tcp_s += RawTcp(streams, kStreamBytes);
+    bool ok = false;
+    const double s = RunStreams(streams, [&](int stream) {
+      return zero_copy ? StreamZeroCopy(server.address, session, stream, kStreamBytes)
+                       : StreamProto(server.address, session, stream, kStreamBytes);
+    }, &ok);
+    if (!ok) return state.SkipWithError("Observe failed");
+    state.SetIterationTime(s);
+    grpc_s += s;
+  }
+  const double bytes = static_cast<double>(kStreamBytes) * streams * state.iterations();
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.counters["grpc_GBps"] = bytes / grpc_s / 1e9;
+  state.counters["tcp_GBps"] = bytes / tcp_s / 1e9;
+  state.counters["ratio_to_tcp"] = tcp_s / grpc_s;
+  state.counters["server_peak_rss_MiB"] = server.PeakRssBytes() / double(1 << 20);
+  state.SetLabel(zero_copy ? "zerocopy client" : "proto client");
+}
+
+// Benchmark 3: a fresh server ingests 4 GiB (4 streams x 1 GiB, proto client); VmHWM < 256 MiB.
+void BM_ServerPeakRss4GiB(benchmark::State& state) {
+  for (auto _ : state) {
+    ServerProcess server;
+    if (!server.Start()) return state.SkipWithError("cannot start caliper-server");
+    const std::string session = CreateSession(server.address);
+    if (session.empty()) return state.SkipWithError("CreateSession failed");
+    bool ok = false;
+    const double s = RunStreams(4, [&](int stream) {
+      return StreamProto(server.address, session, stream, kStreamBytes);
+    }, &ok);
+    if (!ok) return state.SkipWithError("Observe failed");
+    state.SetIterationTime(s);
+    const double peak_mib = server.PeakRssBytes() / double(1 << 20);
+    state.counters["server_peak_rss_MiB"] = peak_mib;
+    state.counters["under_256MiB"] = peak_mib < 256 ? 1 : 0;
+  }
+  state.SetBytesProcessed(int64_t{4} * kStreamBytes * state.iterations());
+}
+
+BENCHMARK(BM_Ingest)->ArgNames({"streams", "zerocopy"})
+    ->Args({1, 0})->Args({1, 1})->Args({4, 0})->Args({4, 1})
+    ->Iterations(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ServerPeakRss4GiB)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  signal(SIGPIPE, SIG_IGN);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--server=", 9) == 0) g_server_path = argv[i] + 9;
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
