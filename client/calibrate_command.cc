@@ -39,6 +39,7 @@ const std::vector<FlagSpec>& CalibrateFlags() {
       {"warmup", "N", "skip forward passes (batches) below N"},
       {"deploy-tp", "T", "TP size of the deployment to write files for (default: the dumps')"},
       {"convention", "NAME", "NVFP4 form: compressed_tensors (divisor, default) or modelopt"},
+      {"format", "NAME", "also write engine files: compressed-tensors, modelopt, vllm-legacy (repeatable)", true},
       {"name", "TEXT", "session label shown by `caliper sessions`"},
       {"streams", "N", "concurrent Observe streams, one per file (default 4)"},
       {"chunk-bytes", "N", "largest chunk payload in bytes (default 4194304)"},
@@ -345,6 +346,9 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
   request.mutable_deployment()->set_tp_size(static_cast<int>(deploy_tp->value_or(producer_tp)));
   request.set_convention(*convention);
   request.add_formats("lightllm");
+  for (const std::string& format : flags->GetAll("format")) {
+    if (format != "lightllm") request.add_formats(format);
+  }
   v1::ScalesResponse scales;
   {
     grpc::ClientContext context;
@@ -359,6 +363,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
   PrintScalesSummary(scales, out);
   if (!written->kv_cache_calib.empty()) out << "wrote     " << written->kv_cache_calib << "\n";
   out << "wrote     " << written->scales_json << "\n";
+  for (const std::string& path : written->engine_files) out << "wrote     " << path << "\n";
   return kExitOk;
 }
 

@@ -126,6 +126,15 @@ absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
     written.kv_cache_calib = (fs::path(dir) / "kv_cache_calib.json").string();
     if (auto st = WriteFileAtomically(written.kv_cache_calib, lightllm->content()); !st.ok()) return st;
   }
+  for (const auto& file : scales.files()) {
+    if (file.format() == "lightllm") continue;
+    // Names come from the server: keep them inside DIR.
+    if (file.name().empty() || file.name().find('/') != std::string::npos || file.name()[0] == '.') {
+      return absl::DataLossError(absl::StrCat("GetScales returned a file named \"", file.name(), "\""));
+    }
+    written.engine_files.push_back((fs::path(dir) / file.name()).string());
+    if (auto st = WriteFileAtomically(written.engine_files.back(), file.content()); !st.ok()) return st;
+  }
 
   ordered_json doc;
   doc["session_id"] = session.id();

@@ -33,11 +33,12 @@ absl::StatusOr<v1::Nvfp4Convention> ParseConvention(const std::string& name);
 struct WrittenOutputs {
   std::string kv_cache_calib;  // empty when the session has no KV scales
   std::string scales_json;
+  std::vector<std::string> engine_files;  // other formats asked for (--format), by path
 };
 // Writes DIR/kv_cache_calib.json (the response's LightLLM file) and DIR/scales.json (everything
 // in the response plus the session id and the deployment asked for). Files are replaced
 // atomically; DIR is created. Errors name the path; DataLoss when a KV response lacks the
-// LightLLM file (a server fault).
+// LightLLM file (a server fault). Files of other formats are written under their own names.
 absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
                                                   const v1::ScalesResponse& scales,
                                                   const v1::Session& session,

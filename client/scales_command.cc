@@ -16,6 +16,7 @@ const std::vector<FlagSpec>& ScalesFlags() {
       {"total-heads", "M", "alternatively, total KV heads counted across ranks"},
       {"rank", "R", "also put TP rank R's K/V slice into scales.json (needs --tp)"},
       {"convention", "NAME", "NVFP4 form: compressed_tensors (divisor, default) or modelopt"},
+      {"format", "NAME", "also write engine files: compressed-tensors, modelopt, vllm-legacy (repeatable)", true},
   };
   return flags;
 }
@@ -79,6 +80,9 @@ int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, st
   if (rank->has_value()) deployment.set_rank(static_cast<int>(**rank));
   request.set_convention(*convention);
   request.add_formats("lightllm");
+  for (const std::string& format : flags->GetAll("format")) {
+    if (format != "lightllm") request.add_formats(format);
+  }
   v1::ScalesResponse scales;
   {
     grpc::ClientContext context;
@@ -94,6 +98,7 @@ int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, st
   PrintScalesSummary(scales, out);
   if (!written->kv_cache_calib.empty()) out << "wrote     " << written->kv_cache_calib << "\n";
   out << "wrote     " << written->scales_json << "\n";
+  for (const std::string& path : written->engine_files) out << "wrote     " << path << "\n";
   return kExitOk;
 }
 
