@@ -55,7 +55,8 @@ absl::Status CheckKv(const KvScales& kv, const ModelConfig& model) {
   const size_t width =
       kv.granularity == KvGranularity::kPerHead ? static_cast<size_t>(kv.num_kv_heads) : 1;
   if (width == 0) return absl::InvalidArgumentError("kv.num_kv_heads: must be positive");
-  if (model.num_kv_heads > 0 && kv.num_kv_heads != model.num_kv_heads) {
+  if (kv.granularity == KvGranularity::kPerHead && model.num_kv_heads > 0 &&
+      kv.num_kv_heads != model.num_kv_heads) {
     return absl::InvalidArgumentError(absl::StrCat("kv.num_kv_heads: ", kv.num_kv_heads,
                                                    ", but the model has ", model.num_kv_heads));
   }
