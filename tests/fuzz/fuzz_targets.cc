@@ -177,6 +177,9 @@ int FuzzChunk(const uint8_t* data, size_t size) {
   if (!session.ok()) return 0;
   const int64_t accepted_before = (*session)->Status().accepted_chunks;
   auto outcome = (*session)->Observe(chunk, Backend());
+  if (std::getenv("CALIPER_FUZZ_VERBOSE") != nullptr) {  // to check that seeds reach the fold
+    std::fprintf(stderr, "chunk: %s\n", outcome.status().ToString().c_str());
+  }
   const int64_t accepted_after = (*session)->Status().accepted_chunks;
   if (!outcome.ok()) Require(accepted_after == accepted_before, "rejected chunk changes nothing");
   if ((*session)->Finalize().ok()) {
