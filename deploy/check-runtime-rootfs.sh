@@ -35,8 +35,11 @@ if ! chroot "$rootfs" id caliper >/dev/null 2>&1; then
   chroot "$rootfs" /tmp/runtime/install-runtime.sh
   rm -rf "$rootfs/tmp/runtime"
 fi
-mkdir -p "$rootfs/opt/caliper/bin"
+mkdir -p "$rootfs/opt/caliper/bin" "$rootfs/opt/caliper/lib"
 cp "$server_bin" "$rootfs/opt/caliper/bin/caliper-server"
+# As the Dockerfile's build stage does: CUDA toolkit libraries (libcudart) next to the binary.
+ldd "$server_bin" | awk '$3 ~ /^\/usr\/local\/cuda/ {print $3}' \
+  | xargs -r cp -L -t "$rootfs/opt/caliper/lib"
 
 # The pod's view: read-only root, writable tmpfs /tmp only.
 mount --bind "$rootfs" "$mnt"
@@ -44,8 +47,10 @@ mount -o remount,bind,ro "$mnt"
 mount -t tmpfs -o size=64m tmpfs "$mnt/tmp"
 if touch "$mnt/.rw-probe" 2>/dev/null; then echo "FAIL: root is writable"; exit 1; fi
 
-chroot --userspec=65532:65532 "$mnt" /opt/caliper/bin/caliper-server \
-  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --device=cpu --log_format=json \
+# --device=auto: with no GPU (no driver libcuda) the server must come up on the CPU.
+LD_LIBRARY_PATH=/opt/caliper/lib chroot --userspec=65532:65532 "$mnt" \
+  /opt/caliper/bin/caliper-server \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --device=auto --log_format=json \
   --drain_timeout=5s >"$out" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 60); do
