@@ -2,16 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <set>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/checkpoint.h"
 #include "core/dtype.h"
-#include "nlohmann/json.hpp"
 
 namespace caliper::cli {
 namespace {
@@ -133,42 +130,12 @@ absl::StatusOr<StreamPlan> PlanDumpFile(const std::string& path, const PlanOptio
 }
 
 absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("--weights: ", dir, " is not a directory"));
+  auto checkpoint = HfCheckpoint::Open(dir);
+  if (!checkpoint.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--weights: ", checkpoint.status().message()));
   }
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> files;
-  if (fs::exists(index, ec)) {
-    std::ifstream in(index);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-    if (json.is_discarded() || !json.contains("weight_map") || !json["weight_map"].is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index.string(), ": weight_map: missing or not an object"));
-    }
-    std::set<std::string> shards;
-    for (const auto& [name, shard] : json["weight_map"].items()) {
-      if (!shard.is_string()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index.string(), ": weight_map[\"", name, "\"]: not a string"));
-      }
-      shards.insert(shard.get<std::string>());
-    }
-    for (const auto& shard : shards) files.push_back((fs::path(dir) / shard).string());
-    return files;
-  }
-  if (fs::exists(fs::path(dir) / "model.safetensors", ec)) {
-    return std::vector<std::string>{(fs::path(dir) / "model.safetensors").string()};
-  }
-  for (const auto& item : fs::directory_iterator(dir, ec)) {
-    if (item.path().extension() == ".safetensors") files.push_back(item.path().string());
-  }
-  std::sort(files.begin(), files.end());
-  if (files.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--weights: no *.safetensors in ", dir));
-  }
+  for (const auto& shard : (*checkpoint)->shard_files()) files.push_back((fs::path(dir) / shard).string());
   return files;
 }
 
@@ -179,11 +146,7 @@ absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk
   if (!file.ok()) return file.status();
   plan.file = std::move(*file);
   for (const SafetensorsEntry& entry : plan.file->tensors()) {
-    const bool linear = absl::EndsWith(entry.name, ".weight") && entry.shape.size() == 2 &&
-                        !absl::StrContains(entry.name, "embed_tokens") &&
-                        !absl::StrContains(entry.name, "lm_head") &&
-                        ParseDType(entry.dtype).ok();
-    if (!linear) {
+    if (!IsQuantizableLinearWeight(entry)) {
       plan.skipped.push_back(entry.name);
       continue;
     }

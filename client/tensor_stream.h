@@ -51,12 +51,12 @@ struct PlanOptions {
 absl::StatusOr<StreamPlan> PlanDumpFile(const std::string& path, const PlanOptions& options,
                                         int64_t default_batch);
 
-// The safetensors files of an HF checkpoint directory: the shards listed in
-// model.safetensors.index.json, else model.safetensors, else every *.safetensors, sorted.
+// The safetensors files of an HF checkpoint directory (core/checkpoint.h: the shards of
+// model.safetensors.index.json, else model.safetensors, else every *.safetensors).
 absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir);
 
-// Weights of one checkpoint file: 2-D float `{module}.weight` tensors except embeddings and
-// lm_head (NVFP4 recipes leave those unquantized).
+// Weights of one checkpoint file that IsQuantizableLinearWeight accepts (2-D float
+// `{module}.weight`, not embeddings or lm_head).
 absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk_bytes);
 
 struct StreamResult {
