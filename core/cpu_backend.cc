@@ -392,7 +392,7 @@ constexpr int64_t kMaxColumnBytes = 256 << 10;
 // Heads shorter than this never take the per-segment path (a call per segment is too slow).
 constexpr int64_t kMinSegment = 256;
 // Column accumulators narrower than this are widened to several rows at once.
-constexpr int64_t kMinColumns = 1024;
+constexpr int64_t kMinColumns = 4096;
 
 class CpuBackend : public ReductionBackend {
  public:
