@@ -765,3 +765,72 @@ TEST_F(E2eTest, CliReportsRejectedChunksAndWritesNothing) {
 
 }  // namespace
 }  // namespace caliper
+
+namespace caliper {
+namespace {
+
+// The client's chunk planner, without a server: split along tokens, metadata, skips, errors.
+TEST(TensorStreamPlan, SplitsAlongTheFirstDimensionAndReadsMetadata) {
+  const std::string dir = (fs::temp_directory_path() / absl::StrCat("caliper_plan_", getpid())).string();
+  fs::create_directories(dir);
+  SafetensorsWriter writer;
+  writer.SetMetadata("tp_rank", "1");
+  writer.SetMetadata("tp_size", "2");
+  writer.SetMetadata("batch", "5");
+  ASSERT_TRUE(writer.Add("model.layers.3.self_attn.k", "BF16", {10, 2, 32}, std::string(1280, '\1')).ok());
+  ASSERT_TRUE(writer.Add("model.layers.0.mlp.up_proj.input", "F32", {4, 8}, std::string(128, '\0')).ok());
+  ASSERT_TRUE(writer.Add("model.layers.0.self_attn.rotary.inv_freq", "F32", {16}, std::string(64, '\0')).ok());
+  ASSERT_TRUE(writer.WriteFile(dir + "/a.safetensors").ok());
+
+  cli::PlanOptions options;
+  options.inputs = true;
+  options.chunk_bytes = 1024;  // 8 rows of 128 bytes
+  auto plan = cli::PlanDumpFile(dir + "/a.safetensors", options, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->tp_rank, 1);
+  EXPECT_EQ(plan->tp_size, 2);
+  EXPECT_EQ(plan->batch, 5);
+  ASSERT_EQ(plan->chunks.size(), 3u);  // in the file's data order
+  std::vector<cli::PlannedChunk> keys, inputs;
+  for (const auto& chunk : plan->chunks) (chunk.kind == v1::KEY ? keys : inputs).push_back(chunk);
+  ASSERT_EQ(keys.size(), 2u);
+  EXPECT_EQ(keys[0].layer, 3);
+  EXPECT_EQ(keys[0].shape, (std::vector<int64_t>{8, 2, 32}));
+  EXPECT_EQ(keys[1].shape, (std::vector<int64_t>{2, 2, 32}));
+  EXPECT_EQ(keys[1].first_row, 8);
+  EXPECT_EQ(keys[1].data, keys[0].data + 1024);
+  EXPECT_EQ(keys[1].bytes, 256u);
+  ASSERT_EQ(inputs.size(), 1u);
+  EXPECT_EQ(inputs[0].kind, v1::INPUT_ACTIVATION);
+  EXPECT_EQ(inputs[0].module, "model.layers.0.mlp.up_proj");
+  EXPECT_EQ(plan->bytes, 1280 + 128);
+  ASSERT_EQ(plan->skipped.size(), 1u);
+  EXPECT_EQ(plan->skipped[0], "model.layers.0.self_attn.rotary.inv_freq");
+
+  options.inputs = false;
+  options.kv = false;
+  plan = cli::PlanDumpFile(dir + "/a.safetensors", options, 0);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->chunks.empty());
+  EXPECT_EQ(plan->skipped.size(), 3u);
+
+  SafetensorsWriter bad_meta;
+  bad_meta.SetMetadata("tp_rank", "two");
+  ASSERT_TRUE(bad_meta.Add("model.layers.0.self_attn.k", "BF16", {1, 2}, std::string(4, '\0')).ok());
+  ASSERT_TRUE(bad_meta.WriteFile(dir + "/b.safetensors").ok());
+  auto bad = cli::PlanDumpFile(dir + "/b.safetensors", cli::PlanOptions{}, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "__metadata__.tp_rank")) << bad.status();
+
+  SafetensorsWriter fp8;
+  ASSERT_TRUE(fp8.Add("model.layers.0.self_attn.v", "F8_E4M3", {4, 2}, std::string(8, '\0')).ok());
+  ASSERT_TRUE(fp8.WriteFile(dir + "/c.safetensors").ok());
+  bad = cli::PlanDumpFile(dir + "/c.safetensors", cli::PlanOptions{}, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "model.layers.0.self_attn.v.dtype"))
+      << bad.status();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace caliper
