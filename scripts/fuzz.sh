@@ -37,20 +37,21 @@ mapfile -t CORE_SOURCES < <(sed -n '/add_library(caliper_core/,/)/p' core/CMakeL
   grep -oE '^[[:space:]]+[A-Za-z0-9_]+\.cc' | tr -d ' ')
 SOURCES=("${CORE_SOURCES[@]/#/core/}" tests/fuzz/fuzz_targets.cc)
 
-# Rebuild an object when its source or any header it may include is newer.
-newest_header=$(find core tests/fuzz -name '*.h' -printf '%T@\n' | sort -n | tail -1)
+# Rebuild an object when its source or any file in its depfile is newer (or it has no depfile).
 compile() {
   local src=$1 obj=$BUILD/obj/$(echo "$1" | tr / _).o
-  if [[ -f $obj ]]; then
-    local obj_time src_time
-    obj_time=$(stat -c %Y "$obj"); src_time=$(stat -c %Y "$src")
-    if (( obj_time >= src_time && obj_time >= ${newest_header%.*} )); then return 0; fi
+  if [[ -f $obj && -f $obj.d ]]; then
+    local stale=0 dep
+    for dep in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$obj.d"); do
+      if [[ $dep -nt $obj ]]; then stale=1; break; fi
+    done
+    if (( stale == 0 )); then return 0; fi
   fi
   # Coverage instrumentation only; the fuzzer's main is linked once per binary.
-  $CXX $CXXFLAGS -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
+  $CXX $CXXFLAGS -fsanitize=fuzzer-no-link -MMD -MF "$obj.d" -c "$src" -o "$obj"
 }
 export -f compile
-export CXX CXXFLAGS BUILD newest_header
+export CXX CXXFLAGS BUILD
 echo "fuzz: compiling ${#SOURCES[@]} sources with $CXX ($JOBS jobs)"
 printf '%s\n' "${SOURCES[@]}" | xargs -P "$JOBS" -I{} bash -c 'compile {}'
 
