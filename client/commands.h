@@ -21,6 +21,9 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
 // caliper merge --checkpoint DIR --scales FILE --out DIR [--kv-only]
 int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
+// caliper convert --in PATH --format NAME... --out DIR [--model CONFIG] [--tp T]
+int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
 // `adapt --server ADDR` calls the server's Adapt RPC through this hook, which main.cc installs
 // when the gRPC commands are linked in (null otherwise). Same exit codes; sets *adapted on 0.
 using RemoteAdaptFn = int (*)(const std::string& server, const std::string& lightllm_json,

@@ -23,6 +23,8 @@ constexpr Command kCommands[] = {
      caliper::cli::RunAdaptCommand},
     {"merge", "add a scale file to an HF checkpoint as a new shard + quantization_config",
      caliper::cli::RunMergeCommand},
+    {"convert", "render an existing calibration in other engines' formats (offline)",
+     caliper::cli::RunConvertCommand},
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
     {"calibrate", "stream dumps to caliper-server, finalize, write LightLLM + scales.json",
      caliper::cli::RunCalibrateCommand},

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/checkpoint.h"
 #include "core/lightllm_format.h"
 #include "nlohmann/json.hpp"
 
@@ -669,6 +670,72 @@ absl::StatusOr<ImportedScales> ImportScales(const SafetensorsFile& file,
     out.kv = std::move(kv);
   }
   return out;
+}
+
+absl::StatusOr<ImportedScales> ImportScalesFromCheckpoint(HfCheckpoint& checkpoint,
+                                                          const std::optional<ModelConfig>& model) {
+  SafetensorsWriter gathered;
+  absl::Status status = checkpoint.ForEachTensor(
+      [](const SafetensorsEntry& entry) { return IsScaleTensorName(entry.name); },
+      [&](const SafetensorsFile& file, const SafetensorsEntry& entry) {
+        absl::Span<const uint8_t> data = file.Data(entry);
+        return gathered.Add(entry.name, entry.dtype, entry.shape,
+                            std::string(reinterpret_cast<const char*>(data.data()), data.size()));
+      });
+  if (!status.ok()) return status;
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+      SafetensorsFile::FromBytes(gathered.Serialize());
+  if (!file.ok()) return file.status();
+  absl::StatusOr<ImportedScales> imported = ImportScales(**file, model);
+  if (!imported.ok()) {
+    // Name the checkpoint rather than the in-memory gathering.
+    std::string message(imported.status().message());
+    if (message.rfind("<memory>", 0) == 0) message = checkpoint.dir() + message.substr(8);
+    return absl::Status(imported.status().code(), message);
+  }
+  return imported;
+}
+
+absl::StatusOr<KvScales> KvScalesFromLightLlm(const LightLlmCalibration& calibration,
+                                              const ModelConfig& model) {
+  if (calibration.num_layers != model.num_layers ||
+      calibration.scales.size() != static_cast<size_t>(model.num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("num_layers: the file has ",
+                                                   calibration.num_layers, ", the model ",
+                                                   model.num_layers));
+  }
+  if (model.num_kv_heads <= 0) {
+    return absl::InvalidArgumentError("num_kv_heads: the model's KV head count is needed");
+  }
+  KvScales kv;
+  kv.granularity = calibration.quant_type;
+  kv.flavor = Fp8Flavor::kE4M3FN;
+  kv.num_kv_heads = model.num_kv_heads;
+  for (size_t l = 0; l < calibration.scales.size(); ++l) {
+    std::vector<float> row = calibration.scales[l];
+    size_t width = 1;
+    if (calibration.quant_type == KvGranularity::kPerHead) {
+      absl::StatusOr<std::vector<float>> adapted =
+          AdaptHeadRow(row, calibration.num_head, model.num_kv_heads);
+      if (!adapted.ok()) {
+        return absl::Status(adapted.status().code(),
+                            absl::StrCat("scales[", l, "]: ", adapted.status().message()));
+      }
+      row = *std::move(adapted);
+      width = static_cast<size_t>(model.num_kv_heads);
+    }
+    if (row.size() != 2 * width) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scales[", l, "]: ", row.size(), " values, expected ", 2 * width));
+    }
+    kv.k.emplace_back(row.begin(), row.begin() + width);
+    kv.v.emplace_back(row.begin() + width, row.end());
+    kv.k_absmax.push_back({});
+    kv.v_absmax.push_back({});
+    for (float x : kv.k.back()) kv.k_absmax.back().push_back(x * kE4M3FnMax);
+    for (float x : kv.v.back()) kv.v_absmax.back().push_back(x * kE4M3FnMax);
+  }
+  return kv;
 }
 
 }  // namespace caliper

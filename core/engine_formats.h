@@ -101,6 +101,19 @@ struct ImportedScales {
 absl::StatusOr<ImportedScales> ImportScales(const SafetensorsFile& file,
                                             const std::optional<ModelConfig>& model);
 
+struct LightLlmCalibration;
+// LightLLM rows (over the heads deployed when calibrated, replicas included) back to the model's
+// original heads: per head through AdaptHeadRow (group max over replicas), per tensor as is;
+// absmax = scale * 448. InvalidArgument naming the count that disagrees with `model`.
+absl::StatusOr<KvScales> KvScalesFromLightLlm(const LightLlmCalibration& calibration,
+                                              const ModelConfig& model);
+
+class HfCheckpoint;
+// The same over a whole checkpoint: scale tensors are gathered from every shard (they are small;
+// weights are never read). NotFound when the checkpoint holds none.
+absl::StatusOr<ImportedScales> ImportScalesFromCheckpoint(HfCheckpoint& checkpoint,
+                                                          const std::optional<ModelConfig>& model);
+
 // True for a tensor name ImportScales reads (used to pick scale tensors out of a checkpoint).
 bool IsScaleTensorName(absl::string_view name);
 
