@@ -14,6 +14,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+}  // namespace
+
+// Names the target in CTest output instead of dumping the struct's bytes.
+void PrintTo(const Target& target, std::ostream* os) { *os << target.name; }
+
+namespace {
+
 std::vector<fs::path> InputsOf(const std::string& kind, const std::string& target) {
   std::vector<fs::path> out;
   const fs::path dir = fs::path(CALIPER_FUZZ_DIR) / kind / target;
