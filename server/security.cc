@@ -21,7 +21,7 @@ bool IsTenantChar(char c) {
 // Time depends only on the lengths, never on where the bytes differ.
 bool ConstantTimeEquals(absl::string_view known, absl::string_view presented) {
   const size_t n = std::max(known.size(), presented.size());
-  unsigned diff = known.size() ^ presented.size();
+  size_t diff = known.size() ^ presented.size();
   for (size_t i = 0; i < n; ++i) {
     const unsigned char a = i < known.size() ? static_cast<unsigned char>(known[i]) : 0;
     const unsigned char b = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
