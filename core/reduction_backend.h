@@ -42,6 +42,11 @@ class ReductionBackend {
                                      int64_t* nonfinite) = 0;
 };
 
+// The argument checks every AbsMaxPerHead implementation makes first (positive sizes, no
+// overflow, out.size() == num_heads, whole rows), with errors naming the argument.
+absl::Status CheckAbsMaxPerHeadArgs(const TensorView& tensor, int64_t num_heads, int64_t head_dim,
+                                    absl::Span<const float> out, const int64_t* nonfinite);
+
 // threads <= 0: use std::thread::hardware_concurrency().
 std::unique_ptr<ReductionBackend> MakeCpuBackend(int threads = 0);
 
