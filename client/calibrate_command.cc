@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -26,7 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::vector<FlagSpec>& CalibrateFlags() {
-  static const std::vector<FlagSpec> flags = {
+  static const std::vector<FlagSpec> flags = WithChannelSecurityFlags({
       {"server", "ADDR", "caliper-server address, e.g. localhost:50051"},
       {"model", "CONFIG", "the model's Hugging Face config.json"},
       {"tensors", "PATH...", "dump files, or directories of *.safetensors (a glob works)", true},
@@ -44,7 +45,7 @@ const std::vector<FlagSpec>& CalibrateFlags() {
       {"streams", "N", "concurrent Observe streams, one per file (default 4)"},
       {"chunk-bytes", "N", "largest chunk payload in bytes (default 4194304)"},
       {"allow-rejected", "", "finalize and write even if the server rejected chunks"},
-  };
+  });
   return flags;
 }
 
@@ -104,6 +105,37 @@ absl::StatusOr<std::vector<std::string>> ExpandTensorPaths(const std::vector<std
   }
   return files;
 }
+
+// "<hostname>" for producer ids: stable across restarts of this command on this host.
+std::string ProducerHost() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "localhost";
+  return host;
+}
+
+// An ostream that hands each completed line to `out` under `mu` (worker threads share stderr).
+class LockedLineStream : public std::ostream {
+ public:
+  LockedLineStream(std::ostream& out, std::mutex& mu) : std::ostream(&buffer_), buffer_(out, mu) {}
+
+ private:
+  class LineBuffer : public std::stringbuf {
+   public:
+    LineBuffer(std::ostream& out, std::mutex& mu) : out_(out), mu_(mu) {}
+    int sync() override {
+      std::lock_guard<std::mutex> lock(mu_);
+      out_ << str();
+      out_.flush();
+      str("");
+      return 0;
+    }
+
+   private:
+    std::ostream& out_;
+    std::mutex& mu_;
+  };
+  LineBuffer buffer_;
+};
 
 int UsageError(std::ostream& err, absl::string_view message) {
   err << "caliper calibrate: " << message << " (see caliper calibrate --help)\n";
@@ -242,7 +274,11 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
 
   // Session.
   const std::string server = flag("server");
-  auto channel = MakeChannel(server);
+  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+  if (!security.ok()) return UsageError(err, security.status().message());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> made_channel = MakeChannel(server, *security);
+  if (!made_channel.ok()) return UsageError(err, made_channel.status().message());
+  auto channel = *std::move(made_channel);
   auto stub = v1::Calibration::NewStub(channel);
   v1::Session session;
   {
@@ -262,11 +298,15 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
   std::atomic<size_t> next{0};
   const int workers = static_cast<int>(std::min<size_t>(streams->value_or(4), plans.size()));
   std::vector<std::thread> pool;
+  // Resume messages from worker threads, one whole line at a time.
+  std::mutex err_mu;
   for (int w = 0; w < workers; ++w) {
     pool.emplace_back([&] {
+      LockedLineStream log_err(err, err_mu);
       for (size_t i = next.fetch_add(1); i < plans.size(); i = next.fetch_add(1)) {
-        results[i] = StreamPlanToSession(*stub, session.id(), plans[i],
-                                         absl::StrCat("caliper-cli:", plans[i].path), &progress.sent);
+        results[i] = StreamPlanWithResume(*stub, session.id(), plans[i],
+                                          absl::StrCat(ProducerHost(), "/", plans[i].path),
+                                          &progress.sent, ResumePolicy{}, &log_err);
       }
     });
   }
@@ -309,10 +349,12 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
       ReportRpcError(err, "calibrate", absl::StrCat("Observe stream of ", plans[i].path), r.status);
     }
     for (const auto& e : r.summary.errors()) {
-      const std::string what = e.sequence() < plans[i].chunks.size()
-                                   ? Describe(plans[i].chunks[e.sequence()])
+      // Producer sequences count from 1 (chunk index + 1).
+      const std::string what = e.sequence() >= 1 && e.sequence() <= plans[i].chunks.size()
+                                   ? Describe(plans[i].chunks[e.sequence() - 1])
                                    : std::string("?");
-      err << "caliper calibrate: rejected " << plans[i].path << " chunk " << e.sequence() << " ("
+      const uint64_t index = e.sequence() >= 1 ? e.sequence() - 1 : 0;
+      err << "caliper calibrate: rejected " << plans[i].path << " chunk " << index << " ("
           << what << "): " << e.code() << ": " << e.message() << "\n";
     }
     if (r.summary.rejected_chunks() > r.summary.errors_size()) {

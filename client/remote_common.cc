@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <filesystem>
 
 #include "absl/status/status.h"
@@ -10,7 +12,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "client/file_io.h"
+#include "grpcpp/support/client_interceptor.h"
 #include "nlohmann/json.hpp"
 
 namespace caliper::cli {
@@ -39,13 +44,103 @@ std::string FlavorName(v1::Fp8Flavor flavor) {
   return flavor == v1::FP8_E4M3FNUZ ? "float8_e4m3fnuz" : "float8_e4m3fn";
 }
 
+// Adds "authorization: Bearer <token>" to every call. An interceptor rather than call
+// credentials, so the token also reaches a plaintext test server (--allow_plaintext_tokens).
+class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(std::string header) : header_(std::move(header)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", header_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  std::string header_;
+};
+
+class BearerTokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenInterceptorFactory(std::string token) : header_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* /*info*/) override {
+    return new BearerTokenInterceptor(header_);
+  }
+
+ private:
+  std::string header_;
+};
+
+std::string TokenFromEnvironment() {
+  const char* token = std::getenv("CALIPER_TOKEN");
+  return token == nullptr ? "" : std::string(absl::StripAsciiWhitespace(token));
+}
+
 }  // namespace
 
+std::vector<FlagSpec> ChannelSecurityFlags() {
+  return {
+      {"token", "TOKEN", "bearer token of your tenant (default: $CALIPER_TOKEN)"},
+      {"token_file", "FILE", "read the bearer token from FILE"},
+      {"tls_ca", "PEM", "connect with TLS, trusting this CA certificate file"},
+  };
+}
+
+std::vector<FlagSpec> WithChannelSecurityFlags(std::vector<FlagSpec> flags) {
+  for (FlagSpec& spec : ChannelSecurityFlags()) flags.push_back(std::move(spec));
+  return flags;
+}
+
+absl::StatusOr<ChannelSecurity> ChannelSecurityFromArgs(const CliArgs& args) {
+  ChannelSecurity security;
+  if (args.Has("token") && args.Has("token_file")) {
+    return absl::InvalidArgumentError("--token and --token_file: give one of them");
+  }
+  if (std::optional<std::string> file = args.Get("token_file")) {
+    absl::StatusOr<std::string> text = ReadWholeFile(*file);
+    if (!text.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--token_file: ", text.status().message()));
+    }
+    security.token = std::string(absl::StripAsciiWhitespace(*text));
+    if (security.token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--token_file: ", *file, " is empty"));
+    }
+  } else {
+    security.token = args.Get("token").value_or(TokenFromEnvironment());
+  }
+  security.tls_ca_file = args.Get("tls_ca").value_or("");
+  return security;
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  ChannelSecurity security;
+  security.token = TokenFromEnvironment();
+  return *MakeChannel(address, security);  // no CA file: cannot fail
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
+                                                           const ChannelSecurity& security) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!security.tls_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadWholeFile(security.tls_ca_file);
+    if (!ca.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_ca: ", ca.status().message()));
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *std::move(ca);
+    credentials = grpc::SslCredentials(ssl);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!security.token.empty()) {
+    interceptors.push_back(std::make_unique<BearerTokenInterceptorFactory>(security.token));
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, credentials, args,
+                                                                 std::move(interceptors));
 }
 
 std::string StatusCodeName(grpc::StatusCode code) {

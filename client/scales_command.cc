@@ -8,7 +8,7 @@ namespace caliper::cli {
 namespace {
 
 const std::vector<FlagSpec>& ScalesFlags() {
-  static const std::vector<FlagSpec> flags = {
+  static const std::vector<FlagSpec> flags = WithChannelSecurityFlags({
       {"server", "ADDR", "caliper-server address"},
       {"session", "ID", "session id (see `caliper sessions`)"},
       {"out", "DIR", "output directory (created)"},
@@ -17,7 +17,7 @@ const std::vector<FlagSpec>& ScalesFlags() {
       {"rank", "R", "also put TP rank R's K/V slice into scales.json (needs --tp)"},
       {"convention", "NAME", "NVFP4 form: compressed_tensors (divisor, default) or modelopt"},
       {"format", "NAME", "also write engine files: compressed-tensors, modelopt, vllm-legacy (repeatable)", true},
-  };
+  });
   return flags;
 }
 
@@ -60,7 +60,11 @@ int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, st
   auto convention = ParseConvention(flag("convention", "compressed_tensors"));
   if (!convention.ok()) return UsageError(err, convention.status().message());
 
-  auto stub = v1::Calibration::NewStub(MakeChannel(flag("server")));
+  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+  if (!security.ok()) return UsageError(err, security.status().message());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(flag("server"), *security);
+  if (!channel.ok()) return UsageError(err, channel.status().message());
+  auto stub = v1::Calibration::NewStub(*channel);
   v1::Session session;
   {
     grpc::ClientContext context;

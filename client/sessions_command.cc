@@ -11,7 +11,8 @@ namespace caliper::cli {
 namespace {
 
 const std::vector<FlagSpec>& SessionsFlags() {
-  static const std::vector<FlagSpec> flags = {{"server", "ADDR", "caliper-server address"}};
+  static const std::vector<FlagSpec> flags =
+      WithChannelSecurityFlags({{"server", "ADDR", "caliper-server address"}});
   return flags;
 }
 
@@ -55,7 +56,14 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
     err << "caliper sessions: --server is required\n";
     return kExitUsage;
   }
-  auto stub = v1::Calibration::NewStub(MakeChannel(server));
+  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      security.ok() ? MakeChannel(server, *security) : security.status();
+  if (!channel.ok()) {
+    err << "caliper sessions: " << channel.status().message() << "\n";
+    return kExitUsage;
+  }
+  auto stub = v1::Calibration::NewStub(*channel);
   grpc::ClientContext context;
   v1::ListSessionsResponse response;
   grpc::Status status = stub->ListSessions(&context, v1::ListSessionsRequest(), &response);

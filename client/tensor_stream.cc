@@ -1,6 +1,11 @@
 #include "client/tensor_stream.h"
 
 #include <algorithm>
+#include <chrono>
+#include <ostream>
+#include <thread>
+
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/status/status.h"
@@ -158,14 +163,17 @@ absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk
   return plan;
 }
 
-StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std::string& session_id,
-                                 const StreamPlan& plan, const std::string& producer_id,
-                                 std::atomic<int64_t>* sent_bytes) {
+namespace {
+
+// One Observe call sending chunks [first, end) of `plan` as sequences first+1, ...
+StreamResult StreamChunksOnce(v1::Calibration::StubInterface& stub, const std::string& session_id,
+                              const StreamPlan& plan, size_t first,
+                              const std::string& producer_id, std::atomic<int64_t>* sent_bytes) {
   StreamResult result;
   grpc::ClientContext context;
   auto writer = stub.Observe(&context, &result.summary);
   v1::TensorChunk message;
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+  for (size_t i = first; i < plan.chunks.size(); ++i) {
     const PlannedChunk& chunk = plan.chunks[i];
     message.Clear();
     message.set_session_id(session_id);
@@ -177,7 +185,7 @@ StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std
     message.set_tp_rank(plan.tp_rank);
     message.set_tp_size(plan.tp_size);
     message.set_batch(plan.batch);
-    message.set_sequence(i);
+    message.set_sequence(i + 1);  // producer sequences count from 1
     message.set_producer_id(producer_id);
     message.mutable_data()->assign(reinterpret_cast<const char*>(chunk.data), chunk.bytes);
     if (!writer->Write(message)) break;  // the server ended the stream; Finish says why
@@ -186,6 +194,81 @@ StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std
   writer->WritesDone();
   result.status = writer->Finish();
   return result;
+}
+
+bool IsConnectionLoss(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::CANCELLED ||
+         status.error_code() == grpc::StatusCode::ABORTED ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+void AddSummary(const v1::ObserveSummary& from, v1::ObserveSummary* to) {
+  to->set_accepted_chunks(to->accepted_chunks() + from.accepted_chunks());
+  to->set_rejected_chunks(to->rejected_chunks() + from.rejected_chunks());
+  to->set_accepted_bytes(to->accepted_bytes() + from.accepted_bytes());
+  to->set_rejected_bytes(to->rejected_bytes() + from.rejected_bytes());
+  to->set_skipped_warmup_chunks(to->skipped_warmup_chunks() + from.skipped_warmup_chunks());
+  to->set_duplicate_chunks(to->duplicate_chunks() + from.duplicate_chunks());
+  for (const auto& e : from.errors()) *to->add_errors() = e;
+}
+
+}  // namespace
+
+StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std::string& session_id,
+                                 const StreamPlan& plan, const std::string& producer_id,
+                                 std::atomic<int64_t>* sent_bytes) {
+  return StreamPlanWithResume(stub, session_id, plan, producer_id, sent_bytes, ResumePolicy{0},
+                              nullptr);
+}
+
+StreamResult StreamPlanWithResume(v1::Calibration::StubInterface& stub,
+                                  const std::string& session_id, const StreamPlan& plan,
+                                  const std::string& producer_id,
+                                  std::atomic<int64_t>* sent_bytes, const ResumePolicy& policy,
+                                  std::ostream* log) {
+  StreamResult total;
+  size_t first = 0;
+  std::chrono::milliseconds backoff = policy.initial_backoff;
+  for (int attempt = 0;; ++attempt) {
+    StreamResult result = StreamChunksOnce(stub, session_id, plan, first, producer_id, sent_bytes);
+    AddSummary(result.summary, &total.summary);
+    total.status = result.status;
+    if (result.status.ok() || !IsConnectionLoss(result.status) || attempt >= policy.max_retries) {
+      return total;
+    }
+    // Ask the server where this producer goes on; retry the question with backoff too, since
+    // the server may still be restarting.
+    for (; attempt < policy.max_retries; ++attempt) {
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, policy.max_backoff);
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      context.set_wait_for_ready(true);
+      v1::ResumeRequest request;
+      request.set_session_id(session_id);
+      request.set_producer_id(producer_id);
+      v1::ResumeResponse response;
+      grpc::Status status = stub.Resume(&context, request, &response);
+      if (status.ok()) {
+        first = static_cast<size_t>(std::max<uint64_t>(response.next_sequence(), 1) - 1);
+        if (log != nullptr) {
+          *log << "connection lost, resuming " << plan.path << " from sequence "
+               << first + 1 << " (attempt " << attempt + 1 << "/" << policy.max_retries
+               << ")\n"
+               << std::flush;
+        }
+        break;
+      }
+      total.status = status;
+      if (!IsConnectionLoss(status)) return total;  // e.g. NOT_FOUND: the session is gone
+    }
+    if (attempt >= policy.max_retries) return total;
+    if (first >= plan.chunks.size()) {
+      total.status = grpc::Status::OK;  // everything was counted before the connection dropped
+      return total;
+    }
+  }
 }
 
 }  // namespace caliper::cli

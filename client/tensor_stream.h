@@ -1,11 +1,14 @@
 // Turns safetensors files into Observe streams: K/V and activation dumps (names per issue 3:
 // `model.layers.{L}.self_attn.k|v`, `{module}.input`; `__metadata__` tp_rank/tp_size/batch) and
 // HF checkpoint weights (`{module}.weight`). Tensors are split along their first dimension into
-// chunks of at most `chunk_bytes`; each file is one stream with sequence numbers 0, 1, ...
+// chunks of at most `chunk_bytes`; each file is one producer (exactly-once, issue 7): chunk i
+// goes out as sequence i + 1, so a resumed stream re-sends only what the server has not counted.
 #ifndef CALIPER_CLIENT_TENSOR_STREAM_H_
 #define CALIPER_CLIENT_TENSOR_STREAM_H_
 
 #include <atomic>
+#include <chrono>
+#include <ostream>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,6 +72,24 @@ struct StreamResult {
 StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std::string& session_id,
                                  const StreamPlan& plan, const std::string& producer_id,
                                  std::atomic<int64_t>* sent_bytes);
+
+// Bounded retries with exponential backoff after a lost connection (UNAVAILABLE, CANCELLED,
+// ABORTED, DEADLINE_EXCEEDED).
+struct ResumePolicy {
+  int max_retries = 8;
+  std::chrono::milliseconds initial_backoff{200};
+  std::chrono::milliseconds max_backoff{5000};
+};
+
+// As StreamPlanToSession, but after a lost connection asks the server (Resume) where the
+// producer goes on and re-sends the rest, printing "connection lost, resuming <file> from
+// sequence N (attempt k/M)" to `log` (may be null). The summary adds up every attempt that
+// ended with one; chunks acknowledged by a stream that broke are counted by the server only.
+StreamResult StreamPlanWithResume(v1::Calibration::StubInterface& stub,
+                                  const std::string& session_id, const StreamPlan& plan,
+                                  const std::string& producer_id,
+                                  std::atomic<int64_t>* sent_bytes, const ResumePolicy& policy,
+                                  std::ostream* log);
 
 }  // namespace caliper::cli
 

@@ -41,11 +41,12 @@ absl::string_view ChunkKindName(ChunkKind kind) {
 }
 
 CalibrationSession::CalibrationSession(ModelConfig model, Recipe recipe, std::string id,
-                                       std::string name)
+                                       std::string name, std::string tenant)
     : model_(std::move(model)),
       recipe_(std::move(recipe)),
       id_(std::move(id)),
       name_(std::move(name)),
+      tenant_(std::move(tenant)),
       created_unix_ms_(NowUnixMs()) {
   if (recipe_.kv != KvMode::kOff) {
     kv_layers_.assign(model_.num_layers, KvLayerObserver(model_.num_kv_heads));
@@ -53,7 +54,7 @@ CalibrationSession::CalibrationSession(ModelConfig model, Recipe recipe, std::st
 }
 
 absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
-    ModelConfig model, Recipe recipe, std::string id, std::string name) {
+    ModelConfig model, Recipe recipe, std::string id, std::string name, std::string tenant) {
   if (absl::Status s = ValidateModelConfig(model); !s.ok()) return s;
   if (!(recipe.averaging_constant > 0.0 && recipe.averaging_constant <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -69,7 +70,8 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
         "nvfp4_activations are false)");
   }
   return std::unique_ptr<CalibrationSession>(
-      new CalibrationSession(std::move(model), std::move(recipe), std::move(id), std::move(name)));
+      new CalibrationSession(std::move(model), std::move(recipe), std::move(id), std::move(name),
+                             std::move(tenant)));
 }
 
 absl::Status CalibrationSession::CheckOpen() const {
@@ -136,9 +138,41 @@ absl::Status CalibrationSession::ValidateChunk(const ChunkRef& chunk) const {
 
 absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(const ChunkRef& chunk,
                                                            ReductionBackend& backend) {
-  auto reject = [this](absl::Status status) {
-    RecordRejected();
-    return status;
+  return Observe(chunk, backend, nullptr);
+}
+
+absl::StatusOr<ProducerLedger::Stream> CalibrationSession::OpenProducerStream(
+    absl::string_view producer_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<ProducerLedger::Stream> stream = ledger_.OpenStream(producer_id);
+  if (!stream.ok()) {
+    return absl::Status(stream.status().code(),
+                        absl::StrCat("chunk.producer_id: ", stream.status().message()));
+  }
+  return stream;
+}
+
+absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(
+    const ChunkRef& chunk, ReductionBackend& backend, const ProducerLedger::Stream* producer) {
+  // Under mu_: consumes the chunk's sequence (producer streams only). Returns the verdict, or
+  // an error for a gap / fenced stream.
+  auto consume = [&]() -> absl::StatusOr<SequenceVerdict> {
+    if (producer == nullptr) return SequenceVerdict::kNew;
+    absl::StatusOr<SequenceVerdict> verdict = ledger_.Accept(*producer, chunk.sequence);
+    if (!verdict.ok()) {
+      return absl::Status(verdict.status().code(),
+                          absl::StrCat("chunk.sequence: ", verdict.status().message()));
+    }
+    if (*verdict == SequenceVerdict::kDuplicate) ++duplicate_chunks_;
+    return verdict;
+  };
+  // A chunk rejected for its content still consumes its sequence: re-sending it is a duplicate.
+  auto reject = [&](absl::Status status) -> absl::StatusOr<ObserveOutcome> {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::StatusOr<SequenceVerdict> verdict = consume();
+    if (verdict.ok() && *verdict == SequenceVerdict::kDuplicate) return ObserveOutcome::kDuplicate;
+    ++rejected_chunks_;
+    return verdict.ok() ? status : verdict.status();
   };
   {
     // Cheap early rejection; re-checked under the lock before the fold.
@@ -146,6 +180,17 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(const ChunkRef& chunk
     if (absl::Status s = CheckOpen(); !s.ok()) {
       ++rejected_chunks_;
       return s;
+    }
+    // Sequences at or below the producer's count are duplicates whatever their content: skip
+    // the reduction (consume() still applies the stream rules).
+    if (producer != nullptr && chunk.sequence != 0 &&
+        chunk.sequence < ledger_.ResumeFrom(producer->producer_id)) {
+      absl::StatusOr<SequenceVerdict> verdict = consume();
+      if (!verdict.ok()) {
+        ++rejected_chunks_;
+        return verdict.status();
+      }
+      return ObserveOutcome::kDuplicate;  // N never goes back, so this is a duplicate
     }
   }
   if (absl::Status s = ValidateChunk(chunk); !s.ok()) return reject(s);
@@ -175,9 +220,25 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(const ChunkRef& chunk
     ++rejected_chunks_;
     return s;
   }
+  {
+    absl::StatusOr<SequenceVerdict> verdict = consume();
+    if (!verdict.ok()) {
+      ++rejected_chunks_;
+      return verdict.status();
+    }
+    if (*verdict == SequenceVerdict::kDuplicate) return ObserveOutcome::kDuplicate;
+  }
   if (warmup) {
     ++skipped_warmup_chunks_;
     return ObserveOutcome::kSkippedWarmup;
+  }
+  if (!IsKv(chunk.kind) && max_modules_ > 0 &&
+      static_cast<int>(modules_.size()) >= max_modules_ &&
+      modules_.find(std::string(chunk.module)) == modules_.end()) {
+    ++rejected_chunks_;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "chunk.module: \"", chunk.module, "\" would be module ", modules_.size() + 1,
+        " of this session, over the server's --max_modules_per_session=", max_modules_));
   }
   switch (chunk.kind) {
     case ChunkKind::kKey:
@@ -395,6 +456,7 @@ SessionStatus CalibrationSession::Status() const {
   s.accepted_chunks = accepted_chunks_;
   s.accepted_bytes = accepted_bytes_;
   s.rejected_chunks = rejected_chunks_;
+  s.duplicate_chunks = duplicate_chunks_;
   s.skipped_warmup_chunks = skipped_warmup_chunks_;
   s.layers.reserve(kv_layers_.size());
   for (const KvLayerObserver& layer : kv_layers_) {
@@ -433,6 +495,60 @@ absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::Create(Mode
   std::shared_ptr<CalibrationSession> shared = std::move(*session);
   sessions_.emplace(id, shared);
   return shared;
+}
+
+absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::CreateForTenant(
+    ModelConfig model, Recipe recipe, std::string name, std::string tenant,
+    const SessionLimits& limits) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (limits.max_sessions_per_tenant > 0) {
+    int owned = 0;
+    for (const auto& [id, session] : sessions_) owned += session->tenant() == tenant ? 1 : 0;
+    if (owned >= limits.max_sessions_per_tenant) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant \"", tenant.empty() ? "anonymous" : tenant, "\" already has ", owned,
+          " sessions, the server's --max_sessions_per_tenant=", limits.max_sessions_per_tenant,
+          "; delete finished sessions first"));
+    }
+  }
+  std::string id;
+  do {
+    id = NewId();
+  } while (sessions_.count(id) > 0);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> session = CalibrationSession::Create(
+      std::move(model), std::move(recipe), id, std::move(name), std::move(tenant));
+  if (!session.ok()) return session.status();
+  (*session)->set_max_modules(limits.max_modules_per_session);
+  std::shared_ptr<CalibrationSession> shared = std::move(*session);
+  sessions_.emplace(id, shared);
+  return shared;
+}
+
+absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::GetForTenant(
+    absl::string_view id, absl::string_view tenant) const {
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> session = Get(id);
+  if (session.ok() && (*session)->tenant() != tenant) {
+    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  }
+  return session;
+}
+
+std::vector<std::shared_ptr<CalibrationSession>> SessionRegistry::ListForTenant(
+    absl::string_view tenant) const {
+  std::vector<std::shared_ptr<CalibrationSession>> out = List();
+  std::erase_if(out, [&](const auto& session) { return session->tenant() != tenant; });
+  return out;
+}
+
+absl::Status SessionRegistry::DeleteForTenant(absl::string_view id, absl::string_view tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second->tenant() != tenant) {
+    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  }
+  it->second->MarkDeleted();
+  sessions_.erase(it);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::Get(

@@ -26,6 +26,7 @@
 #include "core/model_config.h"
 #include "core/nvfp4.h"
 #include "core/observers.h"
+#include "core/producer_ledger.h"
 #include "core/reduction_backend.h"
 #include "core/warnings.h"
 
@@ -62,7 +63,8 @@ struct ChunkRef {
   absl::Span<const uint8_t> data;
 };
 
-enum class ObserveOutcome { kAccepted, kSkippedWarmup };
+// kDuplicate: a producer re-sent a sequence already counted (exactly-once); acknowledge, ignore.
+enum class ObserveOutcome { kAccepted, kSkippedWarmup, kDuplicate };
 
 // Engine conventions for NVFP4 (domain.md 2): compressed-tensors stores the divisor and shares
 // only weight scales in fused groups; ModelOpt stores the multiplier and shares inputs too.
@@ -109,6 +111,7 @@ struct SessionStatus {
   Recipe recipe;
   int64_t accepted_chunks = 0, accepted_bytes = 0;
   int64_t rejected_chunks = 0, skipped_warmup_chunks = 0;
+  int64_t duplicate_chunks = 0;
   std::vector<LayerProgressInfo> layers;  // [num_layers] when kv is on, else empty
   int modules_with_weights = 0, modules_with_inputs = 0;
   int64_t created_unix_ms = 0;
@@ -124,16 +127,30 @@ absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
 class CalibrationSession {
  public:
   // InvalidArgument (naming the field) for an invalid model or recipe.
+  // `tenant` owns the session ("" is the anonymous tenant of a server without tokens).
   static absl::StatusOr<std::unique_ptr<CalibrationSession>> Create(ModelConfig model,
                                                                     Recipe recipe,
                                                                     std::string id = "",
-                                                                    std::string name = "");
+                                                                    std::string name = "",
+                                                                    std::string tenant = "");
 
   // Validates and reduces one chunk, then folds it in. On any error the chunk is rejected whole
   // and no statistic changes. Errors: InvalidArgument (layer out of range, empty module, kind not
   // enabled by the recipe, placement, dtype/shape/bytes, NaN/Inf - message names the field),
   // FailedPrecondition (session finalized), NotFound (session deleted).
   absl::StatusOr<ObserveOutcome> Observe(const ChunkRef& chunk, ReductionBackend& backend);
+
+  // Exactly-once ingest (core/producer_ledger.h): open one stream per producer connection, then
+  // pass it with every chunk of that connection (chunk.sequence counts from 1). A sequence is
+  // consumed by the chunk's final verdict (accepted, warmup, or rejected for its content), so a
+  // re-sent chunk is kDuplicate. Gaps and fenced streams: FailedPrecondition / Aborted.
+  absl::StatusOr<ProducerLedger::Stream> OpenProducerStream(absl::string_view producer_id);
+  absl::StatusOr<ObserveOutcome> Observe(const ChunkRef& chunk, ReductionBackend& backend,
+                                         const ProducerLedger::Stream* producer);
+  // The first sequence `producer_id` should send next (1 when unknown).
+  uint64_t ResumeFrom(absl::string_view producer_id) const {
+    return ledger_.ResumeFrom(producer_id);
+  }
 
   // Counts a chunk the transport rejected before it could build a ChunkRef (e.g. bad dtype).
   void RecordRejected();
@@ -150,13 +167,20 @@ class CalibrationSession {
   const std::string& id() const { return id_; }
   const ModelConfig& model() const { return model_; }
   const Recipe& recipe() const { return recipe_; }
+  const std::string& tenant() const { return tenant_; }
   int64_t created_unix_ms() const { return created_unix_ms_; }
+
+  // Bounds the distinct modules a session tracks (0: unbounded); a chunk naming one more module
+  // is rejected with ResourceExhausted naming --max_modules_per_session. Layers are bounded by
+  // the model. Set before the session is shared.
+  void set_max_modules(int max_modules) { max_modules_ = max_modules; }
 
   // Called by the registry on delete: later chunks from streams still open get NotFound.
   void MarkDeleted() { deleted_.store(true); }
 
  private:
-  CalibrationSession(ModelConfig model, Recipe recipe, std::string id, std::string name);
+  CalibrationSession(ModelConfig model, Recipe recipe, std::string id, std::string name,
+                     std::string tenant);
 
   struct ModuleState {
     MinMaxObserver weight;
@@ -173,8 +197,9 @@ class CalibrationSession {
 
   const ModelConfig model_;
   const Recipe recipe_;
-  const std::string id_, name_;
+  const std::string id_, name_, tenant_;
   const int64_t created_unix_ms_;
+  int max_modules_ = 0;
   std::atomic<bool> deleted_{false};
 
   mutable std::mutex mu_;
@@ -183,21 +208,39 @@ class CalibrationSession {
   std::map<std::string, ModuleState> modules_;   // by module name
   int64_t accepted_chunks_ = 0, accepted_bytes_ = 0;
   int64_t rejected_chunks_ = 0, skipped_warmup_chunks_ = 0;
+  int64_t duplicate_chunks_ = 0;
+  ProducerLedger ledger_;  // Accept runs under mu_ with the fold it guards
   // Set by Finalize.
   std::optional<KvScales> final_kv_;
   std::map<std::string, ModuleAmax> final_amax_;
   std::vector<ScaleWarning> final_warnings_;
 };
 
+// Per-tenant bounds applied by SessionRegistry::CreateForTenant (0: unbounded).
+struct SessionLimits {
+  int max_sessions_per_tenant = 0;
+  int max_modules_per_session = 0;
+};
+
 // Sessions by id. Thread-safe. Ids are 128-bit random hex, so they are not guessable.
+// The *ForTenant calls see only the tenant's own sessions: another tenant's session is NotFound,
+// exactly like a missing one, so its existence is not revealed.
 class SessionRegistry {
  public:
   absl::StatusOr<std::shared_ptr<CalibrationSession>> Create(ModelConfig model, Recipe recipe,
                                                              std::string name = "");
+  // ResourceExhausted naming --max_sessions_per_tenant when the tenant is at its limit.
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> CreateForTenant(
+      ModelConfig model, Recipe recipe, std::string name, std::string tenant,
+      const SessionLimits& limits);
   // NotFound naming the id.
   absl::StatusOr<std::shared_ptr<CalibrationSession>> Get(absl::string_view id) const;
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> GetForTenant(
+      absl::string_view id, absl::string_view tenant) const;
   std::vector<std::shared_ptr<CalibrationSession>> List() const;  // by creation order
+  std::vector<std::shared_ptr<CalibrationSession>> ListForTenant(absl::string_view tenant) const;
   absl::Status Delete(absl::string_view id);
+  absl::Status DeleteForTenant(absl::string_view id, absl::string_view tenant);
   size_t size() const;
 
  private:

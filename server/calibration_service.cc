@@ -1,9 +1,13 @@
 #include "server/calibration_service.h"
 
+#include <algorithm>
+#include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/kv_scales.h"
@@ -29,7 +33,30 @@ absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
 CalibrationService::CalibrationService(ServiceOptions options, SessionRegistry* registry,
                                        ReductionBackend* backend, ServerMetrics* metrics,
                                        EventLog* log)
-    : options_(options), registry_(registry), backend_(backend), metrics_(metrics), log_(log) {}
+    : options_(std::move(options)),
+      registry_(registry),
+      backend_(backend),
+      metrics_(metrics),
+      log_(log) {
+  if (options_.stream_idle_timeout > absl::ZeroDuration()) {
+    idle_thread_ = std::thread([this] { IdleWatchLoop(); });
+  }
+}
+
+CalibrationService::~CalibrationService() {
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    stopping_ = true;
+  }
+  streams_cv_.notify_all();
+  if (idle_thread_.joinable()) idle_thread_.join();
+}
+
+absl::StatusOr<std::string> CalibrationService::TenantOf(
+    const grpc::CallbackServerContext& context) const {
+  if (options_.authenticator == nullptr) return std::string();
+  return options_.authenticator->TenantOf(context);
+}
 
 grpc::ServerUnaryReactor* CalibrationService::FinishUnary(grpc::CallbackServerContext* context,
                                                           absl::string_view method,
@@ -50,21 +77,32 @@ grpc::ServerUnaryReactor* CalibrationService::FinishUnary(grpc::CallbackServerCo
   return reactor;
 }
 
+absl::StatusOr<std::shared_ptr<CalibrationSession>> CalibrationService::GetOwned(
+    const grpc::CallbackServerContext& context, absl::string_view session_id) const {
+  absl::StatusOr<std::string> tenant = TenantOf(context);
+  if (!tenant.ok()) return tenant.status();
+  return registry_->GetForTenant(session_id, *tenant);
+}
+
 grpc::ServerUnaryReactor* CalibrationService::CreateSession(
     grpc::CallbackServerContext* context, const v1::CreateSessionRequest* request,
     v1::Session* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status;
   std::string id;
+  absl::StatusOr<std::string> tenant = TenantOf(*context);
   absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
   absl::StatusOr<Recipe> recipe = RecipeFromProto(request->recipe());
-  if (!model.ok()) {
+  if (!tenant.ok()) {
+    status = tenant.status();
+  } else if (!model.ok()) {
     status = model.status();
   } else if (!recipe.ok()) {
     status = recipe.status();
   } else {
     absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-        registry_->Create(*std::move(model), *std::move(recipe), request->name());
+        registry_->CreateForTenant(*std::move(model), *std::move(recipe), request->name(),
+                                   *std::move(tenant), options_.limits);
     if (session.ok()) {
       id = (*session)->id();
       *response = SessionToProto((*session)->Status());
@@ -80,8 +118,7 @@ grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerCon
                                                          const v1::GetSessionRequest* request,
                                                          v1::Session* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-      registry_->Get(request->session_id());
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> session = GetOwned(*context, request->session_id());
   if (session.ok()) *response = SessionToProto((*session)->Status());
   return FinishUnary(context, "GetSession", request->session_id(), start, session.status());
 }
@@ -90,17 +127,22 @@ grpc::ServerUnaryReactor* CalibrationService::ListSessions(
     grpc::CallbackServerContext* context, const v1::ListSessionsRequest* /*request*/,
     v1::ListSessionsResponse* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  for (const std::shared_ptr<CalibrationSession>& session : registry_->List()) {
-    *response->add_sessions() = SessionToProto(session->Status());
+  absl::StatusOr<std::string> tenant = TenantOf(*context);
+  if (tenant.ok()) {
+    for (const std::shared_ptr<CalibrationSession>& session : registry_->ListForTenant(*tenant)) {
+      *response->add_sessions() = SessionToProto(session->Status());
+    }
   }
-  return FinishUnary(context, "ListSessions", "", start, absl::OkStatus());
+  return FinishUnary(context, "ListSessions", "", start, tenant.status());
 }
 
 grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
     grpc::CallbackServerContext* context, const v1::DeleteSessionRequest* request,
     v1::DeleteSessionResponse* /*response*/) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::Status status = registry_->Delete(request->session_id());
+  absl::StatusOr<std::string> tenant = TenantOf(*context);
+  absl::Status status = tenant.ok() ? registry_->DeleteForTenant(request->session_id(), *tenant)
+                                    : tenant.status();
   metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
   return FinishUnary(context, "DeleteSession", request->session_id(), start, status);
 }
@@ -110,7 +152,7 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
                                                        v1::Session* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-      registry_->Get(request->session_id());
+      GetOwned(*context, request->session_id());
   absl::Status status = session.status();
   if (session.ok()) {
     status = (*session)->Finalize();
@@ -126,7 +168,7 @@ grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerCont
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status;
   absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-      registry_->Get(request->session_id());
+      GetOwned(*context, request->session_id());
   if (!session.ok()) {
     status = session.status();
   } else {
@@ -180,6 +222,23 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
   return FinishUnary(context, "Adapt", "", start, adapt());
 }
 
+grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext* context,
+                                                     const v1::ResumeRequest* request,
+                                                     v1::ResumeResponse* response) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+      GetOwned(*context, request->session_id());
+  absl::Status status = session.status();
+  if (session.ok()) {
+    if (request->producer_id().empty()) {
+      status = absl::InvalidArgumentError("producer_id: required");
+    } else {
+      response->set_next_sequence((*session)->ResumeFrom(request->producer_id()));
+    }
+  }
+  return FinishUnary(context, "Resume", request->session_id(), start, status);
+}
+
 // One client stream. Chunks are processed one at a time on the callback thread that delivered
 // them (reduction included); parallelism comes from concurrent streams.
 class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<v1::TensorChunk> {
@@ -189,17 +248,50 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       : service_(service),
         context_(context),
         summary_(summary),
-        start_ns_(absl::GetCurrentTimeNanos()) {
-    StartRead(&chunk_);
+        start_ns_(absl::GetCurrentTimeNanos()),
+        last_read_ns_(start_ns_) {
+    absl::StatusOr<std::string> tenant = service_->TenantOf(*context);
+    const int open = ++service_->open_streams_;
+    const int limit = service_->options_.max_concurrent_streams;
+    if (!tenant.ok()) {
+      FinishStream(tenant.status());
+    } else if (limit > 0 && open > limit) {
+      FinishStream(absl::ResourceExhaustedError(absl::StrCat(
+          "Observe: ", open - 1, " streams already open, the server's --max_concurrent_streams=",
+          limit, "; retry later or use fewer producers")));
+    } else {
+      tenant_ = *std::move(tenant);
+      {
+        std::lock_guard<std::mutex> lock(service_->streams_mu_);
+        service_->live_streams_.insert(this);
+      }
+      StartRead(&chunk_);
+    }
+  }
+
+  // Called by the idle watcher under streams_mu_ (so the reactor is alive).
+  void CancelIfIdle(int64_t now_ns, int64_t timeout_ns) {
+    if (!idle_cancelled_.load() && now_ns - last_read_ns_.load() > timeout_ns) {
+      idle_cancelled_.store(true);
+      context_->TryCancel();
+    }
   }
 
   void OnReadDone(bool ok) override {
+    last_read_ns_.store(absl::GetCurrentTimeNanos());
     if (!ok) {
-      // Half-close: the stream is complete. Cancellation (client gone, drain timeout): the chunks
-      // that arrived whole stay counted; the status only goes to the log.
-      FinishStream(context_->IsCancelled()
-                       ? absl::CancelledError("stream cancelled (client gone or server draining)")
-                       : absl::OkStatus());
+      // Half-close: the stream is complete. Cancellation (client gone, drain timeout, idle): the
+      // chunks that arrived whole stay counted; the status only goes to the log.
+      if (idle_cancelled_.load()) {
+        FinishStream(absl::DeadlineExceededError(absl::StrCat(
+            "stream idle for longer than the server's --stream_idle_timeout=",
+            absl::FormatDuration(service_->options_.stream_idle_timeout),
+            "; accepted chunks are kept")));
+      } else {
+        FinishStream(context_->IsCancelled()
+                         ? absl::CancelledError("stream cancelled (client gone or server draining)")
+                         : absl::OkStatus());
+      }
       return;
     }
     if (absl::Status fault = HandleChunk(); !fault.ok()) {
@@ -211,6 +303,11 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
   void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(service_->streams_mu_);
+      service_->live_streams_.erase(this);
+    }
+    --service_->open_streams_;
     const double seconds = SecondsSince(start_ns_);
     service_->metrics_->RpcDone("Observe", seconds);
     const double bytes = static_cast<double>(summary_->accepted_bytes());
@@ -223,6 +320,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         {"accepted_chunks", absl::StrCat(summary_->accepted_chunks())},
         {"rejected_chunks", absl::StrCat(summary_->rejected_chunks())},
         {"skipped_warmup_chunks", absl::StrCat(summary_->skipped_warmup_chunks())},
+        {"duplicate_chunks", absl::StrCat(summary_->duplicate_chunks())},
         {"accepted_bytes", absl::StrCat(summary_->accepted_bytes())},
         {"mb_per_s", absl::StrCat(seconds > 0 ? static_cast<int64_t>(bytes / seconds / 1e6) : 0)}};
     if (!final_status_.ok()) fields.emplace_back("message", std::string(final_status_.message()));
@@ -276,7 +374,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         return status;
       }
       absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-          service_->registry_->Get(chunk_.session_id());
+          service_->registry_->GetForTenant(chunk_.session_id(), tenant_);
       if (!session.ok()) {
         service_->metrics_->ChunkRejected(session.status());
         return Prefixed("chunk.", session.status());
@@ -298,7 +396,32 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       RejectChunk(chunk.status());
       return absl::OkStatus();
     }
-    absl::StatusOr<ObserveOutcome> outcome = session_->Observe(*chunk, *service_->backend_);
+    // Exactly-once: a stream with a producer id is bound to it on its first numbered chunk.
+    if (!chunk_.producer_id().empty() && !producer_) {
+      absl::StatusOr<ProducerLedger::Stream> stream =
+          session_->OpenProducerStream(chunk_.producer_id());
+      if (!stream.ok()) {
+        service_->metrics_->ChunkRejected(stream.status());
+        return stream.status();
+      }
+      producer_ = *std::move(stream);
+    } else if (producer_ && chunk_.producer_id() != producer_->producer_id) {
+      session_->RecordRejected();
+      RejectChunk(absl::InvalidArgumentError(absl::StrCat(
+          "chunk.producer_id: \"", chunk_.producer_id(), "\" differs from this stream's \"",
+          producer_->producer_id, "\"; open one stream per producer")));
+      return absl::OkStatus();
+    }
+    absl::StatusOr<ObserveOutcome> outcome = session_->Observe(
+        *chunk, *service_->backend_, producer_ ? &*producer_ : nullptr);
+    if (!outcome.ok() && producer_ &&
+        (outcome.status().code() == absl::StatusCode::kAborted ||
+         (outcome.status().code() == absl::StatusCode::kFailedPrecondition &&
+          absl::StrContains(outcome.status().message(), "chunk.sequence")))) {
+      // A gap or a newer connection of this producer: the stream cannot go on in order.
+      service_->metrics_->ChunkRejected(outcome.status());
+      return outcome.status();
+    }
     if (!outcome.ok()) {
       RejectChunk(outcome.status());
       return absl::OkStatus();
@@ -313,6 +436,10 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       case ObserveOutcome::kSkippedWarmup:
         summary_->set_skipped_warmup_chunks(summary_->skipped_warmup_chunks() + 1);
         break;
+      case ObserveOutcome::kDuplicate:
+        summary_->set_duplicate_chunks(summary_->duplicate_chunks() + 1);
+        service_->metrics_->ChunkDuplicate();
+        break;
     }
     return absl::OkStatus();
   }
@@ -321,11 +448,28 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   grpc::CallbackServerContext* const context_;
   v1::ObserveSummary* const summary_;
   const int64_t start_ns_;
+  std::atomic<int64_t> last_read_ns_;
+  std::atomic<bool> idle_cancelled_{false};
+  std::string tenant_;
   v1::TensorChunk chunk_;
   std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
+  std::optional<ProducerLedger::Stream> producer_;  // bound by the first chunk with a producer
   std::string session_id_;
   absl::Status final_status_;
 };
+
+void CalibrationService::IdleWatchLoop() {
+  const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stream_idle_timeout);
+  // Check often enough that a stream is cancelled within ~1.25x the timeout.
+  const auto period = std::chrono::nanoseconds(std::clamp<int64_t>(timeout_ns / 4, 1'000'000,
+                                                                   1'000'000'000));
+  std::unique_lock<std::mutex> lock(streams_mu_);
+  while (!stopping_) {
+    streams_cv_.wait_for(lock, period);
+    const int64_t now = absl::GetCurrentTimeNanos();
+    for (ObserveReactor* stream : live_streams_) stream->CancelIfIdle(now, timeout_ns);
+  }
+}
 
 grpc::ServerReadReactor<v1::TensorChunk>* CalibrationService::Observe(
     grpc::CallbackServerContext* context, v1::ObserveSummary* response) {

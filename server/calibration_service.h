@@ -5,19 +5,33 @@
 #ifndef CALIPER_SERVER_CALIBRATION_SERVICE_H_
 #define CALIPER_SERVER_CALIBRATION_SERVICE_H_
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
 
+#include "absl/time/time.h"
 #include "core/reduction_backend.h"
 #include "core/session.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
 #include "server/metrics.h"
+#include "server/security.h"
 
 namespace caliper {
 
 struct ServiceOptions {
   int64_t max_message_bytes = int64_t{64} << 20;  // largest chunk.data accepted
   int max_errors_per_stream = 64;                  // ObserveSummary.errors cap
+  // Null: one anonymous tenant (""). Else every call is tenant-scoped by its bearer token.
+  std::shared_ptr<const TokenAuthenticator> authenticator;
+  SessionLimits limits;
+  int max_concurrent_streams = 0;                  // Observe streams open at once; 0: unbounded
+  absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
 };
 
 class CalibrationService final : public v1::Calibration::CallbackService {
@@ -25,6 +39,7 @@ class CalibrationService final : public v1::Calibration::CallbackService {
   // Borrows everything; all must outlive the service.
   CalibrationService(ServiceOptions options, SessionRegistry* registry,
                      ReductionBackend* backend, ServerMetrics* metrics, EventLog* log);
+  ~CalibrationService() override;
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
                                           const v1::CreateSessionRequest* request,
@@ -49,9 +64,20 @@ class CalibrationService final : public v1::Calibration::CallbackService {
   grpc::ServerUnaryReactor* Adapt(grpc::CallbackServerContext* context,
                                   const v1::AdaptRequest* request,
                                   v1::AdaptResponse* response) override;
+  grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* context,
+                                   const v1::ResumeRequest* request,
+                                   v1::ResumeResponse* response) override;
 
  private:
   class ObserveReactor;
+
+  // The calling tenant: "" without an authenticator, else from the call's bearer token.
+  absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& context) const;
+  // The session if it exists and belongs to the calling tenant, else NotFound/Unauthenticated.
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> GetOwned(
+      const grpc::CallbackServerContext& context, absl::string_view session_id) const;
+  // Cancels streams idle for longer than stream_idle_timeout (runs on idle_thread_).
+  void IdleWatchLoop();
 
   // Finishes a unary call with `status`, recording its latency and one log line.
   grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
@@ -63,6 +89,13 @@ class CalibrationService final : public v1::Calibration::CallbackService {
   ReductionBackend* const backend_;
   ServerMetrics* const metrics_;
   EventLog* const log_;
+
+  std::atomic<int> open_streams_{0};
+  std::mutex streams_mu_;  // guards live_streams_ and stopping_
+  std::condition_variable streams_cv_;
+  std::set<ObserveReactor*> live_streams_;
+  bool stopping_ = false;
+  std::thread idle_thread_;
 };
 
 }  // namespace caliper

@@ -30,6 +30,16 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
         absl::StrCat("--max_message_bytes: must be in (0, 2 GiB - 1 MiB), got ",
                      options.max_message_bytes));
   }
+  if (options.max_concurrent_streams < 0 || options.limits.max_sessions_per_tenant < 0 ||
+      options.limits.max_modules_per_session < 0 ||
+      options.stream_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--max_concurrent_streams, --max_sessions_per_tenant, --max_modules_per_session and "
+        "--stream_idle_timeout must not be negative (0: unbounded)");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      BuildServerCredentials(options.security, options.authenticator);
+  if (!credentials.ok()) return credentials.status();
   auto server = std::unique_ptr<CaliperServer>(new CaliperServer());
   server->backend_ = std::move(backend);
   server->server_metrics_ = std::make_unique<ServerMetrics>(server->backend_->name());
@@ -44,6 +54,10 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   ServiceOptions service_options;
   service_options.max_message_bytes = options.max_message_bytes;
   service_options.max_errors_per_stream = options.max_errors_per_stream;
+  service_options.authenticator = options.authenticator;
+  service_options.limits = options.limits;
+  service_options.max_concurrent_streams = options.max_concurrent_streams;
+  service_options.stream_idle_timeout = options.stream_idle_timeout;
   server->service_ = std::make_unique<CalibrationService>(
       service_options, &server->registry_, server->backend_.get(),
       server->server_metrics_.get(), log);
@@ -51,7 +65,7 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(options.max_message_bytes + kMessageHeadroomBytes));

@@ -16,6 +16,7 @@
 #include "server/calibration_service.h"
 #include "server/event_log.h"
 #include "server/metrics.h"
+#include "server/security.h"
 
 namespace caliper {
 
@@ -24,6 +25,12 @@ struct ServerOptions {
   std::string metrics_listen = "0.0.0.0:9464";  // HOST:PORT; empty disables /metrics
   int64_t max_message_bytes = int64_t{64} << 20;
   int max_errors_per_stream = 64;
+  SecurityOptions security;  // TLS / mTLS files; none: plaintext
+  // Null: one anonymous tenant. With tokens, TLS is required unless allow_plaintext_tokens.
+  std::shared_ptr<const TokenAuthenticator> authenticator;
+  SessionLimits limits;
+  int max_concurrent_streams = 0;
+  absl::Duration stream_idle_timeout = absl::ZeroDuration();
 };
 
 class CaliperServer {

@@ -11,11 +11,12 @@ namespace {
 
 constexpr absl::string_view kRpcMethods[] = {
     "CreateSession", "GetSession", "ListSessions", "DeleteSession",
-    "Observe",       "Finalize",   "GetScales",    "Adapt"};
+    "Observe",       "Finalize",   "GetScales",    "Adapt",
+    "Resume"};
 
 constexpr absl::string_view kRejectReasons[] = {"invalid_argument",    "not_found",
                                                 "failed_precondition", "resource_exhausted",
-                                                "duplicate",           "other"};
+                                                "other"};
 
 absl::string_view ReasonOf(const absl::Status& status) {
   switch (status.code()) {
@@ -57,6 +58,12 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
   for (absl::string_view reason : kRejectReasons) {
     rejected_.emplace(std::string(reason), &rejected.Add({{"reason", std::string(reason)}}));
   }
+  duplicates_ = &prometheus::BuildCounter()
+                     .Name("caliper_duplicate_chunks_total")
+                     .Help("Re-sent chunks already counted (exactly-once resume): acknowledged, "
+                           "ignored.")
+                     .Register(*registry_)
+                     .Add({});
   active_sessions_ = &prometheus::BuildGauge()
                           .Name("caliper_active_sessions")
                           .Help("Sessions currently held by the server.")
@@ -109,7 +116,7 @@ void ServerMetrics::ChunkRejected(const absl::Status& status) {
   rejected_.find(ReasonOf(status))->second->Increment();
 }
 
-void ServerMetrics::ChunkDuplicate() { rejected_.find("duplicate")->second->Increment(); }
+void ServerMetrics::ChunkDuplicate() { duplicates_->Increment(); }
 
 void ServerMetrics::SetActiveSessions(int64_t count) {
   active_sessions_->Set(static_cast<double>(count));

@@ -26,8 +26,9 @@ class ServerMetrics {
   explicit ServerMetrics(absl::string_view backend);
 
   void ChunkAccepted(ChunkKind kind, int64_t bytes);
-  // Reason label from the rejection's status code (duplicate is issue 7's exactly-once path).
+  // Reason label from the rejection's status code.
   void ChunkRejected(const absl::Status& status);
+  // A re-sent chunk already counted (exactly-once): acknowledged, not a rejection.
   void ChunkDuplicate();
   void SetActiveSessions(int64_t count);
   void RpcDone(absl::string_view method, double seconds);
@@ -46,6 +47,7 @@ class ServerMetrics {
   prometheus::Counter* chunks_weight_;
   prometheus::Counter* chunks_activation_;
   std::map<std::string, prometheus::Counter*, std::less<>> rejected_;
+  prometheus::Counter* duplicates_;
   prometheus::Gauge* active_sessions_;
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
   std::map<std::string, prometheus::Histogram*, std::less<>> rpc_by_method_;

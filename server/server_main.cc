@@ -5,7 +5,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -16,6 +18,7 @@
 #include "server/caliper_server.h"
 #include "server/device.h"
 #include "server/event_log.h"
+#include "server/security.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address HOST:PORT (port 0: any free port)");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
@@ -26,6 +29,23 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long in-flight streams may run before they are cancelled");
 ABSL_FLAG(std::string, log_format, "text", "Log lines as text or json");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the server; enables TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of the server (with --tls_cert)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; when set, clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(std::string, tokens_file, "",
+          "File of 'tenant token' lines; each call then needs 'authorization: Bearer <token>' and "
+          "sees only its tenant's sessions. Empty: one anonymous tenant");
+ABSL_FLAG(bool, allow_plaintext_tokens, false,
+          "Accept --tokens_file without TLS (tokens travel in clear text: loopback/tests only)");
+ABSL_FLAG(int, max_sessions_per_tenant, 0, "Sessions a tenant may hold at once; 0: unbounded");
+ABSL_FLAG(int, max_concurrent_streams, 0, "Observe streams open at once; 0: unbounded");
+ABSL_FLAG(int, max_modules_per_session, 0,
+          "Distinct NVFP4 modules a session may track; 0: unbounded (layers are bounded by the "
+          "model)");
+ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::ZeroDuration(),
+          "Cancel an Observe stream that sends nothing for this long (accepted chunks stay); 0: "
+          "never");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -64,6 +84,25 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.security.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.security.allow_plaintext_tokens = absl::GetFlag(FLAGS_allow_plaintext_tokens);
+  if (const std::string tokens_file = absl::GetFlag(FLAGS_tokens_file); !tokens_file.empty()) {
+    absl::StatusOr<std::vector<caliper::TenantToken>> tokens =
+        caliper::LoadTokensFile(tokens_file);
+    if (!tokens.ok()) {
+      log.Log(caliper::Severity::kError, "startup_failed",
+              {{"flag", "--tokens_file"}, {"message", std::string(tokens.status().message())}});
+      return 1;
+    }
+    options.authenticator =
+        std::make_shared<const caliper::TokenAuthenticator>(*std::move(tokens));
+  }
+  options.limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
+  options.limits.max_modules_per_session = absl::GetFlag(FLAGS_max_modules_per_session);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   absl::StatusOr<std::unique_ptr<caliper::CaliperServer>> server =
       caliper::CaliperServer::Start(options, *std::move(backend), &log);
   if (!server.ok()) {
@@ -82,7 +121,11 @@ int main(int argc, char** argv) {
           {{"listen", (*server)->address()},
            {"metrics", metrics},
            {"backend", std::string((*server)->backend_name())},
-           {"max_message_bytes", absl::StrCat(options.max_message_bytes)}});
+           {"max_message_bytes", absl::StrCat(options.max_message_bytes)},
+           {"tls", options.security.tls_cert.empty()
+                       ? "off"
+                       : (options.security.tls_client_ca.empty() ? "tls" : "mtls")},
+           {"tenants", options.authenticator ? "tokens" : "anonymous"}});
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
