@@ -734,6 +734,46 @@ TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
   EXPECT_EQ(bad_tp.exit_code, 1) << bad_tp.output;
 }
 
+TEST_F(E2eTest, CliTokensScopeSessionsToTheirTenant) {
+  ServerOptions options;
+  options.authenticator = std::make_shared<const TokenAuthenticator>(std::vector<TenantToken>{
+      {"alpha", "alpha-token-0123456789"}, {"beta", "beta-token-0123456789"}});
+  options.security.allow_plaintext_tokens = true;  // loopback test: no certificates
+  StartServer(options);
+  const DemoFiles demo = Demo("demo", 2);
+  const std::string dir = TempDir("tokens");
+  {
+    std::ofstream token_file(dir + "/alpha.token");
+    token_file << "alpha-token-0123456789\n";
+  }
+  const std::string server = absl::StrCat("--server=", server_->address());
+  RunResult calibrate = RunCli(absl::StrCat(
+      "calibrate ", server, " --token_file=", dir, "/alpha.token --model=", demo.config_json,
+      " --tensors=", fs::path(demo.dumps[0]).parent_path().string(), " --out=", dir, "/out"));
+  ASSERT_EQ(calibrate.exit_code, 0) << calibrate.output;
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(calibrate.output, match, std::regex(R"(session\s+([0-9a-f]+))")));
+  const std::string id = match[1];
+
+  setenv("CALIPER_TOKEN", "alpha-token-0123456789", 1);
+  RunResult mine = RunCli(absl::StrCat("sessions ", server));
+  unsetenv("CALIPER_TOKEN");
+  EXPECT_EQ(mine.exit_code, 0) << mine.output;
+  EXPECT_TRUE(absl::StrContains(mine.output, id)) << mine.output;
+
+  RunResult other = RunCli(absl::StrCat("sessions ", server, " --token=beta-token-0123456789"));
+  EXPECT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_TRUE(absl::StrContains(other.output, "no sessions")) << other.output;
+  RunResult scales = RunCli(absl::StrCat("scales ", server, " --token=beta-token-0123456789",
+                                         " --session=", id, " --out=", dir, "/beta"));
+  EXPECT_EQ(scales.exit_code, 1) << scales.output;
+  EXPECT_TRUE(absl::StrContains(scales.output, "NOT_FOUND")) << scales.output;
+
+  RunResult wrong = RunCli(absl::StrCat("sessions ", server, " --token=not-a-known-token-xyz"));
+  EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
+  EXPECT_TRUE(absl::StrContains(wrong.output, "UNAUTHENTICATED")) << wrong.output;
+}
+
 TEST_F(E2eTest, CliReportsRejectedChunksAndWritesNothing) {
   const DemoFiles demo = Demo("demo", 2);
   // A dump whose layer-1 V holds a NaN: the server rejects that chunk by sequence.
