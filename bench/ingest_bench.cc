@@ -197,7 +197,7 @@ bool StreamProto(const std::string& address, const std::string& session, int str
   auto writer = stub->Observe(&ctx, &summary);
   v1::TensorChunk chunk = ChunkHeader(session, stream, 0);
   for (int64_t seq = 0; seq * kChunkBytes < bytes; ++seq) {
-    chunk.set_sequence(static_cast<uint64_t>(seq));
+    chunk.set_sequence(static_cast<uint64_t>(seq) + 1);  // exactly-once sequences start at 1
     chunk.set_data(ChunkData(seq), kChunkBytes);
     if (!writer->Write(chunk)) break;
   }
@@ -253,7 +253,7 @@ bool StreamZeroCopy(const std::string& address, const std::string& session, int 
       grpc::internal::ClientWriterFactory<RawChunk>::Create(channel.get(), method, &ctx, &summary));
   v1::TensorChunk header = ChunkHeader(session, stream, 0);
   for (int64_t seq = 0; seq * kChunkBytes < bytes; ++seq) {
-    header.set_sequence(static_cast<uint64_t>(seq));
+    header.set_sequence(static_cast<uint64_t>(seq) + 1);
     if (!writer->Write(MakeRawChunk(header, ChunkData(seq), kChunkBytes))) break;
   }
   writer->WritesDone();
