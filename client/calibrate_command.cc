@@ -383,30 +383,10 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
     grpc::Status status = stub->Finalize(&context, request, &session);
     if (!status.ok()) return ReportRpcError(err, "calibrate", "Finalize", status);
   }
-  v1::ScalesRequest request;
-  request.set_session_id(session.id());
-  request.mutable_deployment()->set_tp_size(static_cast<int>(deploy_tp->value_or(producer_tp)));
-  request.set_convention(*convention);
-  request.add_formats("lightllm");
-  for (const std::string& format : flags->GetAll("format")) {
-    if (format != "lightllm") request.add_formats(format);
-  }
-  v1::ScalesResponse scales;
-  {
-    grpc::ClientContext context;
-    grpc::Status status = stub->GetScales(&context, request, &scales);
-    if (!status.ok()) return ReportRpcError(err, "calibrate", "GetScales", status);
-  }
-  auto written = WriteScalesOutputs(flag("out"), scales, session, request.deployment());
-  if (!written.ok()) {
-    err << "caliper calibrate: " << written.status().message() << "\n";
-    return written.status().code() == absl::StatusCode::kDataLoss ? kExitServer : kExitUsage;
-  }
-  PrintScalesSummary(scales, out);
-  if (!written->kv_cache_calib.empty()) out << "wrote     " << written->kv_cache_calib << "\n";
-  out << "wrote     " << written->scales_json << "\n";
-  for (const std::string& path : written->engine_files) out << "wrote     " << path << "\n";
-  return kExitOk;
+  v1::Deployment deployment;
+  deployment.set_tp_size(static_cast<int>(deploy_tp->value_or(producer_tp)));
+  return FetchAndWriteScales(*stub, "calibrate", session, deployment, *convention,
+                             flags->GetAll("format"), flag("out"), out, err);
 }
 
 }  // namespace caliper::cli

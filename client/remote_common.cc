@@ -350,4 +350,34 @@ void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out) {
   }
 }
 
+int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
+                        const v1::Session& session, const v1::Deployment& deployment,
+                        v1::Nvfp4Convention convention, const std::vector<std::string>& formats,
+                        const std::string& out_dir, std::ostream& out, std::ostream& err) {
+  v1::ScalesRequest request;
+  request.set_session_id(session.id());
+  *request.mutable_deployment() = deployment;
+  request.set_convention(convention);
+  request.add_formats("lightllm");
+  for (const std::string& format : formats) {
+    if (format != "lightllm") request.add_formats(format);
+  }
+  v1::ScalesResponse scales;
+  {
+    grpc::ClientContext context;
+    grpc::Status status = stub.GetScales(&context, request, &scales);
+    if (!status.ok()) return ReportRpcError(err, command, "GetScales", status);
+  }
+  auto written = WriteScalesOutputs(out_dir, scales, session, deployment);
+  if (!written.ok()) {
+    err << "caliper " << command << ": " << written.status().message() << "\n";
+    return written.status().code() == absl::StatusCode::kDataLoss ? kExitServer : kExitUsage;
+  }
+  PrintScalesSummary(scales, out);
+  if (!written->kv_cache_calib.empty()) out << "wrote     " << written->kv_cache_calib << "\n";
+  out << "wrote     " << written->scales_json << "\n";
+  for (const std::string& path : written->engine_files) out << "wrote     " << path << "\n";
+  return kExitOk;
+}
+
 }  // namespace caliper::cli

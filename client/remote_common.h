@@ -66,6 +66,14 @@ absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
 // A few lines for a person: KV scale ranges, the first NVFP4 groups, warnings.
 void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out);
 
+// The tail of `calibrate` and `scales`: asks GetScales for `deployment` (LightLLM plus every
+// --format), writes the outputs into out_dir, prints the summary and the paths. Returns the exit
+// code; errors are reported as `caliper <command>: ...`.
+int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
+                        const v1::Session& session, const v1::Deployment& deployment,
+                        v1::Nvfp4Convention convention, const std::vector<std::string>& formats,
+                        const std::string& out_dir, std::ostream& out, std::ostream& err);
+
 std::string HumanBytes(double bytes);
 
 }  // namespace caliper::cli

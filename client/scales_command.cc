@@ -73,37 +73,16 @@ int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, st
     grpc::Status status = stub->GetSession(&context, request, &session);
     if (!status.ok()) return ReportRpcError(err, "scales", "GetSession", status);
   }
-  v1::ScalesRequest request;
-  request.set_session_id(session.id());
-  v1::Deployment& deployment = *request.mutable_deployment();
+  v1::Deployment deployment;
   if (total_heads->has_value()) {
     deployment.set_total_kv_heads(static_cast<int>(**total_heads));
   } else {
     deployment.set_tp_size(static_cast<int>(tp->value_or(1)));
   }
   if (rank->has_value()) deployment.set_rank(static_cast<int>(**rank));
-  request.set_convention(*convention);
-  request.add_formats("lightllm");
-  for (const std::string& format : flags->GetAll("format")) {
-    if (format != "lightllm") request.add_formats(format);
-  }
-  v1::ScalesResponse scales;
-  {
-    grpc::ClientContext context;
-    grpc::Status status = stub->GetScales(&context, request, &scales);
-    if (!status.ok()) return ReportRpcError(err, "scales", "GetScales", status);
-  }
-  auto written = WriteScalesOutputs(flag("out"), scales, session, deployment);
-  if (!written.ok()) {
-    err << "caliper scales: " << written.status().message() << "\n";
-    return written.status().code() == absl::StatusCode::kDataLoss ? kExitServer : kExitUsage;
-  }
   out << "session   " << session.id() << "\n";
-  PrintScalesSummary(scales, out);
-  if (!written->kv_cache_calib.empty()) out << "wrote     " << written->kv_cache_calib << "\n";
-  out << "wrote     " << written->scales_json << "\n";
-  for (const std::string& path : written->engine_files) out << "wrote     " << path << "\n";
-  return kExitOk;
+  return FetchAndWriteScales(*stub, "scales", session, deployment, *convention,
+                             flags->GetAll("format"), flag("out"), out, err);
 }
 
 }  // namespace caliper::cli
