@@ -307,9 +307,8 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       std::lock_guard<std::mutex> lock(service_->streams_mu_);
       service_->live_streams_.erase(this);
     }
-    --service_->open_streams_;
     const double seconds = SecondsSince(start_ns_);
-    service_->metrics_->RpcDone("Observe", seconds);
+    Settle(seconds);
     const double bytes = static_cast<double>(summary_->accepted_bytes());
     EventLog::Fields fields = {
         {"method", "Observe"},
@@ -331,7 +330,16 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
  private:
   void FinishStream(const absl::Status& status) {
     final_status_ = status;
+    // Settled before the status leaves: once the client's Finish returns, the metrics show this
+    // stream and its --max_concurrent_streams slot is free (OnDone may run later).
+    Settle(SecondsSince(start_ns_));
     Finish(ToGrpcStatus(status));
+  }
+
+  void Settle(double seconds) {
+    if (settled_.exchange(true)) return;
+    --service_->open_streams_;
+    service_->metrics_->RpcDone("Observe", seconds);
   }
 
   // Reports one rejected chunk in-band; the stream goes on.
@@ -450,6 +458,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   const int64_t start_ns_;
   std::atomic<int64_t> last_read_ns_;
   std::atomic<bool> idle_cancelled_{false};
+  std::atomic<bool> settled_{false};
   std::string tenant_;
   v1::TensorChunk chunk_;
   std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
