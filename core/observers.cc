@@ -29,7 +29,7 @@ int OriginalKvHead(int num_kv_heads, TpPlacement placement, int local) {
   return placement.tp_rank * (num_kv_heads / placement.tp_size) + local;
 }
 
-absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const TensorView& tensor,
+absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
                                            TpPlacement placement, int num_kv_heads,
                                            int head_dim, ReductionBackend& backend) {
   auto local_heads = LocalKvHeads(num_kv_heads, placement.tp_size);
@@ -71,11 +71,17 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const TensorView& tensor
   stats.tokens = shape[0];
   stats.absmax.assign(h, 0.0f);
   int64_t nonfinite = 0;
-  if (absl::Status s = backend.AbsMaxPerHead(tensor, h, head_dim, absl::MakeSpan(stats.absmax),
-                                             &nonfinite);
-      !s.ok()) {
+  std::vector<float> run_absmax(h);
+  // Absmax is a max of non-negative values, so merging runs by max is exact.
+  absl::Status reduced = tensor.ForEachRun(int64_t{h} * head_dim, [&](const TensorView& run) {
+    int64_t run_nonfinite = 0;
+    absl::Status s =
+        backend.AbsMaxPerHead(run, h, head_dim, absl::MakeSpan(run_absmax), &run_nonfinite);
+    nonfinite += run_nonfinite;
+    for (int i = 0; i < h; ++i) stats.absmax[i] = std::max(stats.absmax[i], run_absmax[i]);
     return s;
-  }
+  });
+  if (!reduced.ok()) return reduced;
   if (nonfinite > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk.data: ", nonfinite, " non-finite values (NaN/Inf) in ",
@@ -123,10 +129,23 @@ void KvLayerObserver::Merge(const KvLayerObserver& other) {
   merge_sum(v_tokens, other.v_tokens);
 }
 
-absl::StatusOr<RangeStats> ReduceRange(const TensorView& tensor, ReductionBackend& backend,
+absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionBackend& backend,
                                        absl::string_view field) {
   RangeStats stats;
-  if (absl::Status s = backend.Range(tensor, &stats); !s.ok()) return s;
+  absl::Status reduced = tensor.ForEachRun(1, [&](const TensorView& run) {
+    RangeStats part;
+    absl::Status s = backend.Range(run, &part);
+    // Ties pick -0 for the min and +0 for the max, as one pass over both runs would.
+    if (part.min < stats.min || (part.min == stats.min && std::signbit(part.min))) {
+      stats.min = part.min;
+    }
+    if (part.max > stats.max || (part.max == stats.max && !std::signbit(part.max))) {
+      stats.max = part.max;
+    }
+    stats.nonfinite += part.nonfinite;
+    return s;
+  });
+  if (!reduced.ok()) return reduced;
   if (stats.nonfinite > 0) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", stats.nonfinite,
                                                    " non-finite values (NaN/Inf) in ",

@@ -45,8 +45,9 @@ struct KvChunkStats {
 };
 
 // Reduces a K or V chunk of shape [tokens, heads_local, head_dim] or
-// [tokens, heads_local * head_dim] produced by `placement`.
-absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const TensorView& tensor,
+// [tokens, heads_local * head_dim] produced by `placement`. A tensor in pieces is reduced run by
+// run (rows split across pieces are copied alone); the result equals the contiguous one bit for bit.
+absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
                                            TpPlacement placement, int num_kv_heads,
                                            int head_dim, ReductionBackend& backend);
 
@@ -61,8 +62,9 @@ struct KvLayerObserver {
   std::vector<int64_t> k_tokens, v_tokens;   // tokens seen per original head
 };
 
-// Min/max of finite values of a whole tensor; rejects NaN/Inf naming `field`.
-absl::StatusOr<RangeStats> ReduceRange(const TensorView& tensor, ReductionBackend& backend,
+// Min/max of finite values of a whole tensor; rejects NaN/Inf naming `field`. Pieces are reduced
+// run by run and merged exactly (-0 orders below +0, as in one pass).
+absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionBackend& backend,
                                        absl::string_view field = "tensor");
 
 // Weight statistics: memoryless min/max per logical tensor; TP shards merge by min/max.

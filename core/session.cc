@@ -194,8 +194,8 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(
     }
   }
   if (absl::Status s = ValidateChunk(chunk); !s.ok()) return reject(s);
-  absl::StatusOr<TensorView> view =
-      TensorView::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
+  absl::StatusOr<PiecewiseTensor> view =
+      PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
   if (!view.ok()) return reject(view.status());
 
   const bool warmup = chunk.kind != ChunkKind::kWeight && chunk.batch < recipe_.warmup_batches;

@@ -28,6 +28,7 @@
 #include "core/observers.h"
 #include "core/producer_ledger.h"
 #include "core/reduction_backend.h"
+#include "core/tensor_view.h"
 #include "core/warnings.h"
 
 namespace caliper {
@@ -50,6 +51,7 @@ enum class ChunkKind { kKey, kValue, kWeight, kInput };
 absl::string_view ChunkKindName(ChunkKind kind);  // "KEY", "VALUE", "WEIGHT", "INPUT_ACTIVATION"
 
 // One streamed tensor, referencing bytes the caller keeps alive for the duration of Observe.
+// The bytes may be in pieces (e.g. network buffer slices), cut anywhere.
 struct ChunkRef {
   ChunkKind kind = ChunkKind::kKey;
   int layer = 0;              // K / V
@@ -60,7 +62,7 @@ struct ChunkRef {
   int64_t batch = 0;          // forward-pass index
   uint64_t sequence = 0;      // per-stream; echoed in errors
   absl::string_view producer_id;  // reserved for exactly-once dedupe (issue 7)
-  absl::Span<const uint8_t> data;
+  ByteSpans data;
 };
 
 // kDuplicate: a producer re-sent a sequence already counted (exactly-once); acknowledge, ignore.

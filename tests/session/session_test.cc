@@ -218,7 +218,7 @@ TEST_F(SessionTest, BadChunksAreRejectedWholeAndStateIsUntouched) {
   cases.push_back({Kv(ChunkKind::kKey, -1, good, kHeads), absl::StatusCode::kInvalidArgument,
                    "chunk.layer"});
   ChunkRef short_bytes = Kv(ChunkKind::kKey, 0, good, kHeads);
-  short_bytes.data = short_bytes.data.subspan(0, short_bytes.data.size() - 4);
+  short_bytes.data = Bytes(good).subspan(0, Bytes(good).size() - 4);
   cases.push_back({short_bytes, absl::StatusCode::kInvalidArgument, "chunk"});
   ChunkRef wrong_heads = Kv(ChunkKind::kKey, 0, good, kHeads);
   wrong_heads.shape = {kTokens * 2, kHeads / 2, kHeadDim};  // 2 heads but TP 1 holds 4
