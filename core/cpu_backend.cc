@@ -207,6 +207,21 @@ CALIPER_INLINE int64_t ColumnsMaskedBody(const uint8_t* data, int64_t rows, int6
   return bad;
 }
 
+// keys[h] = max(keys[h], acc[g * row + h * head_dim + d]) over folded rows g and d: column
+// accumulators back to per-head keys, one vectorisable max per head segment.
+template <typename Key>
+CALIPER_INLINE void FoldHeadsBody(const Key* acc, int64_t cols, int64_t num_heads,
+                                  int64_t head_dim, Key* __restrict__ keys) {
+  for (int64_t base = 0; base < cols; base += num_heads * head_dim) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const Key* a = acc + base + h * head_dim;
+      Key m = keys[h];
+      for (int64_t d = 0; d < head_dim; ++d) m = std::max(m, a[d]);
+      keys[h] = m;
+    }
+  }
+}
+
 // ---- Cloned entry points (one per width; target_clones needs plain functions) ----
 
 CALIPER_CLONES void Range16(const uint8_t* d, int64_t n, int16_t* mn, int16_t* mx) {
@@ -246,7 +261,22 @@ CALIPER_CLONES int64_t ColumnsMasked32(const uint8_t* d, int64_t rows, int64_t c
   return ColumnsMaskedBody<uint32_t>(d, rows, cols, inf, acc);
 }
 
+CALIPER_CLONES void FoldHeads16(const int16_t* acc, int64_t cols, int64_t heads, int64_t dim,
+                                int16_t* keys) {
+  FoldHeadsBody<int16_t>(acc, cols, heads, dim, keys);
+}
+CALIPER_CLONES void FoldHeads32(const int32_t* acc, int64_t cols, int64_t heads, int64_t dim,
+                                int32_t* keys) {
+  FoldHeadsBody<int32_t>(acc, cols, heads, dim, keys);
+}
+
 // Overload set so the drivers below can be templated on the bit width.
+inline void FoldHeads(const int16_t* a, int64_t c, int64_t h, int64_t d, int16_t* k) {
+  FoldHeads16(a, c, h, d, k);
+}
+inline void FoldHeads(const int32_t* a, int64_t c, int64_t h, int64_t d, int32_t* k) {
+  FoldHeads32(a, c, h, d, k);
+}
 inline void RangeKeys(const uint8_t* d, int64_t n, int16_t* a, int16_t* b) { Range16(d, n, a, b); }
 inline void RangeKeys(const uint8_t* d, int64_t n, int32_t* a, int32_t* b) { Range32(d, n, a, b); }
 inline int64_t RangeKeysMasked(const uint8_t* d, int64_t n, uint16_t inf, int16_t* a, int16_t* b) {
@@ -513,20 +543,21 @@ class CpuBackend : public ReductionBackend {
     pool_.ParallelFor(tasks, [&](int i) {
       const int64_t g0 = groups * i / tasks, g1 = groups * (i + 1) / tasks;
       const bool last = i + 1 == tasks;
-      std::vector<Key> acc(cols, 0);
+      // Reused per thread: chunks arriving in many small pieces call this once per piece.
+      thread_local std::vector<Key> acc;
+      acc.assign(cols, 0);
       const uint8_t* p = data + g0 * group_bytes;
       const uint8_t* rest = data + groups * group_bytes;
       ColumnKeys(p, g1 - g0, cols, acc.data());
       if (last) ColumnKeys(rest, 1, leftover_rows * row, acc.data());
-      if (*std::max_element(acc.begin(), acc.end()) >= static_cast<Key>(inf)) {
+      std::vector<Key> keys(num_heads, 0);
+      FoldHeads(acc.data(), cols, num_heads, head_dim, keys.data());
+      if (*std::max_element(keys.begin(), keys.end()) >= static_cast<Key>(inf)) {
         std::fill(acc.begin(), acc.end(), 0);
         task_bad[i] = ColumnKeysMasked(p, g1 - g0, cols, inf, acc.data());
         if (last) task_bad[i] += ColumnKeysMasked(rest, 1, leftover_rows * row, inf, acc.data());
-      }
-      std::vector<Key> keys(num_heads, 0);
-      for (int64_t j = 0; j < cols; j += head_dim) {
-        const int64_t h = (j % row) / head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) keys[h] = std::max(keys[h], acc[j + d]);
+        std::fill(keys.begin(), keys.end(), 0);
+        FoldHeads(acc.data(), cols, num_heads, head_dim, keys.data());
       }
       task_keys[i] = std::move(keys);
     });
