@@ -13,6 +13,7 @@
 #include "core/kv_scales.h"
 #include "core/lightllm_format.h"
 #include "server/proto_convert.h"
+#include "server/raw_tensor_chunk.h"
 #include "server/status_mapping.h"
 
 namespace caliper {
@@ -240,14 +241,15 @@ grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext
 }
 
 // One client stream. Chunks are processed one at a time on the callback thread that delivered
-// them (reduction included); parallelism comes from concurrent streams.
-class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<v1::TensorChunk> {
+// them (reduction included, over the received slices); parallelism comes from concurrent streams.
+class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   ObserveReactor(CalibrationService* service, grpc::CallbackServerContext* context,
-                 v1::ObserveSummary* summary)
+                 grpc::ByteBuffer* response)
       : service_(service),
         context_(context),
-        summary_(summary),
+        response_(response),
+        summary_(&summary_message_),
         start_ns_(absl::GetCurrentTimeNanos()),
         last_read_ns_(start_ns_) {
     absl::StatusOr<std::string> tenant = service_->TenantOf(*context);
@@ -265,7 +267,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         std::lock_guard<std::mutex> lock(service_->streams_mu_);
         service_->live_streams_.insert(this);
       }
-      StartRead(&chunk_);
+      StartRead(&request_);
     }
   }
 
@@ -294,12 +296,20 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       }
       return;
     }
-    if (absl::Status fault = HandleChunk(); !fault.ok()) {
+    absl::Status fault = raw_.Parse(request_);
+    if (fault.ok()) {
+      fault = HandleChunk();
+    } else {
+      service_->metrics_->ChunkRejected(fault);
+      if (session_) session_->RecordRejected();
+    }
+    if (!fault.ok()) {
       FinishStream(fault);
       return;
     }
-    chunk_.Clear();
-    StartRead(&chunk_);
+    raw_.Clear();  // frees the payload before the next one arrives
+    request_.Clear();
+    StartRead(&request_);
   }
 
   void OnDone() override {
@@ -333,7 +343,14 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     // Settled before the status leaves: once the client's Finish returns, the metrics show this
     // stream and its --max_concurrent_streams slot is free (OnDone may run later).
     Settle(SecondsSince(start_ns_));
+    WriteSummary();
     Finish(ToGrpcStatus(status));
+  }
+
+  void WriteSummary() {
+    std::string bytes = summary_->SerializeAsString();
+    grpc::Slice slice(std::move(bytes));
+    *response_ = grpc::ByteBuffer(&slice, 1);
   }
 
   void Settle(double seconds) {
@@ -347,7 +364,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     service_->metrics_->ChunkRejected(status);
     summary_->set_rejected_chunks(summary_->rejected_chunks() + 1);
     summary_->set_rejected_bytes(summary_->rejected_bytes() +
-                                 static_cast<int64_t>(chunk_.data().size()));
+                                 static_cast<int64_t>(raw_.data().size()));
     if (summary_->errors_size() < service_->options_.max_errors_per_stream) {
       v1::ChunkError* error = summary_->add_errors();
       error->set_sequence(chunk_.sequence());
@@ -365,9 +382,9 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   // Returns a non-OK status only for faults that end the stream.
   absl::Status HandleChunk() {
     const int64_t limit = service_->options_.max_message_bytes;
-    if (static_cast<int64_t>(chunk_.data().size()) > limit) {
+    if (static_cast<int64_t>(raw_.data().size()) > limit) {
       absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
-          "chunk.data: ", chunk_.data().size(), " bytes (sequence ", chunk_.sequence(),
+          "chunk.data: ", raw_.data().size(), " bytes (sequence ", chunk_.sequence(),
           ") exceeds the server's --max_message_bytes=", limit,
           "; split the tensor into smaller chunks (along tokens, rows or TP shards)"));
       service_->metrics_->ChunkRejected(status);
@@ -404,6 +421,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       RejectChunk(chunk.status());
       return absl::OkStatus();
     }
+    chunk->data = raw_.data();
     // Exactly-once: a stream with a producer id is bound to it on its first numbered chunk.
     if (!chunk_.producer_id().empty() && !producer_) {
       absl::StatusOr<ProducerLedger::Stream> stream =
@@ -454,13 +472,17 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
 
   CalibrationService* const service_;
   grpc::CallbackServerContext* const context_;
+  grpc::ByteBuffer* const response_;  // summary_ serialized, when the stream finishes
+  v1::ObserveSummary summary_message_;
   v1::ObserveSummary* const summary_;
   const int64_t start_ns_;
   std::atomic<int64_t> last_read_ns_;
   std::atomic<bool> idle_cancelled_{false};
   std::atomic<bool> settled_{false};
   std::string tenant_;
-  v1::TensorChunk chunk_;
+  grpc::ByteBuffer request_;
+  RawTensorChunk raw_;
+  const v1::TensorChunk& chunk_ = raw_.header();  // every field but data, which stays in raw_
   std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
   std::optional<ProducerLedger::Stream> producer_;  // bound by the first chunk with a producer
   std::string session_id_;
@@ -480,8 +502,8 @@ void CalibrationService::IdleWatchLoop() {
   }
 }
 
-grpc::ServerReadReactor<v1::TensorChunk>* CalibrationService::Observe(
-    grpc::CallbackServerContext* context, v1::ObserveSummary* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* CalibrationService::Observe(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new ObserveReactor(this, context, response);
 }
 

@@ -1,7 +1,9 @@
 // caliper.v1.Calibration over gRPC's callback API. Transport only: requests are translated to
 // core::CalibrationSession calls and core errors go out through ToGrpcStatus. Observe is a
-// ServerReadReactor: a bad chunk is answered in-band (ObserveSummary.errors) and the stream
-// goes on; stream-level faults (unknown session on the first chunk, oversized chunk) end it.
+// ServerReadReactor over raw ByteBuffers, so chunk payloads are reduced in place in the received
+// slices (server/raw_tensor_chunk.h): a bad chunk is answered in-band (ObserveSummary.errors) and
+// the stream goes on; stream-level faults (unknown session on the first chunk, oversized or
+// malformed chunk) end it.
 #ifndef CALIPER_SERVER_CALIBRATION_SERVICE_H_
 #define CALIPER_SERVER_CALIBRATION_SERVICE_H_
 
@@ -34,7 +36,8 @@ struct ServiceOptions {
   absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
 };
 
-class CalibrationService final : public v1::Calibration::CallbackService {
+class CalibrationService final
+    : public v1::Calibration::WithRawCallbackMethod_Observe<v1::Calibration::CallbackService> {
  public:
   // Borrows everything; all must outlive the service.
   CalibrationService(ServiceOptions options, SessionRegistry* registry,
@@ -53,8 +56,9 @@ class CalibrationService final : public v1::Calibration::CallbackService {
   grpc::ServerUnaryReactor* DeleteSession(grpc::CallbackServerContext* context,
                                           const v1::DeleteSessionRequest* request,
                                           v1::DeleteSessionResponse* response) override;
-  grpc::ServerReadReactor<v1::TensorChunk>* Observe(grpc::CallbackServerContext* context,
-                                                    v1::ObserveSummary* response) override;
+  // Requests are TensorChunk and the response an ObserveSummary, as raw bytes.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Observe(grpc::CallbackServerContext* context,
+                                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Finalize(grpc::CallbackServerContext* context,
                                      const v1::FinalizeRequest* request,
                                      v1::Session* response) override;
