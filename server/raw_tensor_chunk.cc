@@ -66,6 +66,7 @@ class SliceCursor {
 
 absl::Status RawTensorChunk::Parse(const grpc::ByteBuffer& buffer) {
   Clear();
+  if (!buffer.Valid()) return absl::OkStatus();  // no bytes: an empty message
   if (grpc::Status s = buffer.Dump(&slices_); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("chunk: unreadable message: ", s.error_message()));
   }
