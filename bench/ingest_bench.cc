@@ -7,7 +7,7 @@
 //          over the caller's memory (no client-side copy; identical bytes on the wire).
 //   3. Server peak RSS (VmHWM) of a fresh server after ingesting 4 GiB on 4 streams: < 256 MiB.
 // The server is started as a child process: caliper-server --listen=127.0.0.1:0 --device=cpu.
-//   ingest_bench [--server=PATH] [--benchmark_filter=...]
+//   ingest_bench [--server=PATH] [--chunk_mib=4] [--benchmark_filter=...]
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <benchmark/benchmark.h>
@@ -19,8 +19,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -39,9 +41,9 @@ namespace v1 = caliper::v1;
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kStreamBytes = int64_t{1} << 30;  // per stream
-constexpr int64_t kChunkBytes = 4 << 20;
+int64_t g_chunk_bytes = 4 << 20;  // --chunk_mib; the TCP baseline writes the same sizes
 constexpr int64_t kHeads = 8, kHeadDim = 128;
-constexpr int64_t kChunkTokens = kChunkBytes / (kHeads * kHeadDim * 2);
+int64_t ChunkTokens() { return g_chunk_bytes / (kHeads * kHeadDim * 2); }
 
 std::string g_server_path = CALIPER_SERVER_BINARY;
 
@@ -62,7 +64,7 @@ const std::vector<uint8_t>& Source() {
 }
 const uint8_t* ChunkData(int64_t index) {
   const auto& s = Source();
-  return s.data() + (index * kChunkBytes) % static_cast<int64_t>(s.size());
+  return s.data() + (index * g_chunk_bytes) % static_cast<int64_t>(s.size());
 }
 
 // ---- the server child process ----
@@ -168,7 +170,7 @@ v1::TensorChunk ChunkHeader(const std::string& session, int stream, int64_t seq)
   c.set_kind(v1::KEY);
   c.set_layer(stream % 4);
   c.set_dtype("BF16");
-  c.add_shape(kChunkTokens);
+  c.add_shape(ChunkTokens());
   c.add_shape(kHeads);
   c.add_shape(kHeadDim);
   c.set_tp_size(1);
@@ -196,9 +198,9 @@ bool StreamProto(const std::string& address, const std::string& session, int str
   v1::ObserveSummary summary;
   auto writer = stub->Observe(&ctx, &summary);
   v1::TensorChunk chunk = ChunkHeader(session, stream, 0);
-  for (int64_t seq = 0; seq * kChunkBytes < bytes; ++seq) {
+  for (int64_t seq = 0; seq * g_chunk_bytes < bytes; ++seq) {
     chunk.set_sequence(static_cast<uint64_t>(seq) + 1);  // exactly-once sequences start at 1
-    chunk.set_data(ChunkData(seq), kChunkBytes);
+    chunk.set_data(ChunkData(seq), g_chunk_bytes);
     if (!writer->Write(chunk)) break;
   }
   writer->WritesDone();
@@ -252,9 +254,9 @@ bool StreamZeroCopy(const std::string& address, const std::string& session, int 
   std::unique_ptr<grpc::ClientWriter<RawChunk>> writer(
       grpc::internal::ClientWriterFactory<RawChunk>::Create(channel.get(), method, &ctx, &summary));
   v1::TensorChunk header = ChunkHeader(session, stream, 0);
-  for (int64_t seq = 0; seq * kChunkBytes < bytes; ++seq) {
+  for (int64_t seq = 0; seq * g_chunk_bytes < bytes; ++seq) {
     header.set_sequence(static_cast<uint64_t>(seq) + 1);
-    if (!writer->Write(MakeRawChunk(header, ChunkData(seq), kChunkBytes))) break;
+    if (!writer->Write(MakeRawChunk(header, ChunkData(seq), g_chunk_bytes))) break;
   }
   writer->WritesDone();
   return CheckSummary(writer->Finish(), summary, bytes);
@@ -278,7 +280,7 @@ double RawTcp(int streams, int64_t bytes) {
   for (int s = 0; s < streams; ++s) {
     threads.emplace_back([&] {  // receiver
       const int fd = accept(listener, nullptr, nullptr);
-      std::vector<uint8_t> buf(kChunkBytes);
+      std::vector<uint8_t> buf(g_chunk_bytes);
       while (read(fd, buf.data(), buf.size()) > 0) {
       }
       close(fd);
@@ -286,10 +288,10 @@ double RawTcp(int streams, int64_t bytes) {
     threads.emplace_back([&, s] {  // sender
       const int fd = socket(AF_INET, SOCK_STREAM, 0);
       if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return;
-      for (int64_t seq = 0; seq * kChunkBytes < bytes; ++seq) {
+      for (int64_t seq = 0; seq * g_chunk_bytes < bytes; ++seq) {
         const uint8_t* p = ChunkData(seq + s);
-        for (int64_t off = 0; off < kChunkBytes;) {
-          const ssize_t n = write(fd, p + off, kChunkBytes - off);
+        for (int64_t off = 0; off < g_chunk_bytes;) {
+          const ssize_t n = write(fd, p + off, g_chunk_bytes - off);
           if (n <= 0) break;
           off += n;
         }
@@ -376,6 +378,11 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--server=", 9) == 0) g_server_path = argv[i] + 9;
+    if (std::strncmp(argv[i], "--chunk_mib=", 12) == 0) {
+      // A power of two up to 32, so chunks tile the 64 MiB source.
+      const auto mib = static_cast<uint64_t>(std::clamp<int64_t>(std::atoll(argv[i] + 12), 1, 32));
+      g_chunk_bytes = static_cast<int64_t>(std::bit_floor(mib)) << 20;
+    }
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
