@@ -130,9 +130,10 @@ absl::StatusOr<Recipe> GetRecipe(StateDecoder& in) {
 }  // namespace
 
 uint64_t CalibrationSession::ChangeCountLocked() const {
-  // Every chunk verdict increments exactly one of these (ledger changes included), and the
-  // only other persistent change is finalization.
-  return static_cast<uint64_t>(accepted_chunks_ + rejected_chunks_ + skipped_warmup_chunks_ +
+  // 1 for the session's existence (a new session is not durable until written); every chunk
+  // verdict increments exactly one counter (ledger changes included); and finalization.
+  return 1 +
+         static_cast<uint64_t>(accepted_chunks_ + rejected_chunks_ + skipped_warmup_chunks_ +
                                duplicate_chunks_) *
              2 +
          (state_ == SessionState::kFinalized ? 1 : 0);
