@@ -1,6 +1,7 @@
 // Reducing a tensor held in pieces (network buffer slices cut at any byte) gives bit for bit the
 // result of reducing it contiguously: K/V per-head absmax, min/max ranges, NaN/Inf counts, and a
 // whole session fed sliced chunks.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
