@@ -80,7 +80,7 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
     nonfinite += run_nonfinite;
     for (int i = 0; i < h; ++i) stats.absmax[i] = std::max(stats.absmax[i], run_absmax[i]);
     return s;
-  });
+  }, backend.min_run_bytes());
   if (!reduced.ok()) return reduced;
   if (nonfinite > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -144,7 +144,7 @@ absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionB
     }
     stats.nonfinite += part.nonfinite;
     return s;
-  });
+  }, backend.min_run_bytes());
   if (!reduced.ok()) return reduced;
   if (stats.nonfinite > 0) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", stats.nonfinite,

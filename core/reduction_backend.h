@@ -30,6 +30,11 @@ class ReductionBackend {
   // "cpu" or "cuda"; exported as a metric label and logged at start-up.
   virtual absl::string_view name() const = 0;
 
+  // A chunk may arrive in many small pieces (network buffer slices, ~64 KiB). A backend with a
+  // fixed cost per call (a device round trip) returns the run size worth gathering pieces into
+  // first; 0 reduces each piece in place (the CPU backend).
+  virtual int64_t min_run_bytes() const { return 0; }
+
   // Min and max over every finite element of `tensor`.
   virtual absl::Status Range(const TensorView& tensor, RangeStats* out) = 0;
 

@@ -1,5 +1,6 @@
 #include "core/tensor_view.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -69,8 +70,9 @@ std::string PiecewiseTensor::ShapeString() const {
   return absl::StrCat("[", absl::StrJoin(shape_, ", "), "]");
 }
 
-absl::Status PiecewiseTensor::ForEachRun(
-    int64_t unit_elements, absl::FunctionRef<absl::Status(const TensorView&)> fn) const {
+absl::Status PiecewiseTensor::ForEachRun(int64_t unit_elements,
+                                         absl::FunctionRef<absl::Status(const TensorView&)> fn,
+                                         int64_t min_run_bytes) const {
   if (unit_elements <= 0 || num_elements_ % unit_elements != 0) {
     return absl::InvalidArgumentError(absl::StrCat("unit_elements: ", unit_elements,
                                                    " does not divide the ", num_elements_,
@@ -83,6 +85,26 @@ absl::Status PiecewiseTensor::ForEachRun(
                            absl::MakeConstSpan(data, units * unit_bytes));
     return view.ok() ? fn(*view) : view.status();
   };
+  if (min_run_bytes > 0 && bytes_.pieces().size() > 1) {
+    // Gather: runs of whole units, as many as fit in min_run_bytes (at least one).
+    const size_t capacity =
+        std::max<size_t>(1, static_cast<size_t>(min_run_bytes) / unit_bytes) * unit_bytes;
+    std::vector<uint8_t> gathered(std::min(capacity, bytes_.size()));
+    size_t filled = 0;
+    for (absl::Span<const uint8_t> piece : bytes_.pieces()) {
+      for (size_t done = 0; done < piece.size();) {
+        const size_t take = std::min(piece.size() - done, gathered.size() - filled);
+        std::memcpy(gathered.data() + filled, piece.data() + done, take);
+        filled += take;
+        done += take;
+        if (filled < gathered.size()) continue;
+        if (absl::Status s = run(gathered.data(), filled / unit_bytes); !s.ok()) return s;
+        filled = 0;
+      }
+    }
+    // Totals and capacity are whole units, so the rest is too.
+    return filled > 0 ? run(gathered.data(), filled / unit_bytes) : absl::OkStatus();
+  }
   std::vector<uint8_t> scratch;  // one unit split across pieces
   size_t carried = 0;            // bytes of it gathered so far
   for (absl::Span<const uint8_t> piece : bytes_.pieces()) {

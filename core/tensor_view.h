@@ -81,10 +81,12 @@ class PiecewiseTensor {
 
   // Calls fn on consecutive runs covering the tensor in order, each of shape [units,
   // unit_elements]: whole units lying inside one piece are viewed in place; a unit that straddles
-  // pieces is copied (alone) into a scratch buffer. Returns fn's first error, or InvalidArgument
-  // when unit_elements does not divide num_elements().
+  // pieces is copied (alone) into a scratch buffer. With min_run_bytes > 0 and several pieces,
+  // pieces are instead copied into runs of about min_run_bytes. Returns fn's first error, or
+  // InvalidArgument when unit_elements does not divide num_elements().
   absl::Status ForEachRun(int64_t unit_elements,
-                          absl::FunctionRef<absl::Status(const TensorView&)> fn) const;
+                          absl::FunctionRef<absl::Status(const TensorView&)> fn,
+                          int64_t min_run_bytes = 0) const;
 
  private:
   PiecewiseTensor(DType dtype, std::vector<int64_t> shape, int64_t num_elements, ByteSpans bytes)

@@ -42,12 +42,16 @@ cuda::ElementType ToElementType(DType dtype) {
 
 class CudaBackend : public ReductionBackend {
  public:
-  explicit CudaBackend(std::vector<std::unique_ptr<cuda::HostReducer>> lanes)
-      : lanes_(std::move(lanes)) {
+  CudaBackend(std::vector<std::unique_ptr<cuda::HostReducer>> lanes, int64_t staging_bytes)
+      : lanes_(std::move(lanes)), staging_bytes_(staging_bytes) {
     for (auto& lane : lanes_) free_.push_back(lane.get());
   }
 
   absl::string_view name() const override { return "cuda"; }
+
+  // Each call is a device round trip: one host copy to gather a chunk's network slices into
+  // staging-sized runs costs less than a round trip per 64 KiB slice.
+  int64_t min_run_bytes() const override { return staging_bytes_; }
 
   absl::Status Range(const TensorView& t, RangeStats* out) override {
     if (out == nullptr) return absl::InvalidArgumentError("out: must not be null");
@@ -98,6 +102,7 @@ class CudaBackend : public ReductionBackend {
   };
 
   std::vector<std::unique_ptr<cuda::HostReducer>> lanes_;
+  const int64_t staging_bytes_;
   std::mutex mu_;
   std::condition_variable available_;
   std::vector<cuda::HostReducer*> free_;  // guarded by mu_
@@ -122,7 +127,7 @@ absl::StatusOr<std::unique_ptr<ReductionBackend>> MakeCudaBackend(const CudaBack
   for (auto& lane : lanes) {
     if (absl::Status s = ToStatus(cuda::HostReducer::Create(reducer_options, &lane)); !s.ok()) return s;
   }
-  return std::unique_ptr<ReductionBackend>(new CudaBackend(std::move(lanes)));
+  return std::unique_ptr<ReductionBackend>(new CudaBackend(std::move(lanes), options.staging_bytes));
 }
 
 }  // namespace caliper

@@ -172,6 +172,49 @@ TEST_P(PiecewiseReductionTest, NanSplitAcrossPiecesIsCountedOnce) {
   }
 }
 
+// The CPU backend asking for gathered runs, as a device backend does; records each run's bytes.
+class GatheringBackend : public ReductionBackend {
+ public:
+  explicit GatheringBackend(int64_t min_run_bytes) : min_run_bytes_(min_run_bytes) {}
+  absl::string_view name() const override { return "gathering"; }
+  int64_t min_run_bytes() const override { return min_run_bytes_; }
+  absl::Status Range(const TensorView& t, RangeStats* out) override {
+    runs.push_back(t.bytes().size());
+    return cpu_->Range(t, out);
+  }
+  absl::Status AbsMaxPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
+                             absl::Span<float> out, int64_t* nonfinite) override {
+    runs.push_back(t.bytes().size());
+    return cpu_->AbsMaxPerHead(t, num_heads, head_dim, out, nonfinite);
+  }
+  std::vector<size_t> runs;
+
+ private:
+  std::unique_ptr<ReductionBackend> cpu_ = MakeCpuBackend(1);
+  const int64_t min_run_bytes_;
+};
+
+TEST_P(PiecewiseReductionTest, GatheredRunsMatchContiguousBitForBit) {
+  const DType dtype = GetParam();
+  const size_t row_bytes = 2 * 8 * ItemSize(dtype);
+  std::mt19937 rng(16);
+  const std::vector<int64_t> shape = {23, 2, 8};
+  const std::vector<uint8_t> bytes = RandomFinite(dtype, 23 * 16, rng);
+  const TensorView whole = *TensorView::Create(dtype, shape, bytes);
+  const KvChunkStats expected = *ReduceKvChunk(KvKind::kKey, whole, {0, 1}, 2, 8, *backend_);
+  const RangeStats expected_range = *ReduceRange(whole, *backend_);
+  GatheringBackend gathering(static_cast<int64_t>(5 * row_bytes + 3));  // 5 rows per run
+  const PiecewiseTensor pieces =
+      *PiecewiseTensor::Create(dtype, shape, CutAt(bytes, RandomCuts(bytes.size(), 30, rng)));
+  const KvChunkStats got = *ReduceKvChunk(KvKind::kKey, pieces, {0, 1}, 2, 8, gathering);
+  for (size_t h = 0; h < 2; ++h) EXPECT_EQ(Bits(got.absmax[h]), Bits(expected.absmax[h]));
+  EXPECT_THAT(gathering.runs, ::testing::ElementsAre(5 * row_bytes, 5 * row_bytes, 5 * row_bytes,
+                                                      5 * row_bytes, 3 * row_bytes));
+  const RangeStats range = *ReduceRange(pieces, gathering);
+  EXPECT_EQ(Bits(range.min), Bits(expected_range.min));
+  EXPECT_EQ(Bits(range.max), Bits(expected_range.max));
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDTypes, PiecewiseReductionTest,
                          ::testing::Values(DType::kBF16, DType::kF16, DType::kF32),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
