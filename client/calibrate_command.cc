@@ -18,6 +18,7 @@
 #include "client/file_io.h"
 #include "client/remote_commands.h"
 #include "client/remote_common.h"
+#include "client/rpc_retry.h"
 #include "client/tensor_stream.h"
 #include "core/model_config.h"
 
@@ -280,13 +281,12 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
   if (!made_channel.ok()) return UsageError(err, made_channel.status().message());
   auto channel = *std::move(made_channel);
   auto stub = v1::Calibration::NewStub(channel);
+  const RetryPolicy retry;
   v1::Session session;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    context.set_wait_for_ready(false);
-    grpc::Status status = stub->CreateSession(&context, create, &session);
-    if (!status.ok()) return ReportRpcError(err, "calibrate", absl::StrCat("CreateSession on ", server), status);
+  grpc::Status created = CreateSessionWithRetry(*channel, *stub, create, &session, retry, &err,
+                                                "calibrate");
+  if (!created.ok()) {
+    return ReportRpcError(err, "calibrate", absl::StrCat("CreateSession on ", server), created);
   }
   out << "session   " << session.id() << "\n";
 
@@ -306,7 +306,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
       for (size_t i = next.fetch_add(1); i < plans.size(); i = next.fetch_add(1)) {
         results[i] = StreamPlanWithResume(*stub, session.id(), plans[i],
                                           absl::StrCat(ProducerHost(), "/", plans[i].path),
-                                          &progress.sent, ResumePolicy{}, &log_err);
+                                          &progress.sent, retry, &log_err);
       }
     });
   }
@@ -377,10 +377,13 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
 
   // Finalize and fetch the deployment's scales.
   {
-    grpc::ClientContext context;
+    // Finalize is idempotent (a finalized session answers OK), so a lost reply is retried.
     v1::FinalizeRequest request;
     request.set_session_id(session.id());
-    grpc::Status status = stub->Finalize(&context, request, &session);
+    Backoff backoff(retry, &err, "caliper calibrate: Finalize");
+    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+      return stub->Finalize(&context, request, &session);
+    });
     if (!status.ok()) return ReportRpcError(err, "calibrate", "Finalize", status);
   }
   v1::Deployment deployment;

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/channel_security.h"
 #include "client/cli_args.h"
 #include "client/exit_codes.h"
 #include "grpcpp/grpcpp.h"
@@ -19,20 +20,6 @@ namespace caliper::cli {
 
 // Largest gRPC message either side sends; caliper-server accepts the same (server/ flags).
 inline constexpr int kMaxMessageBytes = 64 << 20;
-
-// How the CLI reaches a secured server: a bearer token sent on every call and, with tls_ca, TLS
-// trusting that CA (PEM file path).
-struct ChannelSecurity {
-  std::string token;
-  std::string tls_ca_file;
-};
-
-// --token, --token_file and --tls_ca, shared by every command that talks to the server.
-std::vector<FlagSpec> ChannelSecurityFlags();
-std::vector<FlagSpec> WithChannelSecurityFlags(std::vector<FlagSpec> flags);
-// From those flags, else the CALIPER_TOKEN environment variable. InvalidArgument naming the
-// flag for an unreadable file or both --token and --token_file.
-absl::StatusOr<ChannelSecurity> ChannelSecurityFromArgs(const CliArgs& args);
 
 // Plaintext, with CALIPER_TOKEN (if set) as the bearer token.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);

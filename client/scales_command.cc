@@ -3,6 +3,7 @@
 #include "client/cli_args.h"
 #include "client/remote_commands.h"
 #include "client/remote_common.h"
+#include "client/rpc_retry.h"
 
 namespace caliper::cli {
 namespace {
@@ -67,10 +68,12 @@ int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, st
   auto stub = v1::Calibration::NewStub(*channel);
   v1::Session session;
   {
-    grpc::ClientContext context;
     v1::GetSessionRequest request;
     request.set_session_id(flag("session"));
-    grpc::Status status = stub->GetSession(&context, request, &session);
+    Backoff backoff(RetryPolicy{}, &err, "caliper scales: GetSession");
+    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+      return stub->GetSession(&context, request, &session);
+    });
     if (!status.ok()) return ReportRpcError(err, "scales", "GetSession", status);
   }
   v1::Deployment deployment;
