@@ -1,0 +1,201 @@
+// kill -9 fault test (issue 7 "Proof"): `caliper calibrate` streams a TP-4 demo (8 producers on
+// 4 concurrent streams, plus checkpoint weights) into `caliper-server --state_dir`; the server is
+// SIGKILLed at a seeded random moment and restarted on the same address and state dir, and the
+// CLI has to carry on by itself. Its files must equal an uninterrupted run's byte for byte
+// (scales.json's session id aside), accepted_chunks included: nothing lost, nothing twice.
+// Kill moments are spread over the phases of the uninterrupted run (create, stream,
+// finalize + fetch). CALIPER_FAULT_SEED picks another seed; CALIPER_FAULT_KILLS another count.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/demo/demo_data.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/e2e_support.h"
+
+namespace caliper {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+uint64_t EnvOr(const char* name, uint64_t fallback) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? fallback : std::strtoull(value, nullptr, 10);
+}
+
+// The phase a CLI log shows: before "session" is create, before "streamed" stream, before the
+// last "wrote" finalize/fetch.
+std::string Phase(const std::string& log) {
+  if (!absl::StrContains(log, "session   ")) return "create";
+  if (!absl::StrContains(log, "streamed  ")) return "stream";
+  if (!absl::StrContains(log, "scales.json")) return "finalize/fetch";
+  return "done";
+}
+
+class FaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / absl::StrCat("caliper_fault_", getpid())).string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    DemoOptions options;
+    options.tp_size = 4;
+    options.batches = 2;
+    options.tokens = 32;
+    options.seed = 99;
+    auto files = WriteDemo(options, dir_ + "/demo");
+    ASSERT_TRUE(files.ok()) << files.status();
+    demo_ = *files;
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  std::vector<std::string> CalibrateArgs(const std::string& server, const std::string& out) {
+    return {e2e::CliPath(), "calibrate", "--server=" + server,
+            "--model=" + demo_.config_json, "--kv=per_head", "--nvfp4",
+            "--weights=" + demo_.checkpoint_dir,
+            "--tensors=" + fs::path(demo_.dumps[0]).parent_path().string(),
+            "--chunk-bytes=2048", "--streams=4", "--name=fault-test", "--out=" + out};
+  }
+
+  std::vector<std::string> ServerFlags(const std::string& state_dir) {
+    return {"--state_dir=" + state_dir, "--state_flush_interval=20ms", "--log_format=text"};
+  }
+
+  std::string dir_;
+  DemoFiles demo_;
+};
+
+// A server that is not up yet when the CLI starts: CreateSession waits for it (nothing was sent,
+// so nothing can be created twice) and the run completes.
+TEST_F(FaultTest, CalibrateWaitsForAServerThatIsNotUpYet) {
+  e2e::ServerProcess server(ServerFlags(dir_ + "/state_late"), dir_ + "/server_late.log");
+  ASSERT_TRUE(server.Start()) << e2e::ReadFile(dir_ + "/server_late.log");
+  server.Kill9();  // keep its port, now closed
+  e2e::ChildProcess cli(CalibrateArgs(server.address(), dir_ + "/out_late"), dir_ + "/cli_late.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ASSERT_TRUE(server.Start()) << e2e::ReadFile(dir_ + "/server_late.log");
+  const int rc = cli.Wait(60);
+  const std::string log = e2e::ReadFile(dir_ + "/cli_late.log");
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_TRUE(absl::StrContains(log, "CreateSession: server unavailable, retrying in 200ms (attempt 2/8)"))
+      << log;
+  EXPECT_TRUE(fs::exists(dir_ + "/out_late/kv_cache_calib.json"));
+}
+
+TEST_F(FaultTest, KillNineAtRandomPointsLeavesTheScalesExact) {
+  // The uninterrupted run, timed by phase (log polled every millisecond).
+  const std::string reference_out = dir_ + "/out_reference";
+  double session_ms = 0, streamed_ms = 0, end_ms = 0;
+  {
+    e2e::ServerProcess server(ServerFlags(dir_ + "/state_reference"), dir_ + "/server_ref.log");
+    ASSERT_TRUE(server.Start()) << e2e::ReadFile(dir_ + "/server_ref.log");
+    const std::string log_path = dir_ + "/cli_ref.log";
+    const auto start = Clock::now();
+    e2e::ChildProcess cli(CalibrateArgs(server.address(), reference_out), log_path);
+    while (cli.Running()) {
+      const std::string phase = Phase(e2e::ReadFile(log_path));
+      if (phase != "create" && session_ms == 0) session_ms = Ms(Clock::now() - start);
+      if (phase != "create" && phase != "stream" && streamed_ms == 0) {
+        streamed_ms = Ms(Clock::now() - start);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    end_ms = Ms(Clock::now() - start);
+    ASSERT_EQ(cli.Wait(1), 0) << e2e::ReadFile(log_path);
+    server.Kill9();
+  }
+  if (streamed_ms == 0) streamed_ms = end_ms;
+  if (session_ms == 0) session_ms = streamed_ms;
+  std::printf("fault: uninterrupted run %.0f ms (session after %.0f ms, streams done after %.0f ms)\n",
+              end_ms, session_ms, streamed_ms);
+
+  // Kill moments: 15% of them in create, 65% in stream, 20% in finalize/fetch, each phase's
+  // window cut into equal strata with one uniform draw per stratum.
+  const uint64_t seed = EnvOr("CALIPER_FAULT_SEED", 20240607);
+  const int kills = static_cast<int>(EnvOr("CALIPER_FAULT_KILLS", 20));
+  std::printf("fault: seed %llu (CALIPER_FAULT_SEED), %d kill points\n",
+              static_cast<unsigned long long>(seed), kills);
+  std::mt19937_64 random(seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  struct Window {
+    const char* name;
+    double from, to;
+    int count;
+  };
+  const int create_kills = std::max(1, kills * 15 / 100);
+  const int fetch_kills = std::max(1, kills * 20 / 100);
+  const std::vector<Window> windows = {
+      {"create", 0, session_ms, create_kills},
+      {"stream", session_ms, streamed_ms, kills - create_kills - fetch_kills},
+      {"finalize/fetch", streamed_ms, end_ms, fetch_kills}};
+  struct KillPoint {
+    const char* planned;
+    double at_ms;
+    double restart_delay_ms;
+  };
+  std::vector<KillPoint> points;
+  for (const Window& w : windows) {
+    for (int i = 0; i < w.count; ++i) {
+      const double at = w.from + (w.to - w.from) * (i + unit(random)) / w.count;
+      points.push_back({w.name, at, 300 * unit(random)});  // down for up to 300 ms
+    }
+  }
+
+  int survived = 0, landed_after_exit = 0;
+  for (size_t k = 0; k < points.size(); ++k) {
+    const KillPoint point = points[k];
+    const std::string tag = absl::StrCat("run", k);
+    const std::string out = dir_ + "/out_" + tag, cli_log = dir_ + "/cli_" + tag + ".log";
+    const std::string server_log = dir_ + "/server_" + tag + ".log";
+    e2e::ServerProcess server(ServerFlags(dir_ + "/state_" + tag), server_log);
+    ASSERT_TRUE(server.Start()) << e2e::ReadFile(server_log);
+    const auto start = Clock::now();
+    e2e::ChildProcess cli(CalibrateArgs(server.address(), out), cli_log);
+    std::this_thread::sleep_until(start + std::chrono::microseconds(
+                                              static_cast<int64_t>(point.at_ms * 1000)));
+    const bool running = cli.Running();
+    const std::string phase = running ? Phase(e2e::ReadFile(cli_log)) : "after exit";
+    server.Kill9();
+    const double killed_ms = Ms(Clock::now() - start);
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(static_cast<int64_t>(point.restart_delay_ms * 1000)));
+    ASSERT_TRUE(server.Start()) << "restart after kill " << k << ":\n"
+                                << e2e::ReadFile(server_log);
+    const int rc = cli.Wait(120);
+    const std::string log = e2e::ReadFile(cli_log);
+    const std::string difference = rc == 0 ? e2e::CompareScaleDirs(reference_out, out) : "no files";
+    std::printf("fault: kill %zu/%zu at %.1f ms (planned %s, hit %s), down %.0f ms: %s\n", k + 1,
+                points.size(), killed_ms, point.planned, phase.c_str(), point.restart_delay_ms,
+                rc == 0 && difference.empty() ? "exact" : "FAILED");
+    std::fflush(stdout);
+    ASSERT_EQ(rc, 0) << "kill " << k << " (seed " << seed << ", " << phase << "):\n"
+                     << log << "\nserver log:\n" << e2e::ReadFile(server_log);
+    ASSERT_EQ(difference, "") << "kill " << k << " (seed " << seed << ", " << phase << ")\n" << log;
+    if (running) {
+      ++survived;
+    } else if (++landed_after_exit <= kills / 2) {
+      // This run was faster than the reference: no kill point; draw another, earlier one.
+      points.push_back({point.planned, point.at_ms * unit(random), point.restart_delay_ms});
+    }
+  }
+  std::printf("fault: survived %d kill points (%d more landed after the CLI had finished), seed %llu\n",
+              survived, landed_after_exit, static_cast<unsigned long long>(seed));
+  EXPECT_EQ(survived, kills);
+}
+
+}  // namespace
+}  // namespace caliper
