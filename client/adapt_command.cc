@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "client/channel_security.h"
+#include "client/connection_options.h"
 #include "client/cli_args.h"
 #include "client/commands.h"
 #include "client/file_io.h"
@@ -18,7 +18,7 @@ namespace caliper::cli {
 namespace {
 
 const std::vector<FlagSpec>& AdaptFlags() {
-  static const std::vector<FlagSpec> flags = WithChannelSecurityFlags({
+  static const std::vector<FlagSpec> flags = WithConnectionFlags({
       {"in", "FILE", "LightLLM calibration JSON to adapt (kv_cache_calib.json)"},
       {"out", "FILE", "where to write the adapted file (written atomically)"},
       {"num-heads", "M", "total KV heads of the deployment, replicas included"},
@@ -75,14 +75,14 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
 
   auto text = ReadWholeFile(*in_path);
   if (!text.ok()) return Fail(err, absl::StrCat("--in ", text.status().message()));
-  for (const FlagSpec& spec : ChannelSecurityFlags()) {
+  for (const FlagSpec& spec : ConnectionFlags()) {
     if (flags->Has(spec.name) && !flags->Has("server")) {
       return Fail(err, absl::StrCat("--", spec.name, " only applies with --server"));
     }
   }
   if (flags->Has("server")) {
     if (remote_adapt == nullptr) return Fail(err, "--server: this caliper was built without gRPC");
-    absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+    absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
     if (!security.ok()) return Fail(err, security.status().message());
     std::string model_text;
     if (by_model) {

@@ -28,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::vector<FlagSpec>& CalibrateFlags() {
-  static const std::vector<FlagSpec> flags = WithChannelSecurityFlags({
+  static const std::vector<FlagSpec> flags = WithConnectionFlags({
       {"server", "ADDR", "caliper-server address, e.g. localhost:50051"},
       {"model", "CONFIG", "the model's Hugging Face config.json"},
       {"tensors", "PATH...", "dump files, or directories of *.safetensors (a glob works)", true},
@@ -275,13 +275,13 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
 
   // Session.
   const std::string server = flag("server");
-  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
   if (!security.ok()) return UsageError(err, security.status().message());
   absl::StatusOr<std::shared_ptr<grpc::Channel>> made_channel = MakeChannel(server, *security);
   if (!made_channel.ok()) return UsageError(err, made_channel.status().message());
   auto channel = *std::move(made_channel);
   auto stub = v1::Calibration::NewStub(channel);
-  const RetryPolicy retry;
+  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts);
   v1::Session session;
   grpc::Status created = CreateSessionWithRetry(*channel, *stub, create, &session, retry, &err,
                                                 "calibrate");
@@ -388,7 +388,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
   }
   v1::Deployment deployment;
   deployment.set_tp_size(static_cast<int>(deploy_tp->value_or(producer_tp)));
-  return FetchAndWriteScales(*stub, "calibrate", session, deployment, *convention,
+  return FetchAndWriteScales(*stub, "calibrate", retry, session, deployment, *convention,
                              flags->GetAll("format"), flag("out"), out, err);
 }
 

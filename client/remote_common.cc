@@ -78,13 +78,13 @@ class BearerTokenInterceptorFactory final
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  ChannelSecurity security;
+  ConnectionOptions security;
   security.token = TokenFromEnvironment();
   return *MakeChannel(address, security);  // no CA file: cannot fail
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ChannelSecurity& security) {
+                                                           const ConnectionOptions& security) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -99,6 +99,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
     if (!ca.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_ca: ", ca.status().message()));
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = *std::move(ca);
+    if (!security.tls_cert_file.empty()) {
+      absl::StatusOr<std::string> cert = ReadWholeFile(security.tls_cert_file);
+      if (!cert.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_cert: ", cert.status().message()));
+      absl::StatusOr<std::string> key = ReadWholeFile(security.tls_key_file);
+      if (!key.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_key: ", key.status().message()));
+      ssl.pem_cert_chain = *std::move(cert);
+      ssl.pem_private_key = *std::move(key);
+    }
     credentials = grpc::SslCredentials(ssl);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
@@ -317,6 +325,7 @@ void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out) {
 }
 
 int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
+                        const RetryPolicy& retry,
                         const v1::Session& session, const v1::Deployment& deployment,
                         v1::Nvfp4Convention convention, const std::vector<std::string>& formats,
                         const std::string& out_dir, std::ostream& out, std::ostream& err) {
@@ -329,7 +338,7 @@ int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
     if (format != "lightllm") request.add_formats(format);
   }
   v1::ScalesResponse scales;
-  Backoff backoff(RetryPolicy{}, &err, absl::StrCat("caliper ", command, ": GetScales"));
+  Backoff backoff(retry, &err, absl::StrCat("caliper ", command, ": GetScales"));
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
     return stub.GetScales(&context, request, &scales);
   });

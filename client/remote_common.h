@@ -10,9 +10,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "client/channel_security.h"
+#include "client/connection_options.h"
 #include "client/cli_args.h"
 #include "client/exit_codes.h"
+#include "client/rpc_retry.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/caliper.grpc.pb.h"
 
@@ -23,9 +24,9 @@ inline constexpr int kMaxMessageBytes = 64 << 20;
 
 // Plaintext, with CALIPER_TOKEN (if set) as the bearer token.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
-// InvalidArgument naming --tls_ca when the CA file cannot be read.
+// InvalidArgument naming --tls_ca / --tls_cert / --tls_key when a file cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ChannelSecurity& security);
+                                                           const ConnectionOptions& security);
 
 // Prints "caliper <command>: <what> failed: <CODE>: <message>" and returns kExitServer.
 int ReportRpcError(std::ostream& err, absl::string_view command, absl::string_view what,
@@ -54,9 +55,10 @@ absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
 void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out);
 
 // The tail of `calibrate` and `scales`: asks GetScales for `deployment` (LightLLM plus every
-// --format), writes the outputs into out_dir, prints the summary and the paths. Returns the exit
-// code; errors are reported as `caliper <command>: ...`.
+// --format; retried per `retry`), writes the outputs into out_dir, prints the summary and the
+// paths. Returns the exit code; errors are reported as `caliper <command>: ...`.
 int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
+                        const RetryPolicy& retry,
                         const v1::Session& session, const v1::Deployment& deployment,
                         v1::Nvfp4Convention convention, const std::vector<std::string>& formats,
                         const std::string& out_dir, std::ostream& out, std::ostream& err);

@@ -26,12 +26,19 @@
 
 namespace caliper::cli {
 
+// Defaults as documented for --attempts (client/connection_options.h).
 struct RetryPolicy {
   int max_attempts = 8;                          // the first try included
   std::chrono::milliseconds initial_backoff{200};  // doubled after each retry ...
   std::chrono::milliseconds max_backoff{5000};     // ... up to this
   std::chrono::milliseconds call_deadline{30000};  // each unary attempt
 };
+
+inline RetryPolicy RetryPolicyWithAttempts(int attempts) {
+  RetryPolicy policy;
+  policy.max_attempts = attempts;
+  return policy;
+}
 
 class Backoff {
  public:

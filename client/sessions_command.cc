@@ -13,7 +13,7 @@ namespace {
 
 const std::vector<FlagSpec>& SessionsFlags() {
   static const std::vector<FlagSpec> flags =
-      WithChannelSecurityFlags({{"server", "ADDR", "caliper-server address"}});
+      WithConnectionFlags({{"server", "ADDR", "caliper-server address"}});
   return flags;
 }
 
@@ -57,7 +57,7 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
     err << "caliper sessions: --server is required\n";
     return kExitUsage;
   }
-  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       security.ok() ? MakeChannel(server, *security) : security.status();
   if (!channel.ok()) {
@@ -66,7 +66,8 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
   }
   auto stub = v1::Calibration::NewStub(*channel);
   v1::ListSessionsResponse response;
-  Backoff backoff(RetryPolicy{}, &err, "caliper sessions: ListSessions");
+  Backoff backoff(RetryPolicyWithAttempts(security->attempts), &err,
+                  "caliper sessions: ListSessions");
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
     return stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
   });
@@ -94,7 +95,7 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
   return kExitOk;
 }
 
-int RunRemoteAdapt(const std::string& server, const ChannelSecurity& security,
+int RunRemoteAdapt(const std::string& server, const ConnectionOptions& security,
                    const std::string& lightllm_json, int total_heads,
                    const std::string& model_config_json, int tp_size, std::string* adapted,
                    std::ostream& err) {
@@ -110,7 +111,7 @@ int RunRemoteAdapt(const std::string& server, const ChannelSecurity& security,
   if (!model_config_json.empty()) request.mutable_model()->set_hf_config_json(model_config_json);
   if (tp_size > 0) request.set_tp_size(tp_size);
   v1::AdaptResponse response;
-  Backoff backoff(RetryPolicy{}, &err, "caliper adapt: Adapt");
+  Backoff backoff(RetryPolicyWithAttempts(security.attempts), &err, "caliper adapt: Adapt");
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
     return stub->Adapt(&context, request, &response);
   });
