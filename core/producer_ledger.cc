@@ -6,7 +6,11 @@
 
 namespace caliper {
 
-ProducerLedger::ProducerLedger(const ProducerSequences& durable) {
+ProducerLedger::ProducerLedger(const ProducerSequences& durable) { Restore(durable); }
+
+void ProducerLedger::Restore(const ProducerSequences& durable) {
+  std::lock_guard<std::mutex> lock(mu_);
+  producers_.clear();
   for (const auto& [id, sequence] : durable) {
     Producer& producer = producers_[id];
     producer.accepted = sequence;

@@ -37,6 +37,8 @@ class ProducerLedger {
   ProducerLedger() = default;
   // Starts from persisted state (Snapshot() of an earlier ledger): accepted == durable.
   explicit ProducerLedger(const ProducerSequences& durable);
+  // Replaces all producers with persisted counts (accepted == durable); open streams end.
+  void Restore(const ProducerSequences& durable);
 
   // Registers a new stream for `producer_id` and fences any earlier one.
   // InvalidArgument for an empty id.

@@ -584,6 +584,15 @@ absl::Status SessionRegistry::Delete(absl::string_view id) {
   return absl::OkStatus();
 }
 
+absl::Status SessionRegistry::Insert(std::shared_ptr<CalibrationSession> session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string id = session->id();
+  if (!sessions_.emplace(id, std::move(session)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("session_id: \"", id, "\" is already loaded"));
+  }
+  return absl::OkStatus();
+}
+
 size_t SessionRegistry::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sessions_.size();

@@ -99,6 +99,14 @@ struct SessionScales {
 
 enum class SessionState { kOpen, kFinalized };
 
+// A consistent copy of a session's persistent state (core/session_store.h writes it). After the
+// bytes are durable, pass the snapshot to MarkDurable so acknowledgements may cover it.
+struct SessionSnapshot {
+  std::string bytes;            // self-describing: Restore() rebuilds the session from it
+  ProducerSequences producers;  // ledger counts the bytes cover
+  uint64_t version = 0;         // ChangeCount() when taken
+};
+
 struct LayerProgressInfo {
   int64_t k_tokens = 0;  // tokens per head, averaged over original heads
   int64_t v_tokens = 0;
@@ -155,6 +163,23 @@ class CalibrationSession {
   // Counts a chunk the transport rejected before it could build a ChunkRef (e.g. bad dtype).
   void RecordRejected();
 
+  // Durability (issue 7). ChangeCount() grows with every change to persistent state (every
+  // chunk verdict bumps one counter; Finalize flips the state), so a flusher writes only
+  // sessions that changed and knows which acknowledgements a write covers.
+  uint64_t ChangeCount() const;
+  SessionSnapshot Snapshot() const;
+  void MarkDurable(const SessionSnapshot& written);
+  uint64_t DurableChangeCount() const;
+  // Where a producer resumes when acknowledgements wait for durability: after its last durable
+  // sequence (later ones it sent are re-sent and counted as duplicates).
+  uint64_t DurableResumeFrom(absl::string_view producer_id) const {
+    return ledger_.LastDurable(producer_id) + 1;
+  }
+  // Rebuilds a session from Snapshot().bytes: same id, tenant, counters, observers and ledger
+  // (all durable); a finalized one is finalized again (deterministic). InvalidArgument naming
+  // the field for bytes that do not decode or do not fit the model.
+  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Restore(absl::string_view bytes);
+
   // Freezes the session and computes the deployment-independent results. Idempotent.
   absl::Status Finalize();
 
@@ -177,6 +202,7 @@ class CalibrationSession {
 
   // Called by the registry on delete: later chunks from streams still open get NotFound.
   void MarkDeleted() { deleted_.store(true); }
+  bool deleted() const { return deleted_.load(); }
 
  private:
   CalibrationSession(ModelConfig model, Recipe recipe, std::string id, std::string name,
@@ -192,13 +218,14 @@ class CalibrationSession {
     std::optional<RangeStats> range;
   };
 
+  uint64_t ChangeCountLocked() const;
   absl::Status ValidateChunk(const ChunkRef& chunk) const;
   absl::Status CheckOpen() const;  // caller holds mu_ or accepts a racy pre-check
 
   const ModelConfig model_;
   const Recipe recipe_;
   const std::string id_, name_, tenant_;
-  const int64_t created_unix_ms_;
+  int64_t created_unix_ms_;  // set once, by the constructor or Restore
   int max_modules_ = 0;
   std::atomic<bool> deleted_{false};
 
@@ -210,6 +237,7 @@ class CalibrationSession {
   int64_t rejected_chunks_ = 0, skipped_warmup_chunks_ = 0;
   int64_t duplicate_chunks_ = 0;
   ProducerLedger ledger_;  // Accept runs under mu_ with the fold it guards
+  uint64_t durable_change_count_ = 0;
   // Set by Finalize.
   std::optional<KvScales> final_kv_;
   std::map<std::string, ModuleAmax> final_amax_;
@@ -241,6 +269,8 @@ class SessionRegistry {
   std::vector<std::shared_ptr<CalibrationSession>> ListForTenant(absl::string_view tenant) const;
   absl::Status Delete(absl::string_view id);
   absl::Status DeleteForTenant(absl::string_view id, absl::string_view tenant);
+  // Adds a restored session under its own id; AlreadyExists when the id is taken.
+  absl::Status Insert(std::shared_ptr<CalibrationSession> session);
   size_t size() const;
 
  private:

@@ -63,6 +63,15 @@ grpc::ServerUnaryReactor* CalibrationService::FinishUnary(grpc::CallbackServerCo
                                                           absl::string_view session_id,
                                                           int64_t start_ns,
                                                           const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  FinishReactor(reactor, context, method, session_id, start_ns, status);
+  return reactor;
+}
+
+void CalibrationService::FinishReactor(grpc::ServerUnaryReactor* reactor,
+                                       grpc::CallbackServerContext* context,
+                                       absl::string_view method, absl::string_view session_id,
+                                       int64_t start_ns, const absl::Status& status) {
   const double seconds = SecondsSince(start_ns);
   metrics_->RpcDone(method, seconds);
   EventLog::Fields fields = {{"method", std::string(method)},
@@ -72,8 +81,23 @@ grpc::ServerUnaryReactor* CalibrationService::FinishUnary(grpc::CallbackServerCo
                              {"duration_ms", Millis(seconds)}};
   if (!status.ok()) fields.emplace_back("message", std::string(status.message()));
   log_->Log(status.ok() ? Severity::kInfo : Severity::kWarning, "rpc", fields);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
+}
+
+grpc::ServerUnaryReactor* CalibrationService::FinishUnaryWhenDurable(
+    grpc::CallbackServerContext* context, absl::string_view method,
+    const std::shared_ptr<CalibrationSession>& session, int64_t start_ns,
+    std::function<void()> undo) {
+  if (options_.persister == nullptr) {
+    return FinishUnary(context, method, session->id(), start_ns, absl::OkStatus());
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  options_.persister->WhenDurable(
+      session, [this, reactor, context, method = std::string(method), id = session->id(),
+                start_ns, undo = std::move(undo)](absl::Status status) {
+        if (!status.ok() && undo) undo();
+        FinishReactor(reactor, context, method, id, start_ns, status);
+      });
   return reactor;
 }
 
@@ -107,9 +131,14 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
       id = (*session)->id();
       *response = SessionToProto((*session)->Status());
       metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
-    } else {
-      status = session.status();
+      // The id goes out only once a restart would know it; a session that cannot be made
+      // durable is taken back, so a failed create leaves nothing behind.
+      return FinishUnaryWhenDurable(context, "CreateSession", *session, start, [this, id] {
+        registry_->Delete(id).IgnoreError();
+        metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
+      });
     }
+    status = session.status();
   }
   return FinishUnary(context, "CreateSession", id, start, status);
 }
@@ -144,6 +173,13 @@ grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
   absl::Status status = tenant.ok() ? registry_->DeleteForTenant(request->session_id(), *tenant)
                                     : tenant.status();
   metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
+  if (status.ok() && options_.persister != nullptr) {
+    if (absl::Status removed = options_.persister->Remove(request->session_id()); !removed.ok()) {
+      status = absl::InternalError(absl::StrCat(
+          "session deleted, but its state file could not be removed (it would come back after "
+          "a restart): ", removed.message()));
+    }
+  }
   return FinishUnary(context, "DeleteSession", request->session_id(), start, status);
 }
 
@@ -159,6 +195,7 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
     if (status.ok()) *response = SessionToProto((*session)->Status());
   }
   metrics_->Finalization(status.ok());
+  if (status.ok()) return FinishUnaryWhenDurable(context, "Finalize", *session, start);
   return FinishUnary(context, "Finalize", request->session_id(), start, status);
 }
 
@@ -233,7 +270,11 @@ grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext
     if (request->producer_id().empty()) {
       status = absl::InvalidArgumentError("producer_id: required");
     } else {
-      response->set_next_sequence((*session)->ResumeFrom(request->producer_id()));
+      // With --state_dir only durable chunks count: a producer re-sends the rest (acknowledged
+      // as duplicates where they were accepted), so a crash after this answer loses nothing.
+      response->set_next_sequence(options_.persister != nullptr
+                                      ? (*session)->DurableResumeFrom(request->producer_id())
+                                      : (*session)->ResumeFrom(request->producer_id()));
     }
   }
   return FinishUnary(context, "Resume", request->session_id(), start, status);
@@ -328,7 +369,17 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
  private:
+  // An OK end is acknowledged only once everything the stream accepted is durable.
   void FinishStream(const absl::Status& status) {
+    if (status.ok() && session_ != nullptr && service_->options_.persister != nullptr) {
+      service_->options_.persister->WhenDurable(
+          session_, [this](absl::Status durable) { CompleteStream(durable); });
+      return;
+    }
+    CompleteStream(status);
+  }
+
+  void CompleteStream(const absl::Status& status) {
     final_status_ = status;
     // Settled before the status leaves: once the client's Finish returns, the metrics show this
     // stream and its --max_concurrent_streams slot is free (OnDone may run later).

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -17,6 +18,7 @@
 #include "absl/time/time.h"
 #include "core/reduction_backend.h"
 #include "core/session.h"
+#include "core/session_store.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
 #include "server/metrics.h"
@@ -32,6 +34,8 @@ struct ServiceOptions {
   SessionLimits limits;
   int max_concurrent_streams = 0;                  // Observe streams open at once; 0: unbounded
   absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
+  // --state_dir: acknowledgements (stream ends, CreateSession, Finalize, Resume) wait for it.
+  SessionPersister* persister = nullptr;
 };
 
 class CalibrationService final : public v1::Calibration::CallbackService {
@@ -83,6 +87,15 @@ class CalibrationService final : public v1::Calibration::CallbackService {
   grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
                                         absl::string_view method, absl::string_view session_id,
                                         int64_t start_ns, const absl::Status& status);
+  void FinishReactor(grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* context,
+                     absl::string_view method, absl::string_view session_id, int64_t start_ns,
+                     const absl::Status& status);
+  // FinishUnary with OK once `session` is durable (at once without a persister); a failed
+  // write answers with its error after running `undo`. The gRPC thread is never blocked.
+  grpc::ServerUnaryReactor* FinishUnaryWhenDurable(
+      grpc::CallbackServerContext* context, absl::string_view method,
+      const std::shared_ptr<CalibrationSession>& session, int64_t start_ns,
+      std::function<void()> undo = nullptr);
 
   const ServiceOptions options_;
   SessionRegistry* const registry_;

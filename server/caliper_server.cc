@@ -51,7 +51,12 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
     server->metrics_address_ = WithPort(options.metrics_listen, server->metrics_->port());
   }
 
+  if (!options.state_dir.empty()) {
+    if (absl::Status s = server->RestoreState(options, log); !s.ok()) return s;
+  }
+
   ServiceOptions service_options;
+  service_options.persister = server->persister_.get();
   service_options.max_message_bytes = options.max_message_bytes;
   service_options.max_errors_per_stream = options.max_errors_per_stream;
   service_options.authenticator = options.authenticator;
@@ -84,7 +89,52 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   return server;
 }
 
-CaliperServer::~CaliperServer() { Shutdown(absl::ZeroDuration()); }
+absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog* log) {
+  if (options.state_flush_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state_flush_interval: must be positive, got ",
+        absl::FormatDuration(options.state_flush_interval)));
+  }
+  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(options.state_dir);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("--state_dir=", options.state_dir, ": ",
+                                     store.status().message()));
+  }
+  store_ = *std::move(store);
+  SessionStore::Loaded loaded = store_->LoadAll();
+  for (const absl::Status& error : loaded.errors) {
+    log->Log(Severity::kError, "state_file_not_loaded",
+             {{"state_dir", options.state_dir}, {"error", std::string(error.message())}});
+  }
+  for (std::unique_ptr<CalibrationSession>& session : loaded.sessions) {
+    session->set_max_modules(options.limits.max_modules_per_session);
+    if (absl::Status s = registry_.Insert(std::move(session)); !s.ok()) return s;
+  }
+  server_metrics_->StateLoaded(static_cast<int64_t>(loaded.sessions.size()),
+                               static_cast<int64_t>(loaded.errors.size()));
+  server_metrics_->SetActiveSessions(static_cast<int64_t>(registry_.size()));
+  log->Log(loaded.errors.empty() ? Severity::kInfo : Severity::kWarning, "state_restored",
+           {{"state_dir", options.state_dir},
+            {"sessions", absl::StrCat(loaded.sessions.size())},
+            {"corrupt_files_set_aside", absl::StrCat(loaded.errors.size())}});
+  ServerMetrics* metrics = server_metrics_.get();
+  persister_ = std::make_unique<SessionPersister>(
+      &registry_, store_.get(), options.state_flush_interval,
+      [metrics, log](const SessionPersister::WriteEvent& event) {
+        metrics->StateWrite(event.status.ok(), event.bytes, absl::ToDoubleSeconds(event.duration));
+        if (!event.status.ok()) {
+          log->Log(Severity::kError, "state_write_failed",
+                   {{"session", event.session_id}, {"error", std::string(event.status.message())}});
+        }
+      });
+  return absl::OkStatus();
+}
+
+CaliperServer::~CaliperServer() {
+  Shutdown(absl::ZeroDuration());
+  if (persister_ != nullptr) persister_->Stop();
+}
 
 void CaliperServer::Shutdown(absl::Duration drain) {
   if (shut_down_ || server_ == nullptr) return;
@@ -94,6 +144,7 @@ void CaliperServer::Shutdown(absl::Duration drain) {
   }
   server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   server_->Wait();
+  if (persister_ != nullptr) persister_->Stop();  // after the last stream: nothing changes now
 }
 
 void CaliperServer::Wait() {

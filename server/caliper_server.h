@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "core/reduction_backend.h"
 #include "core/session.h"
+#include "core/session_store.h"
 #include "server/calibration_service.h"
 #include "server/event_log.h"
 #include "server/metrics.h"
@@ -31,6 +32,9 @@ struct ServerOptions {
   SessionLimits limits;
   int max_concurrent_streams = 0;
   absl::Duration stream_idle_timeout = absl::ZeroDuration();
+  // Durable sessions: one state file per session here, restored at start-up; empty: in memory.
+  std::string state_dir;
+  absl::Duration state_flush_interval = absl::Seconds(1);  // upper bound between writes
 };
 
 class CaliperServer {
@@ -49,7 +53,7 @@ class CaliperServer {
   absl::string_view backend_name() const { return backend_->name(); }
 
   // Stops accepting RPCs, marks health NOT_SERVING, lets in-flight calls finish for up to
-  // `drain`, then cancels the rest. Idempotent.
+  // `drain`, then cancels the rest and writes the state of every changed session. Idempotent.
   void Shutdown(absl::Duration drain);
   void Wait();
 
@@ -58,10 +62,14 @@ class CaliperServer {
 
  private:
   CaliperServer() = default;
+  // Opens --state_dir, restores its sessions (reporting files set aside) and starts the flusher.
+  absl::Status RestoreState(const ServerOptions& options, EventLog* log);
 
   std::unique_ptr<ReductionBackend> backend_;
   SessionRegistry registry_;
   std::unique_ptr<ServerMetrics> server_metrics_;
+  std::unique_ptr<SessionStore> store_;          // with --state_dir
+  std::unique_ptr<SessionPersister> persister_;  // with --state_dir; stopped after the server
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<CalibrationService> service_;
   std::unique_ptr<grpc::Server> server_;

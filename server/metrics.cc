@@ -86,6 +86,30 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
                             .Register(*registry_);
   finalize_ok_ = &finalizations.Add({{"result", "ok"}});
   finalize_error_ = &finalizations.Add({{"result", "error"}});
+  auto& state_writes = prometheus::BuildCounter()
+                           .Name("caliper_state_writes_total")
+                           .Help("Session state file writes (--state_dir), by result.")
+                           .Register(*registry_);
+  state_writes_ok_ = &state_writes.Add({{"result", "ok"}});
+  state_writes_error_ = &state_writes.Add({{"result", "error"}});
+  state_bytes_ = &prometheus::BuildCounter()
+                      .Name("caliper_state_written_bytes_total")
+                      .Help("Bytes of session state written durably.")
+                      .Register(*registry_)
+                      .Add({});
+  state_write_seconds_ = &prometheus::BuildHistogram()
+                              .Name("caliper_state_write_seconds")
+                              .Help("Latency of one atomic state file write (write, fsync, rename).")
+                              .Register(*registry_)
+                              .Add({}, prometheus::Histogram::BucketBoundaries{
+                                           0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                           0.25, 0.5, 1, 2.5});
+  auto& state_loaded = prometheus::BuildCounter()
+                           .Name("caliper_state_files_loaded_total")
+                           .Help("State files read at start-up, by result (corrupt: set aside).")
+                           .Register(*registry_);
+  state_restored_ = &state_loaded.Add({{"result", "restored"}});
+  state_corrupt_ = &state_loaded.Add({{"result", "corrupt"}});
   prometheus::BuildGauge()
       .Name("caliper_backend_info")
       .Help("The reduction backend in use (value is always 1).")
@@ -128,6 +152,17 @@ void ServerMetrics::RpcDone(absl::string_view method, double seconds) {
 }
 
 void ServerMetrics::Finalization(bool ok) { (ok ? finalize_ok_ : finalize_error_)->Increment(); }
+
+void ServerMetrics::StateWrite(bool ok, size_t bytes, double seconds) {
+  (ok ? state_writes_ok_ : state_writes_error_)->Increment();
+  if (ok) state_bytes_->Increment(static_cast<double>(bytes));
+  state_write_seconds_->Observe(seconds);
+}
+
+void ServerMetrics::StateLoaded(int64_t restored, int64_t corrupt) {
+  state_restored_->Increment(static_cast<double>(restored));
+  state_corrupt_->Increment(static_cast<double>(corrupt));
+}
 
 std::string ServerMetrics::Render() const {
   return prometheus::TextSerializer().Serialize(registry_->Collect());

@@ -33,6 +33,10 @@ class ServerMetrics {
   void SetActiveSessions(int64_t count);
   void RpcDone(absl::string_view method, double seconds);
   void Finalization(bool ok);
+  // --state_dir: one session state file write (atomic, fsynced) and its size and latency.
+  void StateWrite(bool ok, size_t bytes, double seconds);
+  // State files found at start-up: restored, or set aside as corrupt.
+  void StateLoaded(int64_t restored, int64_t corrupt);
 
   // The text exposition page, as /metrics serves it (for tests).
   std::string Render() const;
@@ -53,6 +57,12 @@ class ServerMetrics {
   std::map<std::string, prometheus::Histogram*, std::less<>> rpc_by_method_;
   prometheus::Counter* finalize_ok_;
   prometheus::Counter* finalize_error_;
+  prometheus::Counter* state_writes_ok_;
+  prometheus::Counter* state_writes_error_;
+  prometheus::Counter* state_bytes_;
+  prometheus::Histogram* state_write_seconds_;
+  prometheus::Counter* state_restored_;
+  prometheus::Counter* state_corrupt_;
 };
 
 // Serves `metrics` on http://<listen>/metrics. Returns the bound port (listen may use port 0).

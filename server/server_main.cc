@@ -46,6 +46,12 @@ ABSL_FLAG(int, max_modules_per_session, 0,
 ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::ZeroDuration(),
           "Cancel an Observe stream that sends nothing for this long (accepted chunks stay); 0: "
           "never");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for durable session state (one file per session, restored at start-up); "
+          "empty: sessions live in memory only");
+ABSL_FLAG(absl::Duration, state_flush_interval, absl::Seconds(1),
+          "Longest time between writes of a changed session's state (stream ends, "
+          "CreateSession and Finalize also wait for a write)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -103,6 +109,8 @@ int main(int argc, char** argv) {
   options.limits.max_modules_per_session = absl::GetFlag(FLAGS_max_modules_per_session);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.state_flush_interval = absl::GetFlag(FLAGS_state_flush_interval);
   absl::StatusOr<std::unique_ptr<caliper::CaliperServer>> server =
       caliper::CaliperServer::Start(options, *std::move(backend), &log);
   if (!server.ok()) {
@@ -125,7 +133,8 @@ int main(int argc, char** argv) {
            {"tls", options.security.tls_cert.empty()
                        ? "off"
                        : (options.security.tls_client_ca.empty() ? "tls" : "mtls")},
-           {"tenants", options.authenticator ? "tokens" : "anonymous"}});
+           {"tenants", options.authenticator ? "tokens" : "anonymous"},
+           {"state_dir", options.state_dir.empty() ? "none (in memory)" : options.state_dir}});
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
+#include "tests/reliability/state_test_util.h"
 
 namespace caliper {
 namespace {
@@ -548,6 +549,152 @@ TEST_F(ServiceTest, ReflectionListsTheCalibrationService) {
   bool ok;
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+}  // namespace
+}  // namespace caliper
+
+namespace caliper {
+namespace {
+
+// --state_dir: acknowledgements wait for the disk, and a restarted server has every session back.
+class DurableServiceTest : public ServiceTest {
+ protected:
+  void SetUp() override { StartDurable(); }
+  void StartDurable() {
+    ServerOptions options;
+    options.state_dir = dir_.path() + "/state";
+    // An hour: every write in these tests is one an acknowledgement waited for.
+    options.state_flush_interval = absl::Hours(1);
+    StartServer(options);
+  }
+  std::string StatePath(const std::string& id) const {
+    return dir_.path() + "/state/" + id + ".session";
+  }
+  // The session as it is on disk right now.
+  SessionStatus OnDisk(const std::string& id) {
+    absl::StatusOr<std::string> payload = ReadStateFile(StatePath(id));
+    EXPECT_TRUE(payload.ok()) << payload.status();
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+        CalibrationSession::Restore(payload.ok() ? *payload : "");
+    EXPECT_TRUE(session.ok()) << session.status();
+    return session.ok() ? (*session)->Status() : SessionStatus{};
+  }
+  uint64_t ResumeFrom(const std::string& id, const std::string& producer) {
+    grpc::ClientContext ctx;
+    v1::ResumeRequest req;
+    req.set_session_id(id);
+    req.set_producer_id(producer);
+    v1::ResumeResponse out;
+    EXPECT_TRUE(stub_->Resume(&ctx, req, &out).ok());
+    return out.next_sequence();
+  }
+  std::vector<v1::TensorChunk> ProducerChunks(const std::string& id, uint64_t from, uint64_t to) {
+    std::vector<v1::TensorChunk> out;
+    for (uint64_t seq = from; seq <= to; ++seq) {
+      v1::TensorChunk c =
+          seq % 3 == 0 ? ModuleChunk(id, v1::WEIGHT, "m.layers.0.mlp.up_proj", Random(16, seq), seq)
+                       : KvChunk(id, seq % 2 ? v1::KEY : v1::VALUE, static_cast<int>(seq % kLayers),
+                                 Random(kHeads * kHeadDim * 3, seq), seq);
+      c.set_producer_id("rank0");
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  testing_util::TempDir dir_;
+};
+
+TEST_F(DurableServiceTest, AcknowledgementsNeverRunAheadOfTheDisk) {
+  const std::string id = Create();
+  // CreateSession answered: the session is already on disk.
+  EXPECT_EQ(OnDisk(id).accepted_chunks, 0);
+  v1::ObserveSummary summary;
+  ASSERT_TRUE(Stream(ProducerChunks(id, 1, 6), &summary).ok());
+  EXPECT_EQ(summary.accepted_chunks(), 6);
+  // The stream's OK came after the write that holds all six chunks.
+  EXPECT_EQ(OnDisk(id).accepted_chunks, 6);
+  EXPECT_EQ(ResumeFrom(id, "rank0"), 7u);
+  ASSERT_TRUE(Finalize(id).ok());
+  EXPECT_EQ(OnDisk(id).state, SessionState::kFinalized);
+}
+
+TEST_F(DurableServiceTest, RestartRestoresSessionsExactly) {
+  const std::string open = Create();
+  const std::string done = Create();
+  v1::ObserveSummary summary;
+  ASSERT_TRUE(Stream(ProducerChunks(open, 1, 6), &summary).ok());
+  ASSERT_TRUE(Stream(ProducerChunks(done, 1, 9), &summary).ok());
+  ASSERT_TRUE(Finalize(done).ok());
+  v1::ScalesResponse before;
+  ASSERT_TRUE(Scales(done, 1, &before).ok());
+
+  StartDurable();  // a new server process state: only the directory carries over
+  EXPECT_EQ(server_->registry().size(), 2u);
+  EXPECT_THAT(server_->metrics().Render(),
+              HasSubstr("caliper_state_files_loaded_total{result=\"restored\"} 2"));
+  v1::ScalesResponse after;
+  ASSERT_TRUE(Scales(done, 1, &after).ok());
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
+  // The open session goes on where its producer stopped; re-sent chunks are duplicates.
+  EXPECT_EQ(ResumeFrom(open, "rank0"), 7u);
+  ASSERT_TRUE(Stream(ProducerChunks(open, 5, 9), &summary).ok());
+  EXPECT_EQ(summary.duplicate_chunks(), 2);
+  EXPECT_EQ(summary.accepted_chunks(), 3);
+  ASSERT_TRUE(Finalize(open).ok());
+  v1::ScalesResponse resumed;
+  ASSERT_TRUE(Scales(open, 1, &resumed).ok());
+  // Same chunks 1..9 without a restart: the same scales.
+  const std::string fresh = Create();
+  ASSERT_TRUE(Stream(ProducerChunks(fresh, 1, 9), &summary).ok());
+  ASSERT_TRUE(Finalize(fresh).ok());
+  v1::ScalesResponse uninterrupted;
+  ASSERT_TRUE(Scales(fresh, 1, &uninterrupted).ok());
+  EXPECT_EQ(resumed.SerializeAsString(), uninterrupted.SerializeAsString());
+}
+
+TEST_F(DurableServiceTest, DeleteRemovesTheStateFile) {
+  const std::string id = Create();
+  ASSERT_TRUE(testing_util::fs::exists(StatePath(id)));
+  grpc::ClientContext ctx;
+  v1::DeleteSessionRequest req;
+  req.set_session_id(id);
+  v1::DeleteSessionResponse out;
+  ASSERT_TRUE(stub_->DeleteSession(&ctx, req, &out).ok());
+  EXPECT_FALSE(testing_util::fs::exists(StatePath(id)));
+  StartDurable();
+  EXPECT_EQ(server_->registry().size(), 0u);
+}
+
+TEST_F(DurableServiceTest, CorruptStateFileIsReportedAndSetAsideAtStartUp) {
+  const std::string id = Create();
+  std::string raw = testing_util::SlurpFile(StatePath(id));
+  raw.resize(raw.size() - 1);  // torn write
+  testing_util::SpitFile(StatePath(id), raw);
+  StartDurable();
+  EXPECT_EQ(server_->registry().size(), 0u);
+  EXPECT_THAT(server_->metrics().Render(),
+              HasSubstr("caliper_state_files_loaded_total{result=\"corrupt\"} 1"));
+  EXPECT_TRUE(testing_util::fs::exists(StatePath(id) + ".corrupt"));
+  // It is gone, not loaded as wrong numbers.
+  grpc::ClientContext ctx;
+  v1::GetSessionRequest req;
+  req.set_session_id(id);
+  v1::Session out;
+  EXPECT_EQ(stub_->GetSession(&ctx, req, &out).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(DurableServiceTest, UnwritableStateDirFailsStartUpNamingTheFlag) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_listen = "";
+  const std::string file = dir_.path() + "/not-a-dir";
+  testing_util::SpitFile(file, "x");
+  options.state_dir = file + "/state";
+  absl::StatusOr<std::unique_ptr<CaliperServer>> server =
+      CaliperServer::Start(options, MakeCpuBackend(1), &log_);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("--state_dir="));
 }
 
 }  // namespace
