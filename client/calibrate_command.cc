@@ -288,7 +288,8 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
   if (!created.ok()) {
     return ReportRpcError(err, "calibrate", absl::StrCat("CreateSession on ", server), created);
   }
-  out << "session   " << session.id() << "\n";
+  // Flushed: with stdout in a file or pipe, the id is there while the streams run.
+  out << "session   " << session.id() << "\n" << std::flush;
 
   // Streams: a small worker pool, one Observe call per file.
   Progress progress;
@@ -367,7 +368,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
                          HumanBytes(seconds > 0 ? static_cast<double>(accepted_bytes) / seconds : 0),
                          plans.size(), rejected);
   if (skipped_warmup > 0) out << ", " << skipped_warmup << " warm-up chunks skipped";
-  out << "\n";
+  out << "\n" << std::flush;
   if (stream_failed || (rejected > 0 && !flags->Has("allow-rejected"))) {
     err << "caliper calibrate: session " << session.id()
         << " left open and nothing written; fix the input and stream again, or pass "
