@@ -281,7 +281,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
   if (!made_channel.ok()) return UsageError(err, made_channel.status().message());
   auto channel = *std::move(made_channel);
   auto stub = v1::Calibration::NewStub(channel);
-  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts);
+  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, channel);
   v1::Session session;
   grpc::Status created = CreateSessionWithRetry(*channel, *stub, create, &session, retry, &err,
                                                 "calibrate");

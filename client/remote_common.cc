@@ -88,11 +88,12 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  // Reconnect soon after a server restart; gRPC's default backoff grows to two minutes, longer
-  // than the CLI's own retries (client/rpc_retry.h) wait.
+  // Reconnect within a second of a server restart; gRPC's default backoff grows to two minutes,
+  // longer than the CLI's own retries (client/rpc_retry.h) wait. Not
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the connect timeout, and 100 ms
+  // cuts off a busy server's handshake.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!security.tls_ca_file.empty()) {
     absl::StatusOr<std::string> ca = ReadWholeFile(security.tls_ca_file);

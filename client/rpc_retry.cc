@@ -37,7 +37,12 @@ bool Backoff::Wait(absl::string_view reason) {
           << attempt_ << "/" << policy_.max_attempts << ")\n"
           << std::flush;
   }
-  std::this_thread::sleep_for(delay_);
+  // A connected channel means the server itself said UNAVAILABLE: then the whole pause.
+  if (policy_.channel != nullptr && policy_.channel->GetState(false) != GRPC_CHANNEL_READY) {
+    policy_.channel->WaitForConnected(std::chrono::system_clock::now() + delay_);
+  } else {
+    std::this_thread::sleep_for(delay_);
+  }
   delay_ = std::min(delay_ * 2, policy_.max_backoff);
   return true;
 }

@@ -7,10 +7,11 @@
 //  - CallWithRetry: idempotent unary RPCs (GetSession, Finalize, GetScales, Resume,
 //    ListSessions, Adapt) on UNAVAILABLE and DEADLINE_EXCEEDED; repeating them is harmless.
 //  - CreateSession is not idempotent: CreateSessionWithRetry waits for a connection first (a
-//    request never sent is safe to retry) and sends again only after UNAVAILABLE, i.e. the
-//    connection broke; the lost call may have created an empty session, which is named in the
-//    message. DEADLINE_EXCEEDED (server reached but slow) is final. Guessing which session the lost
-//    call made could mix two runs' data; an empty stray session is only clutter.
+//    request never sent is safe to retry) and sends again only after UNAVAILABLE (the connection
+//    broke, or the server could not make the session durable and took it back); the message
+//    says the lost call may have left an empty session. DEADLINE_EXCEEDED (the server has it but
+//    is slow) is final. Guessing which session the lost call made could mix two runs' data; an
+//    empty stray session is only clutter.
 #ifndef CALIPER_CLIENT_RPC_RETRY_H_
 #define CALIPER_CLIENT_RPC_RETRY_H_
 
@@ -32,11 +33,16 @@ struct RetryPolicy {
   std::chrono::milliseconds initial_backoff{200};  // doubled after each retry ...
   std::chrono::milliseconds max_backoff{5000};     // ... up to this
   std::chrono::milliseconds call_deadline{30000};  // each unary attempt
+  // When set and not connected, a backoff ends early once it connects again, so a restarted
+  // server is used at once rather than after the rest of the pause.
+  std::shared_ptr<grpc::ChannelInterface> channel;
 };
 
-inline RetryPolicy RetryPolicyWithAttempts(int attempts) {
+inline RetryPolicy RetryPolicyWithAttempts(int attempts,
+                                           std::shared_ptr<grpc::ChannelInterface> channel) {
   RetryPolicy policy;
   policy.max_attempts = attempts;
+  policy.channel = std::move(channel);
   return policy;
 }
 
@@ -45,7 +51,8 @@ class Backoff {
   // `log` (may be null) receives "<who>: <reason>, retrying in 400ms (attempt 2/8)".
   Backoff(const RetryPolicy& policy, std::ostream* log, std::string who);
 
-  // Counts a failed attempt; false when the budget is spent, else prints the line and sleeps.
+  // Counts a failed attempt; false when the budget is spent, else prints the line and waits
+  // the backoff (less when the policy's channel connects sooner).
   bool Wait(absl::string_view reason);
   // Progress was made (e.g. a stream moved on): the budget starts over.
   void Reset();

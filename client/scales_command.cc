@@ -66,7 +66,7 @@ int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, st
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(flag("server"), *security);
   if (!channel.ok()) return UsageError(err, channel.status().message());
   auto stub = v1::Calibration::NewStub(*channel);
-  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts);
+  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, *channel);
   v1::Session session;
   {
     v1::GetSessionRequest request;

@@ -66,7 +66,7 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
   }
   auto stub = v1::Calibration::NewStub(*channel);
   v1::ListSessionsResponse response;
-  Backoff backoff(RetryPolicyWithAttempts(security->attempts), &err,
+  Backoff backoff(RetryPolicyWithAttempts(security->attempts, *channel), &err,
                   "caliper sessions: ListSessions");
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
     return stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
@@ -111,7 +111,8 @@ int RunRemoteAdapt(const std::string& server, const ConnectionOptions& security,
   if (!model_config_json.empty()) request.mutable_model()->set_hf_config_json(model_config_json);
   if (tp_size > 0) request.set_tp_size(tp_size);
   v1::AdaptResponse response;
-  Backoff backoff(RetryPolicyWithAttempts(security.attempts), &err, "caliper adapt: Adapt");
+  Backoff backoff(RetryPolicyWithAttempts(security.attempts, *channel), &err,
+                  "caliper adapt: Adapt");
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
     return stub->Adapt(&context, request, &response);
   });

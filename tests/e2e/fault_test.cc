@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,25 +52,33 @@ class FaultTest : public ::testing::Test {
     dir_ = (fs::temp_directory_path() / absl::StrCat("caliper_fault_", getpid())).string();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
+    demo_ = Demo("demo", /*batches=*/2, /*tokens=*/32);
+  }
+
+  // TP-4 dumps (4 producers per batch) and a two-shard checkpoint.
+  DemoFiles Demo(const std::string& name, int batches, int tokens) {
     DemoOptions options;
     options.tp_size = 4;
-    options.batches = 2;
-    options.tokens = 32;
+    options.batches = batches;
+    options.tokens = tokens;
     options.seed = 99;
-    auto files = WriteDemo(options, dir_ + "/demo");
-    ASSERT_TRUE(files.ok()) << files.status();
-    demo_ = *files;
+    auto files = WriteDemo(options, dir_ + "/" + name);
+    EXPECT_TRUE(files.ok()) << files.status();
+    return files.ok() ? *files : DemoFiles{};
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  std::vector<std::string> CalibrateArgs(const std::string& server, const std::string& out) {
+  std::vector<std::string> CalibrateArgs(const std::string& server, const std::string& out,
+                                         int chunk_bytes = 2048, const DemoFiles* demo = nullptr) {
+    if (demo == nullptr) demo = &demo_;
     return {e2e::CliPath(), "calibrate", "--server=" + server,
-            "--model=" + demo_.config_json, "--kv=per_head", "--nvfp4",
-            "--weights=" + demo_.checkpoint_dir,
-            "--tensors=" + fs::path(demo_.dumps[0]).parent_path().string(),
-            "--chunk-bytes=2048", "--streams=4", "--name=fault-test", "--out=" + out};
+            "--model=" + demo->config_json, "--kv=per_head", "--nvfp4",
+            "--weights=" + demo->checkpoint_dir,
+            "--tensors=" + fs::path(demo->dumps[0]).parent_path().string(),
+            absl::StrCat("--chunk-bytes=", chunk_bytes), "--streams=4", "--name=fault-test",
+            "--out=" + out};
   }
 
   std::vector<std::string> ServerFlags(const std::string& state_dir) {
@@ -95,6 +104,64 @@ TEST_F(FaultTest, CalibrateWaitsForAServerThatIsNotUpYet) {
   EXPECT_TRUE(absl::StrContains(log, "CreateSession: server unavailable, retrying in 200ms (attempt 2/8)"))
       << log;
   EXPECT_TRUE(fs::exists(dir_ + "/out_late/kv_cache_calib.json"));
+}
+
+// Several kills in one run, each soon after the CLI resumed from the last one: a stream's retry
+// budget starts over once the server counted more of it, so a run outlives any number of kills
+// that leave it time to progress.
+TEST_F(FaultTest, RepeatedKillsInOneRunLeaveTheScalesExact) {
+  // A longer run (more data, smaller chunks): room for a dozen kills.
+  constexpr int kSmallChunks = 1024;
+  const DemoFiles demo = Demo("demo_long", /*batches=*/3, /*tokens=*/96);
+  const std::string reference_out = dir_ + "/out_reference";
+  {
+    e2e::ServerProcess server(ServerFlags(dir_ + "/state_reference"), dir_ + "/server_ref.log");
+    ASSERT_TRUE(server.Start()) << e2e::ReadFile(dir_ + "/server_ref.log");
+    e2e::ChildProcess cli(CalibrateArgs(server.address(), reference_out, kSmallChunks, &demo), dir_ + "/cli_ref.log");
+    ASSERT_EQ(cli.Wait(120), 0) << e2e::ReadFile(dir_ + "/cli_ref.log");
+  }
+  const uint64_t seed = EnvOr("CALIPER_FAULT_SEED", 20240607);
+  std::mt19937_64 random(seed);
+  std::uniform_int_distribution<int> delay_ms(40, 150);  // > 2 flush intervals: durable progress
+  e2e::ServerProcess server(ServerFlags(dir_ + "/state_repeated"), dir_ + "/server_repeated.log");
+  ASSERT_TRUE(server.Start()) << e2e::ReadFile(dir_ + "/server_repeated.log");
+  const std::string out = dir_ + "/out_repeated", cli_log = dir_ + "/cli_repeated.log";
+  e2e::ChildProcess cli(CalibrateArgs(server.address(), out, kSmallChunks, &demo), cli_log);
+  // Each kill waits until the CLI is streaming again: first its session line, later one more
+  // "resuming" line than before the last kill.
+  auto count = [&](const std::string& what) {
+    const std::string log = e2e::ReadFile(cli_log);
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  int kills = 0;
+  size_t resumed = 0;
+  while (kills < 12 && cli.Running()) {
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (cli.Running() && Clock::now() < deadline &&
+           (kills == 0 ? count("session   ") == 0 : count("resuming ") <= resumed)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(random)));
+    if (!cli.Running()) break;
+    resumed = count("resuming ");
+    server.Kill9();
+    ++kills;
+    ASSERT_TRUE(server.Start()) << e2e::ReadFile(dir_ + "/server_repeated.log");
+  }
+  ASSERT_EQ(cli.Wait(120), 0) << e2e::ReadFile(cli_log);
+  int highest_attempt = 0;
+  const std::string log = e2e::ReadFile(cli_log);
+  static const std::regex kAttempt(R"(\(attempt (\d+)/\d+\))");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), kAttempt); it != std::sregex_iterator();
+       ++it) {
+    highest_attempt = std::max(highest_attempt, std::stoi((*it)[1].str()));
+  }
+  std::printf("fault: one run survived %d kills, %zu retry lines, highest attempt %d (seed %llu)\n",
+              kills, count("retrying in"), highest_attempt, static_cast<unsigned long long>(seed));
+  EXPECT_GE(kills, 5);
+  EXPECT_EQ(e2e::CompareScaleDirs(reference_out, out), "") << e2e::ReadFile(cli_log);
 }
 
 TEST_F(FaultTest, KillNineAtRandomPointsLeavesTheScalesExact) {
