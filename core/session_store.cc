@@ -105,9 +105,9 @@ void SessionPersister::WhenDurable(const std::shared_ptr<CalibrationSession>& se
   done(absl::UnavailableError("the server is shutting down; its state flusher has stopped"));
 }
 
-absl::Status SessionPersister::Remove(const CalibrationSession& session) {
+absl::Status SessionPersister::Remove(absl::string_view session_id) {
   std::lock_guard<std::mutex> io(io_mu_);
-  return store_->Remove(session.id());
+  return store_->Remove(session_id);
 }
 
 void SessionPersister::Run() {

@@ -74,8 +74,9 @@ class SessionPersister {
   void WhenDurable(const std::shared_ptr<CalibrationSession>& session,
                    std::function<void(absl::Status)> done);
 
-  // Removes a deleted session's file; a flush running at the same time cannot bring it back.
-  absl::Status Remove(const CalibrationSession& session);
+  // Removes a deleted session's file (call after SessionRegistry::Delete); a flush running at
+  // the same time cannot bring it back.
+  absl::Status Remove(absl::string_view session_id);
 
   // Writes what changed, answers every waiter and ends the thread. Idempotent.
   void Stop();

@@ -17,25 +17,12 @@
 namespace caliper {
 namespace {
 
+using testing::Encode;
 using testing::NaiveAbsMaxPerHead;
 using testing::NaiveRange;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Encodes floats as `dtype` bytes (round to nearest even).
-std::vector<uint8_t> Encode(DType dtype, const std::vector<float>& values) {
-  std::vector<uint8_t> out(values.size() * ItemSize(dtype));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &values[i], 4);
-    } else {
-      const uint16_t b = dtype == DType::kBF16 ? FloatToBF16(values[i]) : FloatToF16(values[i]);
-      std::memcpy(out.data() + 2 * i, &b, 2);
-    }
-  }
-  return out;
-}
 
 TensorView View(DType dtype, const std::vector<uint8_t>& bytes, std::vector<int64_t> shape) {
   auto view = TensorView::Create(dtype, std::move(shape), bytes);

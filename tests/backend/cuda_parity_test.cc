@@ -10,25 +10,15 @@
 #include "core/reduction_backend.h"
 #include "core/tensor_view.h"
 #include "cuda/cuda_backend.h"
+#include "tests/backend/naive_reduce.h"
 
 namespace caliper {
 namespace {
 
+using testing::Encode;
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<uint8_t> Encode(DType dtype, const std::vector<float>& values) {
-  std::vector<uint8_t> out(values.size() * ItemSize(dtype));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &values[i], 4);
-    } else {
-      const uint16_t b = dtype == DType::kBF16 ? FloatToBF16(values[i]) : FloatToF16(values[i]);
-      std::memcpy(out.data() + 2 * i, &b, 2);
-    }
-  }
-  return out;
-}
 
 std::vector<float> RandomValues(std::mt19937& rng, int64_t n) {
   std::normal_distribution<float> normal(0.0f, 3.0f);

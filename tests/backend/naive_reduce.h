@@ -15,6 +15,21 @@
 
 namespace caliper::testing {
 
+// Encodes floats as `dtype` bytes (round to nearest even).
+inline std::vector<uint8_t> Encode(DType dtype, const std::vector<float>& values) {
+  std::vector<uint8_t> out(values.size() * ItemSize(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &values[i], 4);
+    } else {
+      const uint16_t b = dtype == DType::kBF16 ? FloatToBF16(values[i]) : FloatToF16(values[i]);
+      std::memcpy(out.data() + 2 * i, &b, 2);
+    }
+  }
+  return out;
+}
+
+
 inline float NaiveElement(const TensorView& t, int64_t i) {
   const uint8_t* p = t.bytes().data();
   if (t.dtype() == DType::kF32) {

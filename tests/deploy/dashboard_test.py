@@ -13,6 +13,9 @@ SERVER_METRICS = {
     "caliper_rejected_chunks_total", "caliper_active_sessions",
     "caliper_rpc_duration_seconds_bucket", "caliper_rpc_duration_seconds_count",
     "caliper_rpc_duration_seconds_sum", "caliper_finalizations_total", "caliper_backend_info",
+    "caliper_state_writes_total", "caliper_state_written_bytes_total",
+    "caliper_state_write_seconds_bucket", "caliper_state_write_seconds_count",
+    "caliper_state_write_seconds_sum", "caliper_state_files_loaded_total",
 }
 # Grafana variables replaced by values any Prometheus accepts.
 VARIABLES = {"$__rate_interval": "1m", "$namespace": ".*"}

@@ -34,7 +34,8 @@ LAYERS, TOKENS, KV_HEADS, HEAD_DIM, WEIGHTS, BAD = 4, 16, 2, 8, 2, 1
 KV_BYTES = 2 * LAYERS * TOKENS * KV_HEADS * HEAD_DIM * 4   # K and V per layer
 WEIGHT_BYTES = WEIGHTS * HEAD_DIM * (2 * KV_HEADS * HEAD_DIM) * 4
 KV_CHUNKS, WEIGHT_CHUNKS = 2 * LAYERS, WEIGHTS
-KNOWN_LABEL_VALUES = {"kind": {"kv", "weight", "activation"}, "result": {"ok", "error"},
+KNOWN_LABEL_VALUES = {"kind": {"kv", "weight", "activation"},
+                      "result": {"ok", "error", "restored", "corrupt"},
                       "backend": {"cpu", "cuda"}}
 FORBIDDEN_LABELS = {"session", "session_id", "id", "peer", "producer_id", "module"}
 
@@ -162,7 +163,8 @@ def run(a, tmp):
     # --- caliper-server on loopback, port 0 for both listeners.
     server_log = open(os.path.join(tmp, "server.log"), "w+")
     server = start([a.server, f"--listen={LOOPBACK}:0", f"--metrics_listen={LOOPBACK}:0",
-                    "--device=cpu", "--log_format=json", "--drain_timeout=5s"],
+                    "--device=cpu", "--log_format=json", "--drain_timeout=5s",
+                    f"--state_dir={os.path.join(tmp, 'state')}"],
                    stdout=subprocess.PIPE, stderr=server_log, text=True)
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(l) for l in server.stdout], daemon=True).start()
@@ -266,6 +268,11 @@ scrape_configs:
     client(a.client, "delete", f"--target={grpc_addr}", f"--session={sent['session_id']}")
     prom.wait_value("caliper_active_sessions", 0.0)
     log("finalize -> caliper_finalizations_total{result=ok} 1; delete -> caliper_active_sessions 0")
+    # --state_dir: create, the stream's end and finalize each waited for a durable write.
+    writes = prom.scalar('caliper_state_writes_total{result="ok"}')
+    check(writes >= 3, f'caliper_state_writes_total{{result="ok"}} = {writes}, want >= 3')
+    check(prom.scalar('caliper_state_writes_total{result="error"}') == 0.0, "state write errors")
+    log(f"state: {writes:.0f} durable session writes, no errors")
 
     # --- every dashboard query, evaluated by the real Prometheus.
     dash = dashboard_test.load(a.dashboard)

@@ -32,7 +32,7 @@ EXPECTED_DEVICE = {"gpu": "cuda", "cpu": "cpu"}
 # 1.27: first release with gRPC probes on by default (GA); 1.37: the newest schema bundled.
 SCHEMA_VERSIONS = ("1.27.0", "1.37.0")
 EXPECTED_KINDS = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
-                  "PodDisruptionBudget", "ServiceMonitor"}
+                  "PodDisruptionBudget", "ServiceMonitor", "PersistentVolumeClaim"}
 
 failures = []
 
@@ -105,7 +105,7 @@ def check_overlay(name, text, objs):
     dep = by_kind["Deployment"][0]
     pod = dep["spec"]["template"]
     spec = pod["spec"]
-    check(dep["spec"].get("replicas") == 1, f"{p} replicas must be 1 (sessions are in memory)")
+    check(dep["spec"].get("replicas") == 1, f"{p} replicas must be 1 (one session store)")
     check(len(spec["containers"]) == 1, f"{p} one container expected")
     c = spec["containers"][0]
 
@@ -194,6 +194,20 @@ def check_overlay(name, text, objs):
     mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
     check("/tmp" in mounts, f"{p} read-only root needs a writable /tmp")
 
+    # Durable sessions: --state_dir lies on the PersistentVolumeClaim, not in the container.
+    state_dir = flags.get("CALIPER_STATE_DIR", "")
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    state_mounts = [m for m in c.get("volumeMounts", [])
+                    if state_dir == m["mountPath"] or state_dir.startswith(m["mountPath"].rstrip("/") + "/")]
+    pvc = by_kind["PersistentVolumeClaim"][0]
+    if check(len(state_mounts) == 1, f"{p} --state_dir {state_dir!r} is not on a mounted volume"):
+        claim = volumes.get(state_mounts[0]["name"], {}).get("persistentVolumeClaim", {})
+        check(claim.get("claimName") == pvc["metadata"]["name"],
+              f"{p} --state_dir volume is not the PersistentVolumeClaim {pvc['metadata']['name']}")
+    check(pvc["spec"].get("accessModes") == ["ReadWriteOnce"], f"{p} state PVC access modes")
+    check(dep["spec"].get("strategy", {}).get("type") == "Recreate",
+          f"{p} a ReadWriteOnce state volume needs the Recreate strategy")
+
     # Resources: requests and limits for cpu and memory, requests <= limits.
     res = c.get("resources", {})
     for r in ("cpu", "memory"):
@@ -231,7 +245,9 @@ def validate_schema(validator, name, text):
 
 def run_server_with(server, c, flags, timeout=20):
     """Starts the real server with the rendered args, listen addresses on loopback port 0."""
-    env_flags = dict(flags, CALIPER_LISTEN="127.0.0.1:0", CALIPER_METRICS_LISTEN="127.0.0.1:0")
+    state_dir = tempfile.mkdtemp(prefix="caliper-render-state-")
+    env_flags = dict(flags, CALIPER_LISTEN="127.0.0.1:0", CALIPER_METRICS_LISTEN="127.0.0.1:0",
+                     CALIPER_STATE_DIR=state_dir)
     args = [re.sub(r"\$\(([A-Z_]+)\)", lambda m: env_flags[m.group(1)], a) for a in c["args"]]
     proc = subprocess.Popen([server] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -257,6 +273,7 @@ def run_server_with(server, c, flags, timeout=20):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def main():

@@ -362,7 +362,7 @@ TEST_F(SessionStoreTest, DeletedSessionIsRemovedAndNeverWrittenBack) {
   const std::string path = (*store)->PathOf((*s)->id());
   ASSERT_TRUE(fs::exists(path));
   ASSERT_TRUE(registry.Delete((*s)->id()).ok());
-  ASSERT_TRUE(persister.Remove(**s).ok());
+  ASSERT_TRUE(persister.Remove((*s)->id()).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // several flush rounds
   persister.Stop();
   EXPECT_FALSE(fs::exists(path));
