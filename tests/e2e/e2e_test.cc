@@ -784,6 +784,22 @@ TEST_F(E2eTest, CliTokensScopeSessionsToTheirTenant) {
   RunResult wrong = RunCli(absl::StrCat("sessions ", server, " --token=not-a-known-token-xyz"));
   EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
   EXPECT_TRUE(absl::StrContains(wrong.output, "UNAUTHENTICATED")) << wrong.output;
+
+  // adapt --server sends the token like the other remote commands (--token_file here).
+  const std::string adapt_args = absl::StrCat("adapt ", server, " --in=", dir,
+                                              "/out/kv_cache_calib.json --num-heads=8 --out=", dir);
+  RunResult adapt = RunCli(absl::StrCat(adapt_args, "/a8.json --token_file=", dir, "/alpha.token"));
+  EXPECT_EQ(adapt.exit_code, 0) << adapt.output;
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/a8.json"))["num_head"], 8);
+  RunResult anonymous = RunCli(absl::StrCat(adapt_args, "/none.json"));
+  EXPECT_EQ(anonymous.exit_code, 1) << anonymous.output;
+  EXPECT_TRUE(absl::StrContains(anonymous.output, "UNAUTHENTICATED")) << anonymous.output;
+  EXPECT_FALSE(fs::exists(dir + "/none.json"));
+  RunResult offline = RunCli(absl::StrCat("adapt --in=", dir, "/out/kv_cache_calib.json",
+                                          " --num-heads=8 --token=x --out=", dir, "/off.json"));
+  EXPECT_EQ(offline.exit_code, 2) << offline.output;
+  EXPECT_TRUE(absl::StrContains(offline.output, "--token only applies with --server"))
+      << offline.output;
 }
 
 TEST_F(E2eTest, CliReportsRejectedChunksAndWritesNothing) {
