@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "client/connection_options.h"
 #include "client/cli_args.h"
 #include "client/commands.h"
 #include "client/file_io.h"
@@ -17,14 +18,14 @@ namespace caliper::cli {
 namespace {
 
 const std::vector<FlagSpec>& AdaptFlags() {
-  static const std::vector<FlagSpec> flags = {
+  static const std::vector<FlagSpec> flags = WithConnectionFlags({
       {"in", "FILE", "LightLLM calibration JSON to adapt (kv_cache_calib.json)"},
       {"out", "FILE", "where to write the adapted file (written atomically)"},
       {"num-heads", "M", "total KV heads of the deployment, replicas included"},
       {"model", "CONFIG", "Hugging Face config.json of the served model (with --tp)"},
       {"tp", "T", "tensor-parallel size; total heads = T * max(kv_heads / T, 1)"},
       {"server", "ADDR", "adapt on caliper-server (Adapt RPC) instead of locally"},
-  };
+  });
   return flags;
 }
 
@@ -74,8 +75,15 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
 
   auto text = ReadWholeFile(*in_path);
   if (!text.ok()) return Fail(err, absl::StrCat("--in ", text.status().message()));
+  for (const FlagSpec& spec : ConnectionFlags()) {
+    if (flags->Has(spec.name) && !flags->Has("server")) {
+      return Fail(err, absl::StrCat("--", spec.name, " only applies with --server"));
+    }
+  }
   if (flags->Has("server")) {
     if (remote_adapt == nullptr) return Fail(err, "--server: this caliper was built without gRPC");
+    absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
+    if (!security.ok()) return Fail(err, security.status().message());
     std::string model_text;
     if (by_model) {
       auto config_text = ReadWholeFile(*flags->Get("model"));
@@ -83,8 +91,10 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
       model_text = *config_text;
     }
     std::string adapted;
-    const int rc = remote_adapt(*flags->Get("server"), *text, static_cast<int>(num_heads->value_or(0)),
-                                model_text, static_cast<int>(tp->value_or(0)), &adapted, err);
+    const int rc =
+        remote_adapt(*flags->Get("server"), *security, *text,
+                     static_cast<int>(num_heads->value_or(0)), model_text,
+                     static_cast<int>(tp->value_or(0)), &adapted, err);
     if (rc != kExitOk) return rc;
     if (absl::Status s = WriteFileAtomically(*out_path, adapted); !s.ok()) {
       return Fail(err, absl::StrCat("--out ", s.message()));

@@ -18,6 +18,7 @@
 #include "client/file_io.h"
 #include "client/remote_commands.h"
 #include "client/remote_common.h"
+#include "client/rpc_retry.h"
 #include "client/tensor_stream.h"
 #include "core/model_config.h"
 
@@ -27,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::vector<FlagSpec>& CalibrateFlags() {
-  static const std::vector<FlagSpec> flags = WithChannelSecurityFlags({
+  static const std::vector<FlagSpec> flags = WithConnectionFlags({
       {"server", "ADDR", "caliper-server address, e.g. localhost:50051"},
       {"model", "CONFIG", "the model's Hugging Face config.json"},
       {"tensors", "PATH...", "dump files, or directories of *.safetensors (a glob works)", true},
@@ -274,21 +275,21 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
 
   // Session.
   const std::string server = flag("server");
-  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
   if (!security.ok()) return UsageError(err, security.status().message());
   absl::StatusOr<std::shared_ptr<grpc::Channel>> made_channel = MakeChannel(server, *security);
   if (!made_channel.ok()) return UsageError(err, made_channel.status().message());
   auto channel = *std::move(made_channel);
   auto stub = v1::Calibration::NewStub(channel);
+  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, channel);
   v1::Session session;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    context.set_wait_for_ready(false);
-    grpc::Status status = stub->CreateSession(&context, create, &session);
-    if (!status.ok()) return ReportRpcError(err, "calibrate", absl::StrCat("CreateSession on ", server), status);
+  grpc::Status created = CreateSessionWithRetry(*channel, *stub, create, &session, retry, &err,
+                                                "calibrate");
+  if (!created.ok()) {
+    return ReportRpcError(err, "calibrate", absl::StrCat("CreateSession on ", server), created);
   }
-  out << "session   " << session.id() << "\n";
+  // Flushed: with stdout in a file or pipe, the id is there while the streams run.
+  out << "session   " << session.id() << "\n" << std::flush;
 
   // Streams: a small worker pool, one Observe call per file.
   Progress progress;
@@ -306,7 +307,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
       for (size_t i = next.fetch_add(1); i < plans.size(); i = next.fetch_add(1)) {
         results[i] = StreamPlanWithResume(*stub, session.id(), plans[i],
                                           absl::StrCat(ProducerHost(), "/", plans[i].path),
-                                          &progress.sent, ResumePolicy{}, &log_err);
+                                          &progress.sent, retry, &log_err);
       }
     });
   }
@@ -367,7 +368,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
                          HumanBytes(seconds > 0 ? static_cast<double>(accepted_bytes) / seconds : 0),
                          plans.size(), rejected);
   if (skipped_warmup > 0) out << ", " << skipped_warmup << " warm-up chunks skipped";
-  out << "\n";
+  out << "\n" << std::flush;
   if (stream_failed || (rejected > 0 && !flags->Has("allow-rejected"))) {
     err << "caliper calibrate: session " << session.id()
         << " left open and nothing written; fix the input and stream again, or pass "
@@ -377,15 +378,18 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
 
   // Finalize and fetch the deployment's scales.
   {
-    grpc::ClientContext context;
+    // Finalize is idempotent (a finalized session answers OK), so a lost reply is retried.
     v1::FinalizeRequest request;
     request.set_session_id(session.id());
-    grpc::Status status = stub->Finalize(&context, request, &session);
+    Backoff backoff(retry, &err, "caliper calibrate: Finalize");
+    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+      return stub->Finalize(&context, request, &session);
+    });
     if (!status.ok()) return ReportRpcError(err, "calibrate", "Finalize", status);
   }
   v1::Deployment deployment;
   deployment.set_tp_size(static_cast<int>(deploy_tp->value_or(producer_tp)));
-  return FetchAndWriteScales(*stub, "calibrate", session, deployment, *convention,
+  return FetchAndWriteScales(*stub, "calibrate", retry, session, deployment, *convention,
                              flags->GetAll("format"), flag("out"), out, err);
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "client/connection_options.h"
 #include "client/exit_codes.h"
 
 namespace caliper::cli {
@@ -26,8 +27,9 @@ int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out, s
 
 // `adapt --server ADDR` calls the server's Adapt RPC through this hook, which main.cc installs
 // when the gRPC commands are linked in (null otherwise). Same exit codes; sets *adapted on 0.
-using RemoteAdaptFn = int (*)(const std::string& server, const std::string& lightllm_json,
-                              int total_heads, const std::string& model_config_json, int tp_size,
+using RemoteAdaptFn = int (*)(const std::string& server, const ConnectionOptions& security,
+                              const std::string& lightllm_json, int total_heads,
+                              const std::string& model_config_json, int tp_size,
                               std::string* adapted, std::ostream& err);
 void SetRemoteAdapt(RemoteAdaptFn fn);
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "client/connection_options.h"
+
 namespace caliper::cli {
 
 int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
@@ -18,7 +20,8 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
 // Adapt via the server's stateless Adapt RPC: `lightllm_json` in, the adapted file text out.
 // total_heads > 0, or model_config_json with tp_size > 0. Returns 0/1/2 as above and sets
 // *adapted on success.
-int RunRemoteAdapt(const std::string& server, const std::string& lightllm_json, int total_heads,
+int RunRemoteAdapt(const std::string& server, const ConnectionOptions& security,
+                   const std::string& lightllm_json, int total_heads,
                    const std::string& model_config_json, int tp_size, std::string* adapted,
                    std::ostream& err);
 

@@ -15,6 +15,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
 #include "client/file_io.h"
+#include "client/rpc_retry.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "nlohmann/json.hpp"
 
@@ -74,65 +75,39 @@ class BearerTokenInterceptorFactory final
   std::string header_;
 };
 
-std::string TokenFromEnvironment() {
-  const char* token = std::getenv("CALIPER_TOKEN");
-  return token == nullptr ? "" : std::string(absl::StripAsciiWhitespace(token));
-}
-
 }  // namespace
 
-std::vector<FlagSpec> ChannelSecurityFlags() {
-  return {
-      {"token", "TOKEN", "bearer token of your tenant (default: $CALIPER_TOKEN)"},
-      {"token_file", "FILE", "read the bearer token from FILE"},
-      {"tls_ca", "PEM", "connect with TLS, trusting this CA certificate file"},
-  };
-}
-
-std::vector<FlagSpec> WithChannelSecurityFlags(std::vector<FlagSpec> flags) {
-  for (FlagSpec& spec : ChannelSecurityFlags()) flags.push_back(std::move(spec));
-  return flags;
-}
-
-absl::StatusOr<ChannelSecurity> ChannelSecurityFromArgs(const CliArgs& args) {
-  ChannelSecurity security;
-  if (args.Has("token") && args.Has("token_file")) {
-    return absl::InvalidArgumentError("--token and --token_file: give one of them");
-  }
-  if (std::optional<std::string> file = args.Get("token_file")) {
-    absl::StatusOr<std::string> text = ReadWholeFile(*file);
-    if (!text.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--token_file: ", text.status().message()));
-    }
-    security.token = std::string(absl::StripAsciiWhitespace(*text));
-    if (security.token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--token_file: ", *file, " is empty"));
-    }
-  } else {
-    security.token = args.Get("token").value_or(TokenFromEnvironment());
-  }
-  security.tls_ca_file = args.Get("tls_ca").value_or("");
-  return security;
-}
-
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  ChannelSecurity security;
+  ConnectionOptions security;
   security.token = TokenFromEnvironment();
   return *MakeChannel(address, security);  // no CA file: cannot fail
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ChannelSecurity& security) {
+                                                           const ConnectionOptions& security) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // Reconnect within a second of a server restart; gRPC's default backoff grows to two minutes,
+  // longer than the CLI's own retries (client/rpc_retry.h) wait. Not
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the connect timeout, and 100 ms
+  // cuts off a busy server's handshake.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!security.tls_ca_file.empty()) {
     absl::StatusOr<std::string> ca = ReadWholeFile(security.tls_ca_file);
     if (!ca.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_ca: ", ca.status().message()));
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = *std::move(ca);
+    if (!security.tls_cert_file.empty()) {
+      absl::StatusOr<std::string> cert = ReadWholeFile(security.tls_cert_file);
+      if (!cert.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_cert: ", cert.status().message()));
+      absl::StatusOr<std::string> key = ReadWholeFile(security.tls_key_file);
+      if (!key.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_key: ", key.status().message()));
+      ssl.pem_cert_chain = *std::move(cert);
+      ssl.pem_private_key = *std::move(key);
+    }
     credentials = grpc::SslCredentials(ssl);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
@@ -351,6 +326,7 @@ void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out) {
 }
 
 int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
+                        const RetryPolicy& retry,
                         const v1::Session& session, const v1::Deployment& deployment,
                         v1::Nvfp4Convention convention, const std::vector<std::string>& formats,
                         const std::string& out_dir, std::ostream& out, std::ostream& err) {
@@ -363,11 +339,11 @@ int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
     if (format != "lightllm") request.add_formats(format);
   }
   v1::ScalesResponse scales;
-  {
-    grpc::ClientContext context;
-    grpc::Status status = stub.GetScales(&context, request, &scales);
-    if (!status.ok()) return ReportRpcError(err, command, "GetScales", status);
-  }
+  Backoff backoff(retry, &err, absl::StrCat("caliper ", command, ": GetScales"));
+  grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+    return stub.GetScales(&context, request, &scales);
+  });
+  if (!status.ok()) return ReportRpcError(err, command, "GetScales", status);
   auto written = WriteScalesOutputs(out_dir, scales, session, deployment);
   if (!written.ok()) {
     err << "caliper " << command << ": " << written.status().message() << "\n";

@@ -10,8 +10,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/connection_options.h"
 #include "client/cli_args.h"
 #include "client/exit_codes.h"
+#include "client/rpc_retry.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/caliper.grpc.pb.h"
 
@@ -20,25 +22,11 @@ namespace caliper::cli {
 // Largest gRPC message either side sends; caliper-server accepts the same (server/ flags).
 inline constexpr int kMaxMessageBytes = 64 << 20;
 
-// How the CLI reaches a secured server: a bearer token sent on every call and, with tls_ca, TLS
-// trusting that CA (PEM file path).
-struct ChannelSecurity {
-  std::string token;
-  std::string tls_ca_file;
-};
-
-// --token, --token_file and --tls_ca, shared by every command that talks to the server.
-std::vector<FlagSpec> ChannelSecurityFlags();
-std::vector<FlagSpec> WithChannelSecurityFlags(std::vector<FlagSpec> flags);
-// From those flags, else the CALIPER_TOKEN environment variable. InvalidArgument naming the
-// flag for an unreadable file or both --token and --token_file.
-absl::StatusOr<ChannelSecurity> ChannelSecurityFromArgs(const CliArgs& args);
-
 // Plaintext, with CALIPER_TOKEN (if set) as the bearer token.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
-// InvalidArgument naming --tls_ca when the CA file cannot be read.
+// InvalidArgument naming --tls_ca / --tls_cert / --tls_key when a file cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ChannelSecurity& security);
+                                                           const ConnectionOptions& security);
 
 // Prints "caliper <command>: <what> failed: <CODE>: <message>" and returns kExitServer.
 int ReportRpcError(std::ostream& err, absl::string_view command, absl::string_view what,
@@ -67,9 +55,10 @@ absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
 void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out);
 
 // The tail of `calibrate` and `scales`: asks GetScales for `deployment` (LightLLM plus every
-// --format), writes the outputs into out_dir, prints the summary and the paths. Returns the exit
-// code; errors are reported as `caliper <command>: ...`.
+// --format; retried per `retry`), writes the outputs into out_dir, prints the summary and the
+// paths. Returns the exit code; errors are reported as `caliper <command>: ...`.
 int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
+                        const RetryPolicy& retry,
                         const v1::Session& session, const v1::Deployment& deployment,
                         v1::Nvfp4Convention convention, const std::vector<std::string>& formats,
                         const std::string& out_dir, std::ostream& out, std::ostream& err);

@@ -3,12 +3,13 @@
 #include "client/cli_args.h"
 #include "client/remote_commands.h"
 #include "client/remote_common.h"
+#include "client/rpc_retry.h"
 
 namespace caliper::cli {
 namespace {
 
 const std::vector<FlagSpec>& ScalesFlags() {
-  static const std::vector<FlagSpec> flags = WithChannelSecurityFlags({
+  static const std::vector<FlagSpec> flags = WithConnectionFlags({
       {"server", "ADDR", "caliper-server address"},
       {"session", "ID", "session id (see `caliper sessions`)"},
       {"out", "DIR", "output directory (created)"},
@@ -60,17 +61,20 @@ int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, st
   auto convention = ParseConvention(flag("convention", "compressed_tensors"));
   if (!convention.ok()) return UsageError(err, convention.status().message());
 
-  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
   if (!security.ok()) return UsageError(err, security.status().message());
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(flag("server"), *security);
   if (!channel.ok()) return UsageError(err, channel.status().message());
   auto stub = v1::Calibration::NewStub(*channel);
+  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, *channel);
   v1::Session session;
   {
-    grpc::ClientContext context;
     v1::GetSessionRequest request;
     request.set_session_id(flag("session"));
-    grpc::Status status = stub->GetSession(&context, request, &session);
+    Backoff backoff(retry, &err, "caliper scales: GetSession");
+    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+      return stub->GetSession(&context, request, &session);
+    });
     if (!status.ok()) return ReportRpcError(err, "scales", "GetSession", status);
   }
   v1::Deployment deployment;
@@ -81,7 +85,7 @@ int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, st
   }
   if (rank->has_value()) deployment.set_rank(static_cast<int>(**rank));
   out << "session   " << session.id() << "\n";
-  return FetchAndWriteScales(*stub, "scales", session, deployment, *convention,
+  return FetchAndWriteScales(*stub, "scales", retry, session, deployment, *convention,
                              flags->GetAll("format"), flag("out"), out, err);
 }
 

@@ -6,13 +6,14 @@
 #include "client/cli_args.h"
 #include "client/remote_commands.h"
 #include "client/remote_common.h"
+#include "client/rpc_retry.h"
 
 namespace caliper::cli {
 namespace {
 
 const std::vector<FlagSpec>& SessionsFlags() {
   static const std::vector<FlagSpec> flags =
-      WithChannelSecurityFlags({{"server", "ADDR", "caliper-server address"}});
+      WithConnectionFlags({{"server", "ADDR", "caliper-server address"}});
   return flags;
 }
 
@@ -56,7 +57,7 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
     err << "caliper sessions: --server is required\n";
     return kExitUsage;
   }
-  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromArgs(*flags);
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       security.ok() ? MakeChannel(server, *security) : security.status();
   if (!channel.ok()) {
@@ -64,9 +65,12 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
     return kExitUsage;
   }
   auto stub = v1::Calibration::NewStub(*channel);
-  grpc::ClientContext context;
   v1::ListSessionsResponse response;
-  grpc::Status status = stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
+  Backoff backoff(RetryPolicyWithAttempts(security->attempts, *channel), &err,
+                  "caliper sessions: ListSessions");
+  grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+    return stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
+  });
   if (!status.ok()) return ReportRpcError(err, "sessions", "ListSessions", status);
   if (response.sessions().empty()) {
     out << "no sessions\n";
@@ -91,18 +95,27 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
   return kExitOk;
 }
 
-int RunRemoteAdapt(const std::string& server, const std::string& lightllm_json, int total_heads,
+int RunRemoteAdapt(const std::string& server, const ConnectionOptions& security,
+                   const std::string& lightllm_json, int total_heads,
                    const std::string& model_config_json, int tp_size, std::string* adapted,
                    std::ostream& err) {
-  auto stub = v1::Calibration::NewStub(MakeChannel(server));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(server, security);
+  if (!channel.ok()) {
+    err << "caliper adapt: " << channel.status().message() << "\n";
+    return kExitUsage;
+  }
+  auto stub = v1::Calibration::NewStub(*channel);
   v1::AdaptRequest request;
   request.set_lightllm_json(lightllm_json);
   if (total_heads > 0) request.set_total_heads(total_heads);
   if (!model_config_json.empty()) request.mutable_model()->set_hf_config_json(model_config_json);
   if (tp_size > 0) request.set_tp_size(tp_size);
   v1::AdaptResponse response;
-  grpc::ClientContext context;
-  grpc::Status status = stub->Adapt(&context, request, &response);
+  Backoff backoff(RetryPolicyWithAttempts(security.attempts, *channel), &err,
+                  "caliper adapt: Adapt");
+  grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+    return stub->Adapt(&context, request, &response);
+  });
   if (!status.ok()) return ReportRpcError(err, "adapt", absl::StrCat("Adapt on ", server), status);
   *adapted = response.lightllm_json();
   return kExitOk;

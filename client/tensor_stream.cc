@@ -1,12 +1,8 @@
 #include "client/tensor_stream.h"
 
 #include <algorithm>
-#include <chrono>
-#include <ostream>
-#include <thread>
-
-#include <algorithm>
 #include <filesystem>
+#include <ostream>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -196,11 +192,12 @@ StreamResult StreamChunksOnce(v1::Calibration::StubInterface& stub, const std::s
   return result;
 }
 
+// The stream broke rather than the server refusing it (DEADLINE_EXCEEDED cannot happen: no
+// deadline on Observe).
 bool IsConnectionLoss(const grpc::Status& status) {
   return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
          status.error_code() == grpc::StatusCode::CANCELLED ||
-         status.error_code() == grpc::StatusCode::ABORTED ||
-         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+         status.error_code() == grpc::StatusCode::ABORTED;
 }
 
 void AddSummary(const v1::ObserveSummary& from, v1::ObserveSummary* to) {
@@ -218,55 +215,48 @@ void AddSummary(const v1::ObserveSummary& from, v1::ObserveSummary* to) {
 StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std::string& session_id,
                                  const StreamPlan& plan, const std::string& producer_id,
                                  std::atomic<int64_t>* sent_bytes) {
-  return StreamPlanWithResume(stub, session_id, plan, producer_id, sent_bytes, ResumePolicy{0},
-                              nullptr);
+  RetryPolicy no_retries;
+  no_retries.max_attempts = 1;
+  return StreamPlanWithResume(stub, session_id, plan, producer_id, sent_bytes, no_retries, nullptr);
 }
 
 StreamResult StreamPlanWithResume(v1::Calibration::StubInterface& stub,
                                   const std::string& session_id, const StreamPlan& plan,
                                   const std::string& producer_id,
-                                  std::atomic<int64_t>* sent_bytes, const ResumePolicy& policy,
+                                  std::atomic<int64_t>* sent_bytes, const RetryPolicy& policy,
                                   std::ostream* log) {
   StreamResult total;
+  Backoff backoff(policy, log, plan.path);
   size_t first = 0;
-  std::chrono::milliseconds backoff = policy.initial_backoff;
-  for (int attempt = 0;; ++attempt) {
+  for (;;) {
     StreamResult result = StreamChunksOnce(stub, session_id, plan, first, producer_id, sent_bytes);
     AddSummary(result.summary, &total.summary);
     total.status = result.status;
-    if (result.status.ok() || !IsConnectionLoss(result.status) || attempt >= policy.max_retries) {
+    if (result.status.ok() || !IsConnectionLoss(result.status) ||
+        !backoff.Wait("connection lost")) {
       return total;
     }
-    // Ask the server where this producer goes on; retry the question with backoff too, since
-    // the server may still be restarting.
-    for (; attempt < policy.max_retries; ++attempt) {
-      std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, policy.max_backoff);
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-      context.set_wait_for_ready(true);
-      v1::ResumeRequest request;
-      request.set_session_id(session_id);
-      request.set_producer_id(producer_id);
-      v1::ResumeResponse response;
-      grpc::Status status = stub.Resume(&context, request, &response);
-      if (status.ok()) {
-        first = static_cast<size_t>(std::max<uint64_t>(response.next_sequence(), 1) - 1);
-        if (log != nullptr) {
-          *log << "connection lost, resuming " << plan.path << " from sequence "
-               << first + 1 << " (attempt " << attempt + 1 << "/" << policy.max_retries
-               << ")\n"
-               << std::flush;
-        }
-        break;
-      }
-      total.status = status;
-      if (!IsConnectionLoss(status)) return total;  // e.g. NOT_FOUND: the session is gone
+    // Where this producer goes on; the server may still be restarting, so Resume retries too.
+    v1::ResumeRequest request;
+    request.set_session_id(session_id);
+    request.set_producer_id(producer_id);
+    v1::ResumeResponse response;
+    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+      return stub.Resume(&context, request, &response);
+    });
+    if (!status.ok()) {
+      total.status = status;  // e.g. NOT_FOUND: the session is gone
+      return total;
     }
-    if (attempt >= policy.max_retries) return total;
+    const size_t next = static_cast<size_t>(std::max<uint64_t>(response.next_sequence(), 1) - 1);
+    if (next > first) backoff.Reset();  // the server counted more: a fresh budget
+    first = next;
     if (first >= plan.chunks.size()) {
       total.status = grpc::Status::OK;  // everything was counted before the connection dropped
       return total;
+    }
+    if (log != nullptr) {
+      *log << "resuming " << plan.path << " from sequence " << first + 1 << "\n" << std::flush;
     }
   }
 }

@@ -7,14 +7,14 @@
 #define CALIPER_CLIENT_TENSOR_STREAM_H_
 
 #include <atomic>
-#include <chrono>
-#include <ostream>
 #include <cstdint>
+#include <ostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/rpc_retry.h"
 #include "core/safetensors.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/caliper.grpc.pb.h"
@@ -73,22 +73,17 @@ StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std
                                  const StreamPlan& plan, const std::string& producer_id,
                                  std::atomic<int64_t>* sent_bytes);
 
-// Bounded retries with exponential backoff after a lost connection (UNAVAILABLE, CANCELLED,
-// ABORTED, DEADLINE_EXCEEDED).
-struct ResumePolicy {
-  int max_retries = 8;
-  std::chrono::milliseconds initial_backoff{200};
-  std::chrono::milliseconds max_backoff{5000};
-};
-
-// As StreamPlanToSession, but after a lost connection asks the server (Resume) where the
-// producer goes on and re-sends the rest, printing "connection lost, resuming <file> from
-// sequence N (attempt k/M)" to `log` (may be null). The summary adds up every attempt that
-// ended with one; chunks acknowledged by a stream that broke are counted by the server only.
+// As StreamPlanToSession, but after a lost connection (UNAVAILABLE, CANCELLED, ABORTED) asks the
+// server (Resume) where the producer goes on and re-sends the rest, printing
+// "<file>: connection lost, retrying in 200ms (attempt k/M)" and "resuming <file> from sequence N"
+// to `log` (may be null). The retry budget starts over whenever the server has counted more of
+// the stream, so a long run survives many drops but a chunk that keeps breaking the connection
+// does not loop forever. The summary adds up every attempt that ended with one; chunks
+// acknowledged by a stream that broke are counted by the server only.
 StreamResult StreamPlanWithResume(v1::Calibration::StubInterface& stub,
                                   const std::string& session_id, const StreamPlan& plan,
                                   const std::string& producer_id,
-                                  std::atomic<int64_t>* sent_bytes, const ResumePolicy& policy,
+                                  std::atomic<int64_t>* sent_bytes, const RetryPolicy& policy,
                                   std::ostream* log);
 
 }  // namespace caliper::cli

@@ -231,6 +231,10 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
                                                     v1::AdaptResponse* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
   auto adapt = [&]() -> absl::Status {
+    // Stateless, but with --tokens_file every call needs a token (README "Server").
+    if (absl::StatusOr<std::string> tenant = TenantOf(*context); !tenant.ok()) {
+      return tenant.status();
+    }
     absl::StatusOr<LightLlmCalibration> calibration =
         ParseLightLlmCalibration(request->lightllm_json());
     if (!calibration.ok()) return Prefixed("lightllm_json: ", calibration.status());

@@ -1,7 +1,6 @@
 // End-to-end over loopback: an in-process caliper-server on an ephemeral port, fed by the
 // client's streaming code (client/tensor_stream.h) and by the `caliper` binary, compared with
 // core's observers and finalization run directly on the same safetensors files.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -34,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/caliper_server.h"
+#include "tests/e2e/e2e_support.h"
 
 namespace caliper {
 namespace {
@@ -48,12 +48,9 @@ std::FILE* DevNull() {
   return file;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using e2e::ReadFile;
+using e2e::RunCli;
+using e2e::RunResult;
 
 // Core run directly over dump and checkpoint files: the reference the service must equal.
 struct Direct {
@@ -644,24 +641,6 @@ TEST_F(E2eTest, StreamCutMidwayKeepsTheChunksThatArrivedWhole) {
   EXPECT_GT(response.kv_layers(2).k_absmax(1), 0.0f);
 }
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-RunResult RunCli(const std::string& args) {
-  RunResult result;
-  const std::string command = absl::StrCat(CALIPER_CLI_PATH, " ", args, " 2>&1");
-  std::FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
 TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
   const DemoFiles demo = Demo("demo", 2);
   const std::string out2 = TempDir("out_tp2"), out8 = TempDir("out_tp8");
@@ -734,6 +713,39 @@ TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
   EXPECT_EQ(bad_tp.exit_code, 1) << bad_tp.output;
 }
 
+// The CLI behind a relay that cuts every connection three times mid-run (issue 7): each stream
+// asks the server where it left off and sends the rest, and the files equal those of a run
+// without cuts byte for byte (accepted_chunks in scales.json included: nothing counted twice).
+TEST_F(E2eTest, CliResumesAcrossDroppedConnections) {
+  const DemoFiles demo = Demo("demo", /*tp=*/2, 1234, /*tokens=*/48, /*batches=*/3);
+  const std::string common = absl::StrCat(
+      " --model=", demo.config_json, " --kv=per_head --nvfp4 --weights=", demo.checkpoint_dir,
+      " --tensors=", fs::path(demo.dumps[0]).parent_path().string(),
+      " --chunk-bytes=4096 --streams=3 --name=resume-test");
+  const std::string plain_out = TempDir("plain"), cut_out = TempDir("cut");
+  int64_t run_bytes = 0;
+  {
+    e2e::TcpProxy counter(server_->address(), {});  // no cuts: measures a whole run's bytes
+    RunResult plain = RunCli(absl::StrCat("calibrate --server=", counter.address(), common,
+                                          " --out=", plain_out));
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    EXPECT_FALSE(absl::StrContains(plain.output, "retrying")) << plain.output;
+    run_bytes = counter.client_bytes();
+  }
+  ASSERT_GT(run_bytes, 100000);
+  e2e::TcpProxy proxy(server_->address(), {run_bytes / 4, run_bytes / 2, run_bytes * 3 / 4});
+  RunResult cut = RunCli(absl::StrCat("calibrate --server=", proxy.address(), common,
+                                      " --out=", cut_out));
+  ASSERT_EQ(cut.exit_code, 0) << cut.output;
+  EXPECT_EQ(proxy.cuts(), 3) << cut.output;
+  EXPECT_TRUE(std::regex_search(
+      cut.output, std::regex(R"(: connection lost, retrying in \d+ms \(attempt 2/8\))")))
+      << cut.output;
+  EXPECT_TRUE(absl::StrContains(cut.output, "resuming ")) << cut.output;
+  EXPECT_EQ(e2e::CompareScaleDirs(plain_out, cut_out), "");
+  EXPECT_GT(proxy.client_bytes(), run_bytes);  // something was sent again
+}
+
 TEST_F(E2eTest, CliTokensScopeSessionsToTheirTenant) {
   ServerOptions options;
   options.authenticator = std::make_shared<const TokenAuthenticator>(std::vector<TenantToken>{
@@ -772,6 +784,22 @@ TEST_F(E2eTest, CliTokensScopeSessionsToTheirTenant) {
   RunResult wrong = RunCli(absl::StrCat("sessions ", server, " --token=not-a-known-token-xyz"));
   EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
   EXPECT_TRUE(absl::StrContains(wrong.output, "UNAUTHENTICATED")) << wrong.output;
+
+  // adapt --server sends the token like the other remote commands (--token_file here).
+  const std::string adapt_args = absl::StrCat("adapt ", server, " --in=", dir,
+                                              "/out/kv_cache_calib.json --num-heads=8 --out=", dir);
+  RunResult adapt = RunCli(absl::StrCat(adapt_args, "/a8.json --token_file=", dir, "/alpha.token"));
+  EXPECT_EQ(adapt.exit_code, 0) << adapt.output;
+  EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/a8.json"))["num_head"], 8);
+  RunResult anonymous = RunCli(absl::StrCat(adapt_args, "/none.json"));
+  EXPECT_EQ(anonymous.exit_code, 1) << anonymous.output;
+  EXPECT_TRUE(absl::StrContains(anonymous.output, "UNAUTHENTICATED")) << anonymous.output;
+  EXPECT_FALSE(fs::exists(dir + "/none.json"));
+  RunResult offline = RunCli(absl::StrCat("adapt --in=", dir, "/out/kv_cache_calib.json",
+                                          " --num-heads=8 --token=x --out=", dir, "/off.json"));
+  EXPECT_EQ(offline.exit_code, 2) << offline.output;
+  EXPECT_TRUE(absl::StrContains(offline.output, "--token only applies with --server"))
+      << offline.output;
 }
 
 TEST_F(E2eTest, CliReportsRejectedChunksAndWritesNothing) {

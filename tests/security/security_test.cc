@@ -144,21 +144,9 @@ class TlsEndToEndTest : public ::testing::Test {
         (fs::temp_directory_path() / ("caliper-tls-" + std::to_string(::getpid()))).string());
     fs::create_directories(*dir_);
     // Two CAs; the server cert (localhost) and client cert "good" from CA 1, client "rogue" from CA 2.
-    const std::string script = absl::StrCat(
-        "set -e; cd '", *dir_, "'; O='", CALIPER_OPENSSL_BIN, "'\n",
-        "key() { $O genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out $1.key; }\n",
-        "for ca in ca1 ca2; do key $ca; $O req -x509 -new -key $ca.key -out $ca.pem -days 2 "
-        "-subj /CN=$ca-test-root; done\n",
-        "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth\\n' > server.ext\n",
-        "printf 'extendedKeyUsage=clientAuth\\n' > client.ext\n",
-        "sign() { key $1; $O req -new -key $1.key -out $1.csr -subj /CN=$1; "
-        "$O x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -out $1.pem -days 2 "
-        "-extfile $3; }\n",
-        "sign server ca1 server.ext; sign good ca1 client.ext; sign rogue ca2 client.ext\n");
-    const std::string script_path = *dir_ + "/gen.sh";
-    std::ofstream(script_path) << script;
-    const int rc = std::system(absl::StrCat("sh '", script_path, "' > '", *dir_,
-                                            "/gen.log' 2>&1").c_str());
+    const int rc = std::system(absl::StrCat("sh '", CALIPER_CERT_SCRIPT, "' '", CALIPER_OPENSSL_BIN,
+                                            "' '", *dir_, "' > '", *dir_, "/gen.log' 2>&1")
+                                   .c_str());
     generated_ = rc == 0;
   }
   static void TearDownTestSuite() {
