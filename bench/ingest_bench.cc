@@ -2,9 +2,10 @@
 //   2. BF16 K chunks streamed with Observe vs a raw loopback TCP socket moving the same bytes,
 //      measured back to back in the same iteration: counter ratio_to_tcp (goal >= 0.5), for one
 //      stream and for 4 concurrent streams (separate connections), with two clients:
-//        - proto: the generated stub, TensorChunk.data filled by copy (what `caliper calibrate` does);
-//        - zerocopy: the chunk header serialized once and the payload handed to gRPC as a slice
-//          over the caller's memory (no client-side copy; identical bytes on the wire).
+//        - proto: the generated stub, TensorChunk.data filled by copy;
+//        - zerocopy: client/raw_observe.h, as `caliper calibrate` writes: the header serialized and
+//          the payload handed to gRPC as a slice over the caller's memory (no client-side copy;
+//          identical bytes on the wire).
 //   3. Server peak RSS (VmHWM) of a fresh server after ingesting 4 GiB on 4 streams: < 256 MiB.
 // The server is started as a child process: caliper-server --listen=127.0.0.1:0 --device=cpu.
 //   ingest_bench [--server=PATH] [--chunk_mib=4] [--benchmark_filter=...]
@@ -33,6 +34,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
+#include "client/raw_observe.h"
 #include "proto/caliper.grpc.pb.h"
 
 namespace {
@@ -207,56 +209,15 @@ bool StreamProto(const std::string& address, const std::string& session, int str
   return CheckSummary(writer->Finish(), summary, bytes);
 }
 
-}  // namespace
-
-// A pre-serialized message: protobuf fields may be concatenated, so header bytes followed by
-// field 15 (data) pointing at the caller's memory is a valid TensorChunk.
-struct RawChunk {
-  grpc::ByteBuffer buffer;
-};
-
-template <>
-class grpc::SerializationTraits<RawChunk, void> {
- public:
-  static grpc::Status Serialize(const RawChunk& msg, grpc::ByteBuffer* bb, bool* own_buffer) {
-    *bb = msg.buffer;  // slice references, no payload copy
-    *own_buffer = true;
-    return grpc::Status::OK;
-  }
-  static grpc::Status Deserialize(grpc::ByteBuffer*, RawChunk*) {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "write-only");
-  }
-};
-
-namespace {
-
-RawChunk MakeRawChunk(const v1::TensorChunk& header, const uint8_t* data, int64_t bytes) {
-  std::string prefix = header.SerializeAsString();
-  prefix.push_back(static_cast<char>((15 << 3) | 2));  // field 15, length-delimited
-  for (uint64_t v = static_cast<uint64_t>(bytes); ; v >>= 7) {
-    if (v < 0x80) {
-      prefix.push_back(static_cast<char>(v));
-      break;
-    }
-    prefix.push_back(static_cast<char>((v & 0x7f) | 0x80));
-  }
-  grpc::Slice slices[2] = {grpc::Slice(prefix),
-                           grpc::Slice(data, static_cast<size_t>(bytes), grpc::Slice::STATIC_SLICE)};
-  return RawChunk{grpc::ByteBuffer(slices, 2)};
-}
-
 bool StreamZeroCopy(const std::string& address, const std::string& session, int stream, int64_t bytes) {
   auto channel = MakeChannel(address, 100 + stream);
-  const grpc::internal::RpcMethod method("/caliper.v1.Calibration/Observe",
-                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
   grpc::ClientContext ctx;
   v1::ObserveSummary summary;
-  std::unique_ptr<grpc::ClientWriter<RawChunk>> writer(
-      grpc::internal::ClientWriterFactory<RawChunk>::Create(channel.get(), method, &ctx, &summary));
+  auto writer = caliper::cli::OpenObserveWriter(channel, &ctx, &summary);
   v1::TensorChunk header = ChunkHeader(session, stream, 0);
   for (int64_t seq = 0; seq * g_chunk_bytes < bytes; ++seq) {
     header.set_sequence(static_cast<uint64_t>(seq) + 1);
-    if (!writer->Write(MakeRawChunk(header, ChunkData(seq), g_chunk_bytes))) break;
+    if (!writer->Write(caliper::cli::SerializeChunk(header, ChunkData(seq), g_chunk_bytes))) break;
   }
   writer->WritesDone();
   return CheckSummary(writer->Finish(), summary, bytes);

@@ -305,7 +305,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
     pool.emplace_back([&] {
       LockedLineStream log_err(err, err_mu);
       for (size_t i = next.fetch_add(1); i < plans.size(); i = next.fetch_add(1)) {
-        results[i] = StreamPlanWithResume(*stub, session.id(), plans[i],
+        results[i] = StreamPlanWithResume(channel, session.id(), plans[i],
                                           absl::StrCat(ProducerHost(), "/", plans[i].path),
                                           &progress.sent, retry, &log_err);
       }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checkpoint.h"
 #include "core/dtype.h"
+#include "client/raw_observe.h"
 
 namespace caliper::cli {
 namespace {
@@ -161,34 +162,35 @@ absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk
 
 namespace {
 
-// One Observe call sending chunks [first, end) of `plan` as sequences first+1, ...
-StreamResult StreamChunksOnce(v1::Calibration::StubInterface& stub, const std::string& session_id,
+// One Observe call sending chunks [first, end) of `plan` as sequences first+1, ... The payload
+// goes out as a slice over the plan's mapping (client/raw_observe.h), never copied.
+StreamResult StreamChunksOnce(const std::shared_ptr<grpc::Channel>& channel, const std::string& session_id,
                               const StreamPlan& plan, size_t first,
                               const std::string& producer_id, std::atomic<int64_t>* sent_bytes) {
   StreamResult result;
   grpc::ClientContext context;
-  auto writer = stub.Observe(&context, &result.summary);
-  v1::TensorChunk message;
+  auto writer = OpenObserveWriter(channel, &context, &result.summary);
+  v1::TensorChunk header;
   for (size_t i = first; i < plan.chunks.size(); ++i) {
     const PlannedChunk& chunk = plan.chunks[i];
-    message.Clear();
-    message.set_session_id(session_id);
-    message.set_kind(chunk.kind);
-    message.set_layer(chunk.layer);
-    message.set_module(chunk.module);
-    message.set_dtype(chunk.dtype);
-    for (int64_t d : chunk.shape) message.add_shape(d);
-    message.set_tp_rank(plan.tp_rank);
-    message.set_tp_size(plan.tp_size);
-    message.set_batch(plan.batch);
-    message.set_sequence(i + 1);  // producer sequences count from 1
-    message.set_producer_id(producer_id);
-    message.mutable_data()->assign(reinterpret_cast<const char*>(chunk.data), chunk.bytes);
-    if (!writer->Write(message)) break;  // the server ended the stream; Finish says why
+    header.Clear();
+    header.set_session_id(session_id);
+    header.set_kind(chunk.kind);
+    header.set_layer(chunk.layer);
+    header.set_module(chunk.module);
+    header.set_dtype(chunk.dtype);
+    for (int64_t d : chunk.shape) header.add_shape(d);
+    header.set_tp_rank(plan.tp_rank);
+    header.set_tp_size(plan.tp_size);
+    header.set_batch(plan.batch);
+    header.set_sequence(i + 1);  // producer sequences count from 1
+    header.set_producer_id(producer_id);
+    // The server ended the stream when Write fails; Finish says why.
+    if (!writer->Write(SerializeChunk(header, chunk.data, chunk.bytes))) break;
     if (sent_bytes != nullptr) sent_bytes->fetch_add(static_cast<int64_t>(chunk.bytes));
   }
   writer->WritesDone();
-  result.status = writer->Finish();
+  result.status = writer->Finish();  // after this gRPC holds no reference to the mapping
   return result;
 }
 
@@ -212,24 +214,28 @@ void AddSummary(const v1::ObserveSummary& from, v1::ObserveSummary* to) {
 
 }  // namespace
 
-StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std::string& session_id,
-                                 const StreamPlan& plan, const std::string& producer_id,
+StreamResult StreamPlanToSession(const std::shared_ptr<grpc::Channel>& channel,
+                                 const std::string& session_id, const StreamPlan& plan,
+                                 const std::string& producer_id,
                                  std::atomic<int64_t>* sent_bytes) {
   RetryPolicy no_retries;
   no_retries.max_attempts = 1;
-  return StreamPlanWithResume(stub, session_id, plan, producer_id, sent_bytes, no_retries, nullptr);
+  return StreamPlanWithResume(channel, session_id, plan, producer_id, sent_bytes, no_retries,
+                              nullptr);
 }
 
-StreamResult StreamPlanWithResume(v1::Calibration::StubInterface& stub,
+StreamResult StreamPlanWithResume(const std::shared_ptr<grpc::Channel>& channel,
                                   const std::string& session_id, const StreamPlan& plan,
                                   const std::string& producer_id,
                                   std::atomic<int64_t>* sent_bytes, const RetryPolicy& policy,
                                   std::ostream* log) {
   StreamResult total;
+  const std::unique_ptr<v1::Calibration::Stub> stub = v1::Calibration::NewStub(channel);
   Backoff backoff(policy, log, plan.path);
   size_t first = 0;
   for (;;) {
-    StreamResult result = StreamChunksOnce(stub, session_id, plan, first, producer_id, sent_bytes);
+    StreamResult result =
+        StreamChunksOnce(channel, session_id, plan, first, producer_id, sent_bytes);
     AddSummary(result.summary, &total.summary);
     total.status = result.status;
     if (result.status.ok() || !IsConnectionLoss(result.status) ||
@@ -242,7 +248,7 @@ StreamResult StreamPlanWithResume(v1::Calibration::StubInterface& stub,
     request.set_producer_id(producer_id);
     v1::ResumeResponse response;
     grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-      return stub.Resume(&context, request, &response);
+      return stub->Resume(&context, request, &response);
     });
     if (!status.ok()) {
       total.status = status;  // e.g. NOT_FOUND: the session is gone

@@ -69,8 +69,10 @@ struct StreamResult {
 
 // Streams every chunk of `plan` into `session_id` on one Observe call. `sent_bytes` grows as
 // chunks are written (for progress). `producer_id` identifies the stream for de-duplication.
-StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std::string& session_id,
-                                 const StreamPlan& plan, const std::string& producer_id,
+// The payload is written without a copy (client/raw_observe.h).
+StreamResult StreamPlanToSession(const std::shared_ptr<grpc::Channel>& channel,
+                                 const std::string& session_id, const StreamPlan& plan,
+                                 const std::string& producer_id,
                                  std::atomic<int64_t>* sent_bytes);
 
 // As StreamPlanToSession, but after a lost connection (UNAVAILABLE, CANCELLED, ABORTED) asks the
@@ -80,7 +82,7 @@ StreamResult StreamPlanToSession(v1::Calibration::StubInterface& stub, const std
 // the stream, so a long run survives many drops but a chunk that keeps breaking the connection
 // does not loop forever. The summary adds up every attempt that ended with one; chunks
 // acknowledged by a stream that broke are counted by the server only.
-StreamResult StreamPlanWithResume(v1::Calibration::StubInterface& stub,
+StreamResult StreamPlanWithResume(const std::shared_ptr<grpc::Channel>& channel,
                                   const std::string& session_id, const StreamPlan& plan,
                                   const std::string& producer_id,
                                   std::atomic<int64_t>* sent_bytes, const RetryPolicy& policy,

@@ -171,7 +171,8 @@ class E2eTest : public ::testing::Test {
     auto server = CaliperServer::Start(options, MakeCpuBackend(2), &log_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    stub_ = v1::Calibration::NewStub(cli::MakeChannel(server_->address()));
+    channel_ = cli::MakeChannel(server_->address());
+    stub_ = v1::Calibration::NewStub(channel_);
   }
 
   std::string TempDir(const std::string& name) {
@@ -226,7 +227,7 @@ class E2eTest : public ::testing::Test {
     std::vector<std::thread> threads;
     for (size_t i = 0; i < plans.size(); ++i) {
       threads.emplace_back([&, i] {
-        results[i] = cli::StreamPlanToSession(*stub_, session, plans[i], plans[i].path, nullptr);
+        results[i] = cli::StreamPlanToSession(channel_, session, plans[i], plans[i].path, nullptr);
       });
     }
     for (auto& t : threads) t.join();
@@ -269,6 +270,7 @@ class E2eTest : public ::testing::Test {
 
   EventLog log_{LogFormat::kText, DevNull()};
   std::unique_ptr<CaliperServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Calibration::Stub> stub_;
   std::vector<std::string> dirs_;
 };
@@ -290,7 +292,7 @@ TEST_F(E2eTest, ResultsEqualCoreComputedDirectly) {
   for (const auto& shard : *checkpoint) {
     auto plan = cli::PlanWeightFile(shard, 1 << 16);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    auto result = cli::StreamPlanToSession(*stub_, id, *plan, shard, nullptr);
+    auto result = cli::StreamPlanToSession(channel_, id, *plan, shard, nullptr);
     ASSERT_TRUE(result.status.ok()) << result.status.error_message();
     EXPECT_EQ(result.summary.rejected_chunks(), 0);
   }
