@@ -109,6 +109,20 @@ absl::StatusOr<std::shared_ptr<CalibrationSession>> CalibrationService::GetOwned
   return registry_->GetForTenant(session_id, *tenant);
 }
 
+absl::Status CalibrationService::DeleteWithState(absl::string_view session_id,
+                                                absl::string_view tenant) {
+  absl::Status status = registry_->DeleteForTenant(session_id, tenant);
+  metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
+  if (status.ok() && options_.persister != nullptr) {
+    if (absl::Status removed = options_.persister->Remove(session_id); !removed.ok()) {
+      status = absl::InternalError(absl::StrCat(
+          "session deleted, but its state file could not be removed (it would come back after "
+          "a restart): ", removed.message()));
+    }
+  }
+  return status;
+}
+
 grpc::ServerUnaryReactor* CalibrationService::CreateSession(
     grpc::CallbackServerContext* context, const v1::CreateSessionRequest* request,
     v1::Session* response) {
@@ -134,10 +148,10 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
       metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
       // The id goes out only once a restart would know it; a session that cannot be made
       // durable is taken back, so a failed create leaves nothing behind.
-      return FinishUnaryWhenDurable(context, "CreateSession", *session, start, [this, id] {
-        registry_->Delete(id).IgnoreError();
-        metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
-      });
+      return FinishUnaryWhenDurable(context, "CreateSession", *session, start,
+                                    [this, id, owner = (*session)->tenant()] {
+                                      DeleteWithState(id, owner).IgnoreError();
+                                    });
     }
     status = session.status();
   }
@@ -171,16 +185,8 @@ grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
     v1::DeleteSessionResponse* /*response*/) {
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::StatusOr<std::string> tenant = TenantOf(*context);
-  absl::Status status = tenant.ok() ? registry_->DeleteForTenant(request->session_id(), *tenant)
-                                    : tenant.status();
-  metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
-  if (status.ok() && options_.persister != nullptr) {
-    if (absl::Status removed = options_.persister->Remove(request->session_id()); !removed.ok()) {
-      status = absl::InternalError(absl::StrCat(
-          "session deleted, but its state file could not be removed (it would come back after "
-          "a restart): ", removed.message()));
-    }
-  }
+  absl::Status status =
+      tenant.ok() ? DeleteWithState(request->session_id(), *tenant) : tenant.status();
   return FinishUnary(context, "DeleteSession", request->session_id(), start, status);
 }
 
@@ -294,7 +300,6 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       : service_(service),
         context_(context),
         response_(response),
-        summary_(&summary_message_),
         start_ns_(absl::GetCurrentTimeNanos()),
         last_read_ns_(start_ns_) {
     absl::StatusOr<std::string> tenant = service_->TenantOf(*context);
@@ -364,18 +369,18 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     }
     const double seconds = SecondsSince(start_ns_);
     Settle(seconds);
-    const double bytes = static_cast<double>(summary_->accepted_bytes());
+    const double bytes = static_cast<double>(summary_.accepted_bytes());
     EventLog::Fields fields = {
         {"method", "Observe"},
         {"session", session_id_},
         {"peer", context_->peer()},
         {"code", absl::StatusCodeToString(final_status_.code())},
         {"duration_ms", Millis(seconds)},
-        {"accepted_chunks", absl::StrCat(summary_->accepted_chunks())},
-        {"rejected_chunks", absl::StrCat(summary_->rejected_chunks())},
-        {"skipped_warmup_chunks", absl::StrCat(summary_->skipped_warmup_chunks())},
-        {"duplicate_chunks", absl::StrCat(summary_->duplicate_chunks())},
-        {"accepted_bytes", absl::StrCat(summary_->accepted_bytes())},
+        {"accepted_chunks", absl::StrCat(summary_.accepted_chunks())},
+        {"rejected_chunks", absl::StrCat(summary_.rejected_chunks())},
+        {"skipped_warmup_chunks", absl::StrCat(summary_.skipped_warmup_chunks())},
+        {"duplicate_chunks", absl::StrCat(summary_.duplicate_chunks())},
+        {"accepted_bytes", absl::StrCat(summary_.accepted_bytes())},
         {"mb_per_s", absl::StrCat(seconds > 0 ? static_cast<int64_t>(bytes / seconds / 1e6) : 0)}};
     if (!final_status_.ok()) fields.emplace_back("message", std::string(final_status_.message()));
     service_->log_->Log(final_status_.ok() ? Severity::kInfo : Severity::kWarning, "rpc", fields);
@@ -403,7 +408,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
   void WriteSummary() {
-    std::string bytes = summary_->SerializeAsString();
+    std::string bytes = summary_.SerializeAsString();
     grpc::Slice slice(std::move(bytes));
     *response_ = grpc::ByteBuffer(&slice, 1);
   }
@@ -417,11 +422,11 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   // Reports one rejected chunk in-band; the stream goes on.
   void RejectChunk(const absl::Status& status) {
     service_->metrics_->ChunkRejected(status);
-    summary_->set_rejected_chunks(summary_->rejected_chunks() + 1);
-    summary_->set_rejected_bytes(summary_->rejected_bytes() +
+    summary_.set_rejected_chunks(summary_.rejected_chunks() + 1);
+    summary_.set_rejected_bytes(summary_.rejected_bytes() +
                                  static_cast<int64_t>(raw_.data().size()));
-    if (summary_->errors_size() < service_->options_.max_errors_per_stream) {
-      v1::ChunkError* error = summary_->add_errors();
+    if (summary_.errors_size() < service_->options_.max_errors_per_stream) {
+      v1::ChunkError* error = summary_.add_errors();
       error->set_sequence(chunk_.sequence());
       error->set_code(absl::StatusCodeToString(status.code()));
       error->set_message(std::string(status.message()));
@@ -509,16 +514,16 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     }
     switch (*outcome) {
       case ObserveOutcome::kAccepted:
-        summary_->set_accepted_chunks(summary_->accepted_chunks() + 1);
-        summary_->set_accepted_bytes(summary_->accepted_bytes() +
+        summary_.set_accepted_chunks(summary_.accepted_chunks() + 1);
+        summary_.set_accepted_bytes(summary_.accepted_bytes() +
                                      static_cast<int64_t>(chunk->data.size()));
         service_->metrics_->ChunkAccepted(chunk->kind, static_cast<int64_t>(chunk->data.size()));
         break;
       case ObserveOutcome::kSkippedWarmup:
-        summary_->set_skipped_warmup_chunks(summary_->skipped_warmup_chunks() + 1);
+        summary_.set_skipped_warmup_chunks(summary_.skipped_warmup_chunks() + 1);
         break;
       case ObserveOutcome::kDuplicate:
-        summary_->set_duplicate_chunks(summary_->duplicate_chunks() + 1);
+        summary_.set_duplicate_chunks(summary_.duplicate_chunks() + 1);
         service_->metrics_->ChunkDuplicate();
         break;
     }
@@ -528,8 +533,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   CalibrationService* const service_;
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;  // summary_ serialized, when the stream finishes
-  v1::ObserveSummary summary_message_;
-  v1::ObserveSummary* const summary_;
+  v1::ObserveSummary summary_;
   const int64_t start_ns_;
   std::atomic<int64_t> last_read_ns_;
   std::atomic<bool> idle_cancelled_{false};

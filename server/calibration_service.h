@@ -84,6 +84,9 @@ class CalibrationService final
   // The session if it exists and belongs to the calling tenant, else NotFound/Unauthenticated.
   absl::StatusOr<std::shared_ptr<CalibrationSession>> GetOwned(
       const grpc::CallbackServerContext& context, absl::string_view session_id) const;
+  // Deletes the tenant's session and, with a persister, its state file (a write that failed only
+  // at the directory fsync may have left one).
+  absl::Status DeleteWithState(absl::string_view session_id, absl::string_view tenant);
   // Cancels streams idle for longer than stream_idle_timeout (runs on idle_thread_).
   void IdleWatchLoop();
 
