@@ -160,31 +160,38 @@ absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk
   return plan;
 }
 
+v1::TensorChunk ChunkHeader(const StreamPlan& plan, size_t index, const std::string& session_id,
+                            uint64_t sequence, const std::string& producer_id) {
+  const PlannedChunk& chunk = plan.chunks[index];
+  v1::TensorChunk header;
+  header.set_session_id(session_id);
+  header.set_kind(chunk.kind);
+  header.set_layer(chunk.layer);
+  header.set_module(chunk.module);
+  header.set_dtype(chunk.dtype);
+  for (int64_t d : chunk.shape) header.add_shape(d);
+  header.set_tp_rank(plan.tp_rank);
+  header.set_tp_size(plan.tp_size);
+  header.set_batch(plan.batch);
+  header.set_sequence(sequence);
+  header.set_producer_id(producer_id);
+  return header;
+}
+
 namespace {
 
 // One Observe call sending chunks [first, end) of `plan` as sequences first+1, ... The payload
 // goes out as a slice over the plan's mapping (client/raw_observe.h), never copied.
-StreamResult StreamChunksOnce(const std::shared_ptr<grpc::Channel>& channel, const std::string& session_id,
-                              const StreamPlan& plan, size_t first,
+StreamResult StreamChunksOnce(const std::shared_ptr<grpc::Channel>& channel,
+                              const std::string& session_id, const StreamPlan& plan, size_t first,
                               const std::string& producer_id, std::atomic<int64_t>* sent_bytes) {
   StreamResult result;
   grpc::ClientContext context;
   auto writer = OpenObserveWriter(channel, &context, &result.summary);
-  v1::TensorChunk header;
   for (size_t i = first; i < plan.chunks.size(); ++i) {
     const PlannedChunk& chunk = plan.chunks[i];
-    header.Clear();
-    header.set_session_id(session_id);
-    header.set_kind(chunk.kind);
-    header.set_layer(chunk.layer);
-    header.set_module(chunk.module);
-    header.set_dtype(chunk.dtype);
-    for (int64_t d : chunk.shape) header.add_shape(d);
-    header.set_tp_rank(plan.tp_rank);
-    header.set_tp_size(plan.tp_size);
-    header.set_batch(plan.batch);
-    header.set_sequence(i + 1);  // producer sequences count from 1
-    header.set_producer_id(producer_id);
+    // Producer sequences count from 1.
+    const v1::TensorChunk header = ChunkHeader(plan, i, session_id, i + 1, producer_id);
     // The server ended the stream when Write fails; Finish says why.
     if (!writer->Write(SerializeChunk(header, chunk.data, chunk.bytes))) break;
     if (sent_bytes != nullptr) sent_bytes->fetch_add(static_cast<int64_t>(chunk.bytes));

@@ -62,6 +62,10 @@ absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir)
 // `{module}.weight`, not embeddings or lm_head).
 absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk_bytes);
 
+// Chunk `index` of `plan` as a TensorChunk with every field but `data`.
+v1::TensorChunk ChunkHeader(const StreamPlan& plan, size_t index, const std::string& session_id,
+                            uint64_t sequence, const std::string& producer_id);
+
 struct StreamResult {
   grpc::Status status;
   v1::ObserveSummary summary;

@@ -39,7 +39,9 @@ namespace caliper {
 namespace {
 
 namespace fs = std::filesystem;
+using cli::ChunkHeader;
 using cli::PlanDumpFile;
+using cli::PlannedChunk;
 using cli::PlanOptions;
 using cli::StreamPlan;
 
@@ -366,18 +368,9 @@ TEST_F(E2eTest, FourRankStreamsEqualOneUnshardedStream) {
         auto plan = PlanDumpFile(path, options, 0);
         if (!plan.ok() || plan->tp_rank != rank) ++failures;
         if (!plan.ok()) continue;
-        for (const auto& chunk : plan->chunks) {
-          v1::TensorChunk message;
-          message.set_session_id(a);
-          message.set_kind(chunk.kind);
-          message.set_layer(chunk.layer);
-          message.set_module(chunk.module);
-          message.set_dtype(chunk.dtype);
-          for (int64_t d : chunk.shape) message.add_shape(d);
-          message.set_tp_rank(plan->tp_rank);
-          message.set_tp_size(plan->tp_size);
-          message.set_batch(plan->batch);
-          message.set_sequence(sequence++);
+        for (size_t i = 0; i < plan->chunks.size(); ++i) {
+          const PlannedChunk& chunk = plan->chunks[i];
+          v1::TensorChunk message = ChunkHeader(*plan, i, a, sequence++, /*producer_id=*/"");
           message.set_data(std::string(reinterpret_cast<const char*>(chunk.data), chunk.bytes));
           if (!writer->Write(message)) ++failures;
         }
