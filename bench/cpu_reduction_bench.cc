@@ -12,9 +12,9 @@
 #include <random>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/reduction_backend.h"
-#include "core/tensor_view.h"
+#include "core/tensor/dtype.h"
+#include "core/tensor/reduction_backend.h"
+#include "core/tensor/tensor_view.h"
 
 namespace caliper {
 namespace {

@@ -10,9 +10,9 @@
 #include "client/cli_args.h"
 #include "client/commands.h"
 #include "client/file_io.h"
-#include "core/kv_scales.h"
-#include "core/lightllm_format.h"
-#include "core/model_config.h"
+#include "core/calibration/kv_scales.h"
+#include "core/formats/lightllm_format.h"
+#include "core/calibration/model_config.h"
 
 namespace caliper::cli {
 namespace {

@@ -20,7 +20,7 @@
 #include "client/remote_common.h"
 #include "client/rpc_retry.h"
 #include "client/tensor_stream.h"
-#include "core/model_config.h"
+#include "core/calibration/model_config.h"
 
 namespace caliper::cli {
 namespace {

@@ -11,10 +11,10 @@
 #include "client/cli_args.h"
 #include "client/commands.h"
 #include "client/file_io.h"
-#include "core/checkpoint.h"
-#include "core/engine_formats.h"
-#include "core/lightllm_format.h"
-#include "core/model_config.h"
+#include "core/formats/checkpoint.h"
+#include "core/formats/engine_formats.h"
+#include "core/formats/lightllm_format.h"
+#include "core/calibration/model_config.h"
 
 namespace caliper::cli {
 namespace {

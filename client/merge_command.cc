@@ -8,7 +8,7 @@
 #include "absl/strings/str_replace.h"
 #include "client/cli_args.h"
 #include "client/commands.h"
-#include "core/checkpoint_merge.h"
+#include "core/formats/checkpoint_merge.h"
 
 namespace caliper::cli {
 namespace {

@@ -8,8 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "core/checkpoint.h"
-#include "core/dtype.h"
+#include "core/formats/checkpoint.h"
+#include "core/tensor/dtype.h"
 #include "client/raw_observe.h"
 
 namespace caliper::cli {

@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/rpc_retry.h"
-#include "core/safetensors.h"
+#include "core/formats/safetensors.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/caliper.grpc.pb.h"
 

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "core/reduction_backend.h"
+#include "core/tensor/reduction_backend.h"
 
 namespace caliper {
 

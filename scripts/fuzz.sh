@@ -34,7 +34,7 @@ LIBS="$(pkg-config --libs $ABSL_PKGS) -pthread"
 
 # caliper_core's source list, read from its CMakeLists so the two never drift apart.
 mapfile -t CORE_SOURCES < <(sed -n '/add_library(caliper_core/,/)/p' core/CMakeLists.txt |
-  grep -oE '^[[:space:]]+[A-Za-z0-9_]+\.cc' | tr -d ' ')
+  grep -oE '^[[:space:]]+[A-Za-z0-9_/]+\.cc' | tr -d ' ')
 SOURCES=("${CORE_SOURCES[@]/#/core/}" tests/fuzz/fuzz_targets.cc)
 
 # Rebuild an object when its source or any file in its depfile is newer (or it has no depfile).

@@ -18,9 +18,9 @@
 #include <thread>
 
 #include "absl/time/time.h"
-#include "core/reduction_backend.h"
-#include "core/session.h"
-#include "core/session_store.h"
+#include "core/tensor/reduction_backend.h"
+#include "core/session/session.h"
+#include "core/state/session_store.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
 #include "server/metrics.h"

@@ -11,9 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/reduction_backend.h"
-#include "core/session.h"
-#include "core/session_store.h"
+#include "core/tensor/reduction_backend.h"
+#include "core/session/session.h"
+#include "core/state/session_store.h"
 #include "server/calibration_service.h"
 #include "server/event_log.h"
 #include "server/metrics.h"

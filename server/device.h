@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/reduction_backend.h"
+#include "core/tensor/reduction_backend.h"
 
 namespace caliper {
 

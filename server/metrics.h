@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/session.h"
+#include "core/session/session.h"
 
 namespace caliper {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/lightllm_format.h"
+#include "core/formats/lightllm_format.h"
 
 namespace caliper {
 

@@ -4,8 +4,8 @@
 #define CALIPER_SERVER_PROTO_CONVERT_H_
 
 #include "absl/status/statusor.h"
-#include "core/model_config.h"
-#include "core/session.h"
+#include "core/calibration/model_config.h"
+#include "core/session/session.h"
 #include "proto/caliper.pb.h"
 
 namespace caliper {

@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/state_file.h"
+#include "core/state/state_file.h"
 
 namespace caliper {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "core/reduction_backend.h"
+#include "core/tensor/reduction_backend.h"
 #include "server/caliper_server.h"
 #include "server/device.h"
 #include "server/event_log.h"

@@ -9,8 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/dtype.h"
-#include "core/safetensors.h"
+#include "core/tensor/dtype.h"
+#include "core/formats/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace caliper {

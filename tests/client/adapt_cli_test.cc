@@ -8,10 +8,10 @@
 #include <fstream>
 #include <string>
 
-#include "core/lightllm_format.h"
+#include "core/formats/lightllm_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/core/fixtures.h"
+#include "tests/support/fixtures.h"
 
 namespace caliper {
 namespace {

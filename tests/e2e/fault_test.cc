@@ -112,7 +112,8 @@ TEST_F(FaultTest, CalibrateWaitsForAServerThatIsNotUpYet) {
 TEST_F(FaultTest, RepeatedKillsInOneRunLeaveTheScalesExact) {
   // A longer run (more data, smaller chunks): room for a dozen kills.
   constexpr int kSmallChunks = 1024;
-  const DemoFiles demo = Demo("demo_long", /*batches=*/3, /*tokens=*/96);
+  // Sized so the run lasts seconds even on a quiet machine (20 MiB took 0.3 s: one kill).
+  const DemoFiles demo = Demo("demo_long", /*batches=*/3, /*tokens=*/768);
   const std::string reference_out = dir_ + "/out_reference";
   {
     e2e::ServerProcess server(ServerFlags(dir_ + "/state_reference"), dir_ + "/server_ref.log");

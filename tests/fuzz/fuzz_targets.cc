@@ -7,15 +7,15 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "core/lightllm_format.h"
-#include "core/model_config.h"
-#include "core/observer_codec.h"
-#include "core/observers.h"
-#include "core/reduction_backend.h"
-#include "core/safetensors.h"
-#include "core/session.h"
-#include "core/state_file.h"
-#include "core/tensor_view.h"
+#include "core/formats/lightllm_format.h"
+#include "core/calibration/model_config.h"
+#include "core/state/observer_codec.h"
+#include "core/calibration/observers.h"
+#include "core/tensor/reduction_backend.h"
+#include "core/formats/safetensors.h"
+#include "core/session/session.h"
+#include "core/state/state_file.h"
+#include "core/tensor/tensor_view.h"
 
 namespace caliper::fuzz {
 namespace {

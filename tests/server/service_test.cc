@@ -12,13 +12,13 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 
-#include "core/lightllm_format.h"
-#include "core/session.h"
+#include "core/formats/lightllm_format.h"
+#include "core/session/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
-#include "tests/reliability/state_test_util.h"
+#include "tests/support/state_test_util.h"
 
 namespace caliper {
 namespace {

@@ -11,7 +11,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/time/clock.h"
-#include "core/session.h"
+#include "core/session/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"

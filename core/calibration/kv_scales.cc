@@ -1,0 +1,154 @@
+#include "core/calibration/kv_scales.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace caliper {
+namespace {
+
+// Scale for one entry, or 1.0 plus a warning when the statistic cannot give one.
+float ScaleOrWarn(float absmax, bool observed, float qmax, std::string where,
+                  std::vector<ScaleWarning>& warnings) {
+  std::string reason;
+  if (!observed) {
+    reason = "never observed";
+  } else if (!std::isfinite(absmax)) {
+    reason = absl::StrCat("absmax is non-finite (", absmax, ")");
+  } else if (absmax == 0.0f) {
+    reason = "absmax is 0 (all values zero)";
+  } else {
+    return absmax / qmax;
+  }
+  warnings.push_back({std::move(where), absl::StrCat(reason, "; scale set to 1.0")});
+  return 1.0f;
+}
+
+}  // namespace
+
+float Fp8Max(Fp8Flavor flavor) { return flavor == Fp8Flavor::kE4M3FNUZ ? 240.0f : 448.0f; }
+
+KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularity granularity,
+                          Fp8Flavor flavor) {
+  KvScales out;
+  out.granularity = granularity;
+  out.flavor = flavor;
+  for (const KvLayerObserver& layer : layers) {
+    out.num_kv_heads = std::max<int>(out.num_kv_heads, layer.k_absmax.size());
+  }
+  const float qmax = Fp8Max(flavor);
+  const size_t heads = out.num_kv_heads;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const KvLayerObserver& layer = layers[l];
+    for (int kind = 0; kind < 2; ++kind) {
+      const char* name = kind == 0 ? "K" : "V";
+      const std::vector<float>& absmax = kind == 0 ? layer.k_absmax : layer.v_absmax;
+      const std::vector<int64_t>& tokens = kind == 0 ? layer.k_tokens : layer.v_tokens;
+      auto head_absmax = [&](size_t h) { return h < absmax.size() ? absmax[h] : 0.0f; };
+      auto head_observed = [&](size_t h) { return h < tokens.size() && tokens[h] > 0; };
+      std::vector<float> entry_absmax, entry_scale;
+      if (granularity == KvGranularity::kPerHead) {
+        for (size_t h = 0; h < heads; ++h) {
+          entry_absmax.push_back(head_absmax(h));
+          entry_scale.push_back(ScaleOrWarn(head_absmax(h), head_observed(h), qmax,
+                                            absl::StrCat("layer ", l, " ", name, " head ", h),
+                                            out.warnings));
+        }
+      } else {
+        float layer_max = 0.0f;
+        bool any_observed = false;
+        std::string missing;
+        for (size_t h = 0; h < heads; ++h) {
+          // NaN must win so the entry is flagged instead of being silently ignored by max.
+          const float a = head_absmax(h);
+          layer_max = (std::isnan(a) || std::isnan(layer_max)) ? NAN : std::max(layer_max, a);
+          if (head_observed(h)) {
+            any_observed = true;
+          } else {
+            absl::StrAppend(&missing, missing.empty() ? "" : ",", h);
+          }
+        }
+        const std::string where = absl::StrCat("layer ", l, " ", name);
+        if (any_observed && !missing.empty()) {
+          out.warnings.push_back({where, absl::StrCat("heads [", missing,
+                                                      "] never observed; per-tensor scale uses "
+                                                      "the other heads only")});
+        }
+        entry_absmax.push_back(layer_max);
+        entry_scale.push_back(ScaleOrWarn(layer_max, any_observed, qmax, where, out.warnings));
+      }
+      (kind == 0 ? out.k_absmax : out.v_absmax).push_back(std::move(entry_absmax));
+      (kind == 0 ? out.k : out.v).push_back(std::move(entry_scale));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<int> DeployedTotalKvHeads(int num_kv_heads, int tp_size) {
+  auto local = LocalKvHeads(num_kv_heads, tp_size);
+  if (!local.ok()) return local.status();
+  return tp_size * *local;
+}
+
+absl::StatusOr<std::vector<float>> AdaptHeadRow(absl::Span<const float> row, int n, int m) {
+  if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("num_head: must be positive, got ", n));
+  if (m <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("total_heads: must be positive, got ", m));
+  }
+  if (row.size() != 2 * static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError(absl::StrCat("row: ", row.size(), " entries, expected 2 * num_head = ",
+                                                   2 * n));
+  }
+  std::vector<float> out(2 * static_cast<size_t>(m));
+  if (n % m == 0) {
+    // Group max: identical to keeping one of each replica group, never clips otherwise.
+    const int factor = n / m;
+    for (int j = 0; j < m; ++j) {
+      float k = row[j * factor], v = row[n + j * factor];
+      for (int i = 1; i < factor; ++i) {
+        k = std::max(k, row[j * factor + i]);
+        v = std::max(v, row[n + j * factor + i]);
+      }
+      out[j] = k;
+      out[m + j] = v;
+    }
+  } else if (m % n == 0) {
+    const int repeat = m / n;  // repeat_interleave: replica j serves original head j / repeat
+    for (int j = 0; j < m; ++j) {
+      out[j] = row[j / repeat];
+      out[m + j] = row[n + j / repeat];
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("num_head ", n, " in the file and ", m,
+                                                   " deployed heads: neither divides the other"));
+  }
+  return out;
+}
+
+absl::StatusOr<RankSlice> SliceRowForRank(absl::Span<const float> row, int m, int rank,
+                                          int heads_per_rank) {
+  if (m <= 0) return absl::InvalidArgumentError(absl::StrCat("total_heads: must be positive, got ", m));
+  if (row.size() != 2 * static_cast<size_t>(m)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row: ", row.size(), " entries, expected 2 * total_heads = ", 2 * m));
+  }
+  if (heads_per_rank <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("heads_per_rank: must be positive, got ", heads_per_rank));
+  }
+  if (rank < 0 || int64_t{rank + 1} * heads_per_rank > m) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " with ", heads_per_rank,
+                                                   " heads per rank exceeds total_heads ", m));
+  }
+  RankSlice slice;
+  const size_t begin = static_cast<size_t>(rank) * heads_per_rank;
+  // V starts at m (half of the 2m row); LightLLM's m/2 offset read K entries as V.
+  slice.k.assign(row.begin() + begin, row.begin() + begin + heads_per_rank);
+  slice.v.assign(row.begin() + m + begin, row.begin() + m + begin + heads_per_rank);
+  return slice;
+}
+
+}  // namespace caliper

@@ -1,0 +1,55 @@
+// FP8 KV-cache scale finalization and head-count / TP adaptation (domain.md 1.1, 1.2).
+// Scales are dequantization multipliers: scale = absmax / qmax.
+#ifndef CALIPER_CORE_CALIBRATION_KV_SCALES_H_
+#define CALIPER_CORE_CALIBRATION_KV_SCALES_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/calibration/observers.h"
+#include "core/calibration/warnings.h"
+
+namespace caliper {
+
+enum class Fp8Flavor { kE4M3FN, kE4M3FNUZ };
+// 448 for e4m3fn, 240 for e4m3fnuz.
+float Fp8Max(Fp8Flavor flavor);
+
+enum class KvGranularity { kPerTensor, kPerHead };
+
+// Scales for every layer over the model's original KV heads (per head) or one value per layer
+// (per tensor: k[layer] and v[layer] have size 1).
+struct KvScales {
+  KvGranularity granularity = KvGranularity::kPerHead;
+  Fp8Flavor flavor = Fp8Flavor::kE4M3FN;
+  int num_kv_heads = 0;                  // original heads
+  std::vector<std::vector<float>> k_absmax, v_absmax;  // [layer][head or 0]
+  std::vector<std::vector<float>> k, v;                // [layer][head or 0]
+  std::vector<ScaleWarning> warnings;    // one per zero, non-finite or unobserved entry
+};
+
+// A zero, non-finite or never-observed absmax yields scale 1.0 (LightLLM's convention) and a
+// warning naming the entry. Per tensor takes the max over heads before dividing.
+KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularity granularity,
+                          Fp8Flavor flavor);
+
+// Total KV heads a deployment counts across ranks: T * max(H / T, 1).
+absl::StatusOr<int> DeployedTotalKvHeads(int num_kv_heads, int tp_size);
+
+// Adapts a per-head row [K_0..K_{n-1} | V_0..V_{n-1}] (length 2n) to m total heads:
+// n == m unchanged; n % m == 0 group max over n/m adjacent heads; m % n == 0 repeat each
+// head m/n times in place; otherwise InvalidArgument naming both counts.
+absl::StatusOr<std::vector<float>> AdaptHeadRow(absl::Span<const float> row, int n, int m);
+
+// K and V of one TP rank holding `heads_per_rank` heads, from a row of 2m entries:
+// K = row[r*h, (r+1)*h), V = row[m + r*h, m + (r+1)*h).
+struct RankSlice {
+  std::vector<float> k, v;
+};
+absl::StatusOr<RankSlice> SliceRowForRank(absl::Span<const float> row, int m, int rank,
+                                          int heads_per_rank);
+
+}  // namespace caliper
+
+#endif  // CALIPER_CORE_CALIBRATION_KV_SCALES_H_

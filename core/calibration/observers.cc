@@ -1,0 +1,212 @@
+#include "core/calibration/observers.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace caliper {
+
+absl::StatusOr<int> LocalKvHeads(int num_kv_heads, int tp_size) {
+  if (num_kv_heads <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_kv_heads: must be positive, got ", num_kv_heads));
+  }
+  if (tp_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tp_size: must be positive, got ", tp_size));
+  }
+  if (num_kv_heads % tp_size == 0) return num_kv_heads / tp_size;
+  if (tp_size % num_kv_heads == 0) return 1;  // replicated: each rank holds one copy
+  return absl::InvalidArgumentError(absl::StrCat("num_kv_heads ", num_kv_heads, " and tp_size ",
+                                                 tp_size, ": neither divides the other"));
+}
+
+int OriginalKvHead(int num_kv_heads, TpPlacement placement, int local) {
+  if (placement.tp_size > num_kv_heads) {
+    return placement.tp_rank / (placement.tp_size / num_kv_heads);
+  }
+  return placement.tp_rank * (num_kv_heads / placement.tp_size) + local;
+}
+
+absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
+                                           TpPlacement placement, int num_kv_heads,
+                                           int head_dim, ReductionBackend& backend) {
+  auto local_heads = LocalKvHeads(num_kv_heads, placement.tp_size);
+  if (!local_heads.ok()) return local_heads.status();
+  if (placement.tp_rank < 0 || placement.tp_rank >= placement.tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat("tp_rank: ", placement.tp_rank,
+                                                   " outside [0, tp_size ", placement.tp_size, ")"));
+  }
+  if (head_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("head_dim: must be positive, got ", head_dim));
+  }
+  const int h = *local_heads;
+  const std::vector<int64_t>& shape = tensor.shape();
+  const std::string expected =
+      absl::StrCat("expected [tokens, ", h, ", ", head_dim, "] or [tokens, ", int64_t{h} * head_dim,
+                   "] (heads_local ", h, " = max(num_kv_heads ", num_kv_heads, " / tp_size ",
+                   placement.tp_size, ", 1), head_dim ", head_dim, ")");
+  if (shape.size() == 3) {
+    if (shape[1] != h) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk.shape[1]: got ", shape[1], " in ",
+                                                     tensor.ShapeString(), ", ", expected));
+    }
+    if (shape[2] != head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk.shape[2]: got ", shape[2], " in ",
+                                                     tensor.ShapeString(), ", ", expected));
+    }
+  } else if (shape.size() == 2) {
+    if (shape[1] != int64_t{h} * head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk.shape[1]: got ", shape[1], " in ",
+                                                     tensor.ShapeString(), ", ", expected));
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.shape: got ", tensor.ShapeString(), ", ", expected));
+  }
+
+  KvChunkStats stats;
+  stats.kind = kind;
+  stats.tokens = shape[0];
+  stats.absmax.assign(h, 0.0f);
+  int64_t nonfinite = 0;
+  std::vector<float> run_absmax(h);
+  // Absmax is a max of non-negative values, so merging runs by max is exact.
+  absl::Status reduced = tensor.ForEachRun(int64_t{h} * head_dim, [&](const TensorView& run) {
+    int64_t run_nonfinite = 0;
+    absl::Status s =
+        backend.AbsMaxPerHead(run, h, head_dim, absl::MakeSpan(run_absmax), &run_nonfinite);
+    nonfinite += run_nonfinite;
+    for (int i = 0; i < h; ++i) stats.absmax[i] = std::max(stats.absmax[i], run_absmax[i]);
+    return s;
+  }, backend.min_run_bytes());
+  if (!reduced.ok()) return reduced;
+  if (nonfinite > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk.data: ", nonfinite, " non-finite values (NaN/Inf) in ",
+        kind == KvKind::kKey ? "K" : "V", " chunk ", tensor.ShapeString(), "; chunk rejected"));
+  }
+  stats.heads.resize(h);
+  for (int local = 0; local < h; ++local) {
+    stats.heads[local] = OriginalKvHead(num_kv_heads, placement, local);
+  }
+  return stats;
+}
+
+KvLayerObserver::KvLayerObserver(int num_kv_heads)
+    : k_absmax(std::max(num_kv_heads, 0), 0.0f),
+      v_absmax(std::max(num_kv_heads, 0), 0.0f),
+      k_tokens(std::max(num_kv_heads, 0), 0),
+      v_tokens(std::max(num_kv_heads, 0), 0) {}
+
+void KvLayerObserver::Accumulate(const KvChunkStats& stats) {
+  std::vector<float>& absmax = stats.kind == KvKind::kKey ? k_absmax : v_absmax;
+  std::vector<int64_t>& tokens = stats.kind == KvKind::kKey ? k_tokens : v_tokens;
+  const size_t n = std::min(stats.heads.size(), stats.absmax.size());
+  for (size_t i = 0; i < n; ++i) {
+    const int head = stats.heads[i];
+    // Stats come from ReduceKvChunk for the same head count; an out-of-range head is a caller
+    // bug and is dropped rather than crashing.
+    if (head < 0 || static_cast<size_t>(head) >= absmax.size()) continue;
+    absmax[head] = std::max(absmax[head], stats.absmax[i]);
+    tokens[head] += stats.tokens;  // replicas each count their tokens
+  }
+}
+
+void KvLayerObserver::Merge(const KvLayerObserver& other) {
+  auto merge_max = [](std::vector<float>& into, const std::vector<float>& from) {
+    if (into.size() < from.size()) into.resize(from.size(), 0.0f);
+    for (size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
+  };
+  auto merge_sum = [](std::vector<int64_t>& into, const std::vector<int64_t>& from) {
+    if (into.size() < from.size()) into.resize(from.size(), 0);
+    for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
+  };
+  merge_max(k_absmax, other.k_absmax);
+  merge_max(v_absmax, other.v_absmax);
+  merge_sum(k_tokens, other.k_tokens);
+  merge_sum(v_tokens, other.v_tokens);
+}
+
+absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionBackend& backend,
+                                       absl::string_view field) {
+  RangeStats stats;
+  absl::Status reduced = tensor.ForEachRun(1, [&](const TensorView& run) {
+    RangeStats part;
+    absl::Status s = backend.Range(run, &part);
+    // Ties pick -0 for the min and +0 for the max, as one pass over both runs would.
+    if (part.min < stats.min || (part.min == stats.min && std::signbit(part.min))) {
+      stats.min = part.min;
+    }
+    if (part.max > stats.max || (part.max == stats.max && !std::signbit(part.max))) {
+      stats.max = part.max;
+    }
+    stats.nonfinite += part.nonfinite;
+    return s;
+  }, backend.min_run_bytes());
+  if (!reduced.ok()) return reduced;
+  if (stats.nonfinite > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", stats.nonfinite,
+                                                   " non-finite values (NaN/Inf) in ",
+                                                   tensor.ShapeString(), "; chunk rejected"));
+  }
+  return stats;
+}
+
+void MinMaxObserver::Accumulate(const RangeStats& stats) {
+  if (!(stats.min <= stats.max)) return;  // empty tensor: nothing observed
+  min = std::min(min, stats.min);
+  max = std::max(max, stats.max);
+  ++observations;
+}
+
+void MinMaxObserver::Merge(const MinMaxObserver& other) {
+  min = std::min(min, other.min);
+  max = std::max(max, other.max);
+  observations += other.observations;
+}
+
+float MinMaxObserver::AbsMax() const {
+  if (observations == 0 || !(min <= max)) return 0.0f;
+  return std::max(std::fabs(std::min(min, 0.0f)), std::max(max, 0.0f));
+}
+
+void ActivationObserver::Accumulate(int64_t batch, const RangeStats& stats) {
+  batches[batch].Accumulate(stats);
+}
+
+void ActivationObserver::Merge(const ActivationObserver& other) {
+  for (const auto& [batch, stats] : other.batches) batches[batch].Merge(stats);
+}
+
+ActivationObserver::MinMax ActivationObserver::Result(ActivationObserverKind kind,
+                                                      double averaging_constant) const {
+  MinMax out;
+  // Doubles keep the EMA from drifting over thousands of batches; the result is rounded once.
+  double lo = 0, hi = 0;
+  for (const auto& [batch, stats] : batches) {
+    if (stats.observations == 0) continue;
+    if (out.batches == 0) {
+      lo = stats.min;
+      hi = stats.max;
+    } else if (kind == ActivationObserverKind::kStaticMinMax) {
+      lo = std::min<double>(lo, stats.min);
+      hi = std::max<double>(hi, stats.max);
+    } else {
+      lo = lo * (1.0 - averaging_constant) + stats.min * averaging_constant;
+      hi = hi * (1.0 - averaging_constant) + stats.max * averaging_constant;
+    }
+    ++out.batches;
+  }
+  out.min = static_cast<float>(lo);
+  out.max = static_cast<float>(hi);
+  return out;
+}
+
+float ActivationObserver::AbsMax(ActivationObserverKind kind, double averaging_constant) const {
+  const MinMax r = Result(kind, averaging_constant);
+  return std::max(std::fabs(std::min(r.min, 0.0f)), std::max(r.max, 0.0f));
+}
+
+}  // namespace caliper

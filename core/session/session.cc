@@ -1,0 +1,601 @@
+#include "core/session/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/tensor/tensor_view.h"
+
+namespace caliper {
+namespace {
+
+// Module names are keys of bounded session state; a runaway name is a client bug.
+constexpr size_t kMaxModuleNameBytes = 1024;
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool IsKv(ChunkKind kind) { return kind == ChunkKind::kKey || kind == ChunkKind::kValue; }
+
+}  // namespace
+
+absl::string_view ChunkKindName(ChunkKind kind) {
+  switch (kind) {
+    case ChunkKind::kKey:
+      return "KEY";
+    case ChunkKind::kValue:
+      return "VALUE";
+    case ChunkKind::kWeight:
+      return "WEIGHT";
+    case ChunkKind::kInput:
+      return "INPUT_ACTIVATION";
+  }
+  return "UNKNOWN";
+}
+
+CalibrationSession::CalibrationSession(ModelConfig model, Recipe recipe, std::string id,
+                                       std::string name, std::string tenant)
+    : model_(std::move(model)),
+      recipe_(std::move(recipe)),
+      id_(std::move(id)),
+      name_(std::move(name)),
+      tenant_(std::move(tenant)),
+      created_unix_ms_(NowUnixMs()) {
+  if (recipe_.kv != KvMode::kOff) {
+    kv_layers_.assign(model_.num_layers, KvLayerObserver(model_.num_kv_heads));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
+    ModelConfig model, Recipe recipe, std::string id, std::string name, std::string tenant) {
+  if (absl::Status s = ValidateModelConfig(model); !s.ok()) return s;
+  if (!(recipe.averaging_constant > 0.0 && recipe.averaging_constant <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recipe.averaging_constant: must be in (0, 1], got ", recipe.averaging_constant));
+  }
+  if (recipe.warmup_batches < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recipe.warmup_batches: must be >= 0, got ", recipe.warmup_batches));
+  }
+  if (recipe.kv == KvMode::kOff && !recipe.nvfp4_weights && !recipe.nvfp4_activations) {
+    return absl::InvalidArgumentError(
+        "recipe: nothing to calibrate (kv is off and both nvfp4_weights and "
+        "nvfp4_activations are false)");
+  }
+  return std::unique_ptr<CalibrationSession>(
+      new CalibrationSession(std::move(model), std::move(recipe), std::move(id), std::move(name),
+                             std::move(tenant)));
+}
+
+absl::Status CalibrationSession::CheckOpen() const {
+  if (deleted_.load()) {
+    return absl::NotFoundError(absl::StrCat("session ", id_, " was deleted"));
+  }
+  if (state_ == SessionState::kFinalized) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, " is finalized: it accepts no more chunks"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CalibrationSession::ValidateChunk(const ChunkRef& chunk) const {
+  const TpPlacement& p = chunk.placement;
+  if (p.tp_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.tp_size: must be >= 1, got ", p.tp_size));
+  }
+  if (p.tp_rank < 0 || p.tp_rank >= p.tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk.tp_rank: ", p.tp_rank,
+                                                   " is outside [0, tp_size=", p.tp_size, ")"));
+  }
+  if (chunk.batch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.batch: must be >= 0, got ", chunk.batch));
+  }
+  switch (chunk.kind) {
+    case ChunkKind::kKey:
+    case ChunkKind::kValue:
+      if (recipe_.kv == KvMode::kOff) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "chunk.kind: ", ChunkKindName(chunk.kind), " but the session's recipe has kv off"));
+      }
+      if (chunk.layer < 0 || chunk.layer >= model_.num_layers) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk.layer: ", chunk.layer,
+                                                       " is outside the model's layers [0, ",
+                                                       model_.num_layers, ")"));
+      }
+      break;
+    case ChunkKind::kWeight:
+    case ChunkKind::kInput: {
+      const bool enabled =
+          chunk.kind == ChunkKind::kWeight ? recipe_.nvfp4_weights : recipe_.nvfp4_activations;
+      if (!enabled) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "chunk.kind: ", ChunkKindName(chunk.kind), " but the session's recipe has ",
+            chunk.kind == ChunkKind::kWeight ? "nvfp4_weights" : "nvfp4_activations", " off"));
+      }
+      if (chunk.module.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk.module: required for ", ChunkKindName(chunk.kind), " chunks"));
+      }
+      if (chunk.module.size() > kMaxModuleNameBytes) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk.module: ", chunk.module.size(),
+                                                       " bytes, more than the limit of ",
+                                                       kMaxModuleNameBytes));
+      }
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(const ChunkRef& chunk,
+                                                           ReductionBackend& backend) {
+  return Observe(chunk, backend, nullptr);
+}
+
+absl::StatusOr<ProducerLedger::Stream> CalibrationSession::OpenProducerStream(
+    absl::string_view producer_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<ProducerLedger::Stream> stream = ledger_.OpenStream(producer_id);
+  if (!stream.ok()) {
+    return absl::Status(stream.status().code(),
+                        absl::StrCat("chunk.producer_id: ", stream.status().message()));
+  }
+  return stream;
+}
+
+absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(
+    const ChunkRef& chunk, ReductionBackend& backend, const ProducerLedger::Stream* producer) {
+  // Under mu_: consumes the chunk's sequence (producer streams only). Returns the verdict, or
+  // an error for a gap / fenced stream.
+  auto consume = [&]() -> absl::StatusOr<SequenceVerdict> {
+    if (producer == nullptr) return SequenceVerdict::kNew;
+    absl::StatusOr<SequenceVerdict> verdict = ledger_.Accept(*producer, chunk.sequence);
+    if (!verdict.ok()) {
+      return absl::Status(verdict.status().code(),
+                          absl::StrCat("chunk.sequence: ", verdict.status().message()));
+    }
+    if (*verdict == SequenceVerdict::kDuplicate) ++duplicate_chunks_;
+    return verdict;
+  };
+  // A chunk rejected for its content still consumes its sequence: re-sending it is a duplicate.
+  auto reject = [&](absl::Status status) -> absl::StatusOr<ObserveOutcome> {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::StatusOr<SequenceVerdict> verdict = consume();
+    if (verdict.ok() && *verdict == SequenceVerdict::kDuplicate) return ObserveOutcome::kDuplicate;
+    ++rejected_chunks_;
+    return verdict.ok() ? status : verdict.status();
+  };
+  {
+    // Cheap early rejection; re-checked under the lock before the fold.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = CheckOpen(); !s.ok()) {
+      ++rejected_chunks_;
+      return s;
+    }
+    // Sequences at or below the producer's count are duplicates whatever their content: skip
+    // the reduction (consume() still applies the stream rules).
+    if (producer != nullptr && chunk.sequence != 0 &&
+        chunk.sequence < ledger_.ResumeFrom(producer->producer_id)) {
+      absl::StatusOr<SequenceVerdict> verdict = consume();
+      if (!verdict.ok()) {
+        ++rejected_chunks_;
+        return verdict.status();
+      }
+      return ObserveOutcome::kDuplicate;  // N never goes back, so this is a duplicate
+    }
+  }
+  if (absl::Status s = ValidateChunk(chunk); !s.ok()) return reject(s);
+  absl::StatusOr<PiecewiseTensor> view =
+      PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
+  if (!view.ok()) return reject(view.status());
+
+  const bool warmup = chunk.kind != ChunkKind::kWeight && chunk.batch < recipe_.warmup_batches;
+  ChunkStats stats;
+  if (!warmup) {
+    // The expensive part: runs without the session lock.
+    if (IsKv(chunk.kind)) {
+      absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(
+          chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, *view, chunk.placement,
+          model_.num_kv_heads, model_.head_dim, backend);
+      if (!kv.ok()) return reject(kv.status());
+      stats.kv = *std::move(kv);
+    } else {
+      absl::StatusOr<RangeStats> range = ReduceRange(*view, backend, "chunk");
+      if (!range.ok()) return reject(range.status());
+      stats.range = *range;
+    }
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = CheckOpen(); !s.ok()) {
+    ++rejected_chunks_;
+    return s;
+  }
+  {
+    absl::StatusOr<SequenceVerdict> verdict = consume();
+    if (!verdict.ok()) {
+      ++rejected_chunks_;
+      return verdict.status();
+    }
+    if (*verdict == SequenceVerdict::kDuplicate) return ObserveOutcome::kDuplicate;
+  }
+  if (warmup) {
+    ++skipped_warmup_chunks_;
+    return ObserveOutcome::kSkippedWarmup;
+  }
+  if (!IsKv(chunk.kind) && max_modules_ > 0 &&
+      static_cast<int>(modules_.size()) >= max_modules_ &&
+      modules_.find(std::string(chunk.module)) == modules_.end()) {
+    ++rejected_chunks_;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "chunk.module: \"", chunk.module, "\" would be module ", modules_.size() + 1,
+        " of this session, over the server's --max_modules_per_session=", max_modules_));
+  }
+  switch (chunk.kind) {
+    case ChunkKind::kKey:
+    case ChunkKind::kValue:
+      kv_layers_[chunk.layer].Accumulate(*stats.kv);
+      break;
+    case ChunkKind::kWeight:
+      modules_[std::string(chunk.module)].weight.Accumulate(*stats.range);
+      break;
+    case ChunkKind::kInput:
+      modules_[std::string(chunk.module)].input.Accumulate(chunk.batch, *stats.range);
+      break;
+  }
+  ++accepted_chunks_;
+  accepted_bytes_ += static_cast<int64_t>(chunk.data.size());
+  return ObserveOutcome::kAccepted;
+}
+
+void CalibrationSession::RecordRejected() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++rejected_chunks_;
+}
+
+absl::Status CalibrationSession::Finalize() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (deleted_.load()) {
+    return absl::NotFoundError(absl::StrCat("session ", id_, " was deleted"));
+  }
+  if (state_ == SessionState::kFinalized) return absl::OkStatus();
+
+  final_warnings_.clear();
+  if (recipe_.kv != KvMode::kOff) {
+    final_kv_ = FinalizeKvScales(kv_layers_,
+                                 recipe_.kv == KvMode::kPerHead ? KvGranularity::kPerHead
+                                                                : KvGranularity::kPerTensor,
+                                 recipe_.fp8_flavor);
+  }
+  final_amax_.clear();
+  for (const auto& [name, state] : modules_) {
+    ModuleAmax amax;
+    if (recipe_.nvfp4_weights) {
+      if (state.weight.observations > 0) {
+        amax.weight_amax = state.weight.AbsMax();
+      } else {
+        final_warnings_.push_back(
+            {absl::StrCat(name, " weight"),
+             "nvfp4_weights is on but no weight chunk was observed for this module; no weight "
+             "scale is produced"});
+      }
+    }
+    if (recipe_.nvfp4_activations) {
+      if (!state.input.batches.empty()) {
+        amax.input_amax =
+            state.input.AbsMax(recipe_.activation_observer, recipe_.averaging_constant);
+      } else {
+        final_warnings_.push_back(
+            {absl::StrCat(name, " input"),
+             "nvfp4_activations is on but no input chunk (after warm-up) was observed for this "
+             "module; no input scale is produced"});
+      }
+    }
+    final_amax_[name] = amax;
+  }
+  if ((recipe_.nvfp4_weights || recipe_.nvfp4_activations) && modules_.empty()) {
+    final_warnings_.push_back(
+        {"nvfp4", "NVFP4 is on but no module was observed; no NVFP4 scale is produced"});
+  }
+  if (skipped_warmup_chunks_ > 0 && accepted_chunks_ == 0) {
+    final_warnings_.push_back(
+        {"session", absl::StrCat("all ", skipped_warmup_chunks_,
+                                 " chunks were warm-up batches (recipe.warmup_batches=",
+                                 recipe_.warmup_batches, "): nothing was calibrated")});
+  }
+  state_ = SessionState::kFinalized;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deployment,
+                                                         Nvfp4Convention convention) const {
+  // Finalized state is immutable, but read it under the lock to pair with Finalize's writes.
+  std::optional<KvScales> kv;
+  std::map<std::string, ModuleAmax> amax;
+  std::vector<ScaleWarning> session_warnings;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (deleted_.load()) {
+      return absl::NotFoundError(absl::StrCat("session ", id_, " was deleted"));
+    }
+    if (state_ != SessionState::kFinalized) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", id_, " is not finalized: call Finalize first"));
+    }
+    kv = final_kv_;
+    amax = final_amax_;
+    session_warnings = final_warnings_;
+  }
+
+  const int H = model_.num_kv_heads;
+  if (deployment.tp_size < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("deployment.tp_size: must be >= 0, got ", deployment.tp_size));
+  }
+  if (deployment.total_kv_heads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "deployment.total_kv_heads: must be >= 0, got ", deployment.total_kv_heads));
+  }
+  SessionScales out;
+  out.kv = recipe_.kv;
+  out.fp8_flavor = recipe_.fp8_flavor;
+  out.num_kv_heads = H;
+  out.convention = convention;
+  int tp = deployment.tp_size;
+  int total = 0;
+  if (tp > 0) {
+    absl::StatusOr<int> deployed = DeployedTotalKvHeads(H, tp);
+    if (!deployed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("deployment.tp_size: ", deployed.status().message()));
+    }
+    total = *deployed;
+    if (deployment.total_kv_heads > 0 && deployment.total_kv_heads != total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "deployment.total_kv_heads: ", deployment.total_kv_heads, " disagrees with tp_size ",
+          tp, ", which deploys ", total, " total KV heads for a model with ", H));
+    }
+  } else if (deployment.total_kv_heads > 0) {
+    total = deployment.total_kv_heads;
+    if (total % H != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "deployment.total_kv_heads: ", total, " is not a multiple of the model's ", H,
+          " KV heads (a TP deployment counts T * max(H / T, 1) heads)"));
+    }
+    if (deployment.rank.has_value()) {
+      return absl::InvalidArgumentError(
+          "deployment.rank: needs deployment.tp_size (heads per rank are not known from "
+          "total_kv_heads alone)");
+    }
+    tp = total > H ? total : 1;
+  } else {
+    tp = 1;
+    total = H;
+  }
+  out.tp_size = tp;
+  out.deployed_total_kv_heads = total;
+  out.model = model_;
+
+  if (deployment.rank.has_value()) {
+    if (*deployment.rank < 0 || *deployment.rank >= tp) {
+      return absl::InvalidArgumentError(absl::StrCat("deployment.rank: ", *deployment.rank,
+                                                     " is outside [0, tp_size=", tp, ")"));
+    }
+    out.rank = deployment.rank;
+  }
+
+  if (kv.has_value()) {
+    absl::StatusOr<LightLlmCalibration> file = LightLlmFromKvScales(*kv, model_, tp);
+    if (!file.ok()) return file.status();
+    if (out.rank.has_value()) {
+      const int heads_per_rank = total / tp;
+      for (size_t layer = 0; layer < file->scales.size(); ++layer) {
+        const std::vector<float>& row = file->scales[layer];
+        if (recipe_.kv == KvMode::kPerTensor) {
+          out.rank_slices.push_back(RankSlice{{row[0]}, {row[1]}});
+          continue;
+        }
+        absl::StatusOr<RankSlice> slice = SliceRowForRank(row, total, *out.rank, heads_per_rank);
+        if (!slice.ok()) return slice.status();
+        out.rank_slices.push_back(*std::move(slice));
+      }
+    }
+    out.lightllm = *std::move(file);
+    out.warnings.insert(out.warnings.end(), kv->warnings.begin(), kv->warnings.end());
+    out.kv_scales = std::move(kv);
+  }
+
+  if (recipe_.nvfp4_weights || recipe_.nvfp4_activations) {
+    Nvfp4Options options;
+    options.groups = recipe_.fused_groups;
+    options.share_input_scales = convention == Nvfp4Convention::kModelOpt;
+    options.form =
+        convention == Nvfp4Convention::kModelOpt ? ScaleForm::kMultiplier : ScaleForm::kDivisor;
+    out.nvfp4 = ComputeNvfp4Scales(amax, options);
+    out.warnings.insert(out.warnings.end(), out.nvfp4.warnings.begin(),
+                        out.nvfp4.warnings.end());
+  } else {
+    out.nvfp4.form = convention == Nvfp4Convention::kModelOpt ? ScaleForm::kMultiplier
+                                                              : ScaleForm::kDivisor;
+  }
+  out.warnings.insert(out.warnings.end(), session_warnings.begin(), session_warnings.end());
+  return out;
+}
+
+absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
+    const SessionScales& scales, absl::Span<const std::string> formats,
+    std::vector<ScaleWarning>* warnings) {
+  std::vector<std::string> wanted(formats.begin(), formats.end());
+  if (wanted.empty() && scales.kv_scales.has_value()) wanted.push_back(kFormatLightLlm);
+  RenderInputs inputs;
+  inputs.model = scales.model;
+  inputs.tp_size = scales.tp_size;
+  inputs.kv = scales.kv_scales;
+  inputs.nvfp4 = scales.nvfp4;
+  return RenderOutputs(wanted, inputs, warnings);
+}
+
+SessionStatus CalibrationSession::Status() const {
+  SessionStatus s;
+  s.id = id_;
+  s.name = name_;
+  s.model = model_;
+  s.recipe = recipe_;
+  s.created_unix_ms = created_unix_ms_;
+  std::lock_guard<std::mutex> lock(mu_);
+  s.state = state_;
+  s.accepted_chunks = accepted_chunks_;
+  s.accepted_bytes = accepted_bytes_;
+  s.rejected_chunks = rejected_chunks_;
+  s.duplicate_chunks = duplicate_chunks_;
+  s.skipped_warmup_chunks = skipped_warmup_chunks_;
+  s.layers.reserve(kv_layers_.size());
+  for (const KvLayerObserver& layer : kv_layers_) {
+    LayerProgressInfo info;
+    for (int64_t t : layer.k_tokens) info.k_tokens += t;
+    for (int64_t t : layer.v_tokens) info.v_tokens += t;
+    if (!layer.k_tokens.empty()) info.k_tokens /= static_cast<int64_t>(layer.k_tokens.size());
+    if (!layer.v_tokens.empty()) info.v_tokens /= static_cast<int64_t>(layer.v_tokens.size());
+    s.layers.push_back(info);
+  }
+  for (const auto& [name, state] : modules_) {
+    if (state.weight.observations > 0) ++s.modules_with_weights;
+    if (!state.input.batches.empty()) ++s.modules_with_inputs;
+  }
+  return s;
+}
+
+std::string SessionRegistry::NewId() {
+  std::random_device rd;
+  uint64_t hi = (static_cast<uint64_t>(rd()) << 32) | rd();
+  uint64_t lo = (static_cast<uint64_t>(rd()) << 32) | rd();
+  return absl::StrFormat("%016x%016x", hi, lo);
+}
+
+absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::Create(ModelConfig model,
+                                                                            Recipe recipe,
+                                                                            std::string name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string id;
+  do {
+    id = NewId();
+  } while (sessions_.count(id) > 0);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+      CalibrationSession::Create(std::move(model), std::move(recipe), id, std::move(name));
+  if (!session.ok()) return session.status();
+  std::shared_ptr<CalibrationSession> shared = std::move(*session);
+  sessions_.emplace(id, shared);
+  return shared;
+}
+
+absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::CreateForTenant(
+    ModelConfig model, Recipe recipe, std::string name, std::string tenant,
+    const SessionLimits& limits) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (limits.max_sessions_per_tenant > 0) {
+    int owned = 0;
+    for (const auto& [id, session] : sessions_) owned += session->tenant() == tenant ? 1 : 0;
+    if (owned >= limits.max_sessions_per_tenant) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant \"", tenant.empty() ? "anonymous" : tenant, "\" already has ", owned,
+          " sessions, the server's --max_sessions_per_tenant=", limits.max_sessions_per_tenant,
+          "; delete finished sessions first"));
+    }
+  }
+  std::string id;
+  do {
+    id = NewId();
+  } while (sessions_.count(id) > 0);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> session = CalibrationSession::Create(
+      std::move(model), std::move(recipe), id, std::move(name), std::move(tenant));
+  if (!session.ok()) return session.status();
+  (*session)->set_max_modules(limits.max_modules_per_session);
+  std::shared_ptr<CalibrationSession> shared = std::move(*session);
+  sessions_.emplace(id, shared);
+  return shared;
+}
+
+absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::GetForTenant(
+    absl::string_view id, absl::string_view tenant) const {
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> session = Get(id);
+  if (session.ok() && (*session)->tenant() != tenant) {
+    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  }
+  return session;
+}
+
+std::vector<std::shared_ptr<CalibrationSession>> SessionRegistry::ListForTenant(
+    absl::string_view tenant) const {
+  std::vector<std::shared_ptr<CalibrationSession>> out = List();
+  std::erase_if(out, [&](const auto& session) { return session->tenant() != tenant; });
+  return out;
+}
+
+absl::Status SessionRegistry::DeleteForTenant(absl::string_view id, absl::string_view tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second->tenant() != tenant) {
+    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  }
+  it->second->MarkDeleted();
+  sessions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::Get(
+    absl::string_view id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<CalibrationSession>> SessionRegistry::List() const {
+  std::vector<std::shared_ptr<CalibrationSession>> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, session] : sessions_) out.push_back(session);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a->created_unix_ms() < b->created_unix_ms();
+  });
+  return out;
+}
+
+absl::Status SessionRegistry::Delete(absl::string_view id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
+  }
+  it->second->MarkDeleted();
+  sessions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status SessionRegistry::Insert(std::shared_ptr<CalibrationSession> session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string id = session->id();
+  if (!sessions_.emplace(id, std::move(session)).second) {
+    return absl::AlreadyExistsError(absl::StrCat("session_id: \"", id, "\" is already loaded"));
+  }
+  return absl::OkStatus();
+}
+
+size_t SessionRegistry::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sessions_.size();
+}
+
+}  // namespace caliper

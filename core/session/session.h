@@ -1,0 +1,287 @@
+// A calibration session: running observer state for one model and recipe, fed by any number of
+// producers (one stream per TP rank) and finalized once into scales for any deployment.
+// Thread-safe: Observe reduces a chunk without holding the session lock (so TP-rank streams
+// reduce in parallel) and only folds the small per-chunk statistics in under it. State is
+// O(layers x heads + modules x batches); the streamed tensor data is never retained.
+#ifndef CALIPER_CORE_SESSION_SESSION_H_
+#define CALIPER_CORE_SESSION_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "core/tensor/dtype.h"
+#include "core/formats/engine_formats.h"
+#include "core/calibration/kv_scales.h"
+#include "core/formats/lightllm_format.h"
+#include "core/calibration/model_config.h"
+#include "core/calibration/nvfp4.h"
+#include "core/calibration/observers.h"
+#include "core/session/producer_ledger.h"
+#include "core/tensor/reduction_backend.h"
+#include "core/tensor/tensor_view.h"
+#include "core/calibration/warnings.h"
+
+namespace caliper {
+
+enum class KvMode { kOff, kPerTensor, kPerHead };
+
+// What a session observes and how it turns statistics into scales.
+struct Recipe {
+  KvMode kv = KvMode::kPerHead;
+  Fp8Flavor fp8_flavor = Fp8Flavor::kE4M3FN;
+  bool nvfp4_weights = false;      // accept WEIGHT chunks
+  bool nvfp4_activations = false;  // accept INPUT chunks
+  ActivationObserverKind activation_observer = ActivationObserverKind::kStaticMinMax;
+  double averaging_constant = 0.01;  // c of the kMinMax moving average, in (0, 1]
+  FusedGroupTable fused_groups = FusedGroupTable::Default();
+  int64_t warmup_batches = 0;  // K/V/input chunks with batch < this are skipped (weights never)
+};
+
+enum class ChunkKind { kKey, kValue, kWeight, kInput };
+absl::string_view ChunkKindName(ChunkKind kind);  // "KEY", "VALUE", "WEIGHT", "INPUT_ACTIVATION"
+
+// One streamed tensor, referencing bytes the caller keeps alive for the duration of Observe.
+// The bytes may be in pieces (e.g. network buffer slices), cut anywhere.
+struct ChunkRef {
+  ChunkKind kind = ChunkKind::kKey;
+  int layer = 0;              // K / V
+  absl::string_view module;   // weight / input, e.g. "model.layers.0.self_attn.q_proj"
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  TpPlacement placement;      // tp_size >= 1
+  int64_t batch = 0;          // forward-pass index
+  uint64_t sequence = 0;      // per-stream; echoed in errors
+  absl::string_view producer_id;  // reserved for exactly-once dedupe (issue 7)
+  ByteSpans data;
+};
+
+// kDuplicate: a producer re-sent a sequence already counted (exactly-once); acknowledge, ignore.
+enum class ObserveOutcome { kAccepted, kSkippedWarmup, kDuplicate };
+
+// Engine conventions for NVFP4 (domain.md 2): compressed-tensors stores the divisor and shares
+// only weight scales in fused groups; ModelOpt stores the multiplier and shares inputs too.
+enum class Nvfp4Convention { kCompressedTensors, kModelOpt };
+
+// A deployment asks for scales at TP `tp_size` (0: unset) or with `total_kv_heads` counted
+// across ranks (0: unset; a multiple of the model's heads, since T * max(H / T, 1) always is);
+// both unset means TP 1. `rank` also returns that rank's K/V slice and needs tp_size.
+struct Deployment {
+  int tp_size = 0;
+  int total_kv_heads = 0;
+  std::optional<int> rank;
+};
+
+struct SessionScales {
+  KvMode kv = KvMode::kOff;
+  Fp8Flavor fp8_flavor = Fp8Flavor::kE4M3FN;
+  int num_kv_heads = 0;             // the model's original KV heads
+  int deployed_total_kv_heads = 0;  // heads counted across ranks for this deployment
+  // As given, or inferred from total_kv_heads: total / H replicas > 1 means TP = total; total ==
+  // H gives the same files for every TP that divides H, and 1 is reported.
+  int tp_size = 1;
+  ModelConfig model;
+  std::optional<KvScales> kv_scales;           // over original heads; absent when kv is off
+  std::optional<LightLlmCalibration> lightllm;  // the file for this deployment
+  std::optional<int> rank;
+  std::vector<RankSlice> rank_slices;  // [layer] when rank is set (per tensor: one value each)
+  Nvfp4Convention convention = Nvfp4Convention::kCompressedTensors;
+  Nvfp4Scales nvfp4;
+  std::vector<ScaleWarning> warnings;  // KV, NVFP4 and session-level warnings together
+};
+
+enum class SessionState { kOpen, kFinalized };
+
+// A consistent copy of a session's persistent state (core/session_store.h writes it). After the
+// bytes are durable, pass the snapshot to MarkDurable so acknowledgements may cover it.
+struct SessionSnapshot {
+  std::string bytes;            // self-describing: Restore() rebuilds the session from it
+  ProducerSequences producers;  // ledger counts the bytes cover
+  uint64_t version = 0;         // ChangeCount() when taken
+};
+
+struct LayerProgressInfo {
+  int64_t k_tokens = 0;  // tokens per head, averaged over original heads
+  int64_t v_tokens = 0;
+};
+
+struct SessionStatus {
+  std::string id, name;
+  SessionState state = SessionState::kOpen;
+  ModelConfig model;
+  Recipe recipe;
+  int64_t accepted_chunks = 0, accepted_bytes = 0;
+  int64_t rejected_chunks = 0, skipped_warmup_chunks = 0;
+  int64_t duplicate_chunks = 0;
+  std::vector<LayerProgressInfo> layers;  // [num_layers] when kv is on, else empty
+  int modules_with_weights = 0, modules_with_inputs = 0;
+  int64_t created_unix_ms = 0;
+};
+
+// Renders engine files (core/engine_formats.h: "lightllm", "compressed-tensors", "modelopt",
+// "vllm-legacy") for the scales' deployment. Empty `formats` means {"lightllm"} when KV is on,
+// none otherwise. InvalidArgument naming formats[i]; lossy-step warnings go to `warnings`.
+absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
+    const SessionScales& scales, absl::Span<const std::string> formats,
+    std::vector<ScaleWarning>* warnings);
+
+class CalibrationSession {
+ public:
+  // InvalidArgument (naming the field) for an invalid model or recipe.
+  // `tenant` owns the session ("" is the anonymous tenant of a server without tokens).
+  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Create(ModelConfig model,
+                                                                    Recipe recipe,
+                                                                    std::string id = "",
+                                                                    std::string name = "",
+                                                                    std::string tenant = "");
+
+  // Validates and reduces one chunk, then folds it in. On any error the chunk is rejected whole
+  // and no statistic changes. Errors: InvalidArgument (layer out of range, empty module, kind not
+  // enabled by the recipe, placement, dtype/shape/bytes, NaN/Inf - message names the field),
+  // FailedPrecondition (session finalized), NotFound (session deleted).
+  absl::StatusOr<ObserveOutcome> Observe(const ChunkRef& chunk, ReductionBackend& backend);
+
+  // Exactly-once ingest (core/producer_ledger.h): open one stream per producer connection, then
+  // pass it with every chunk of that connection (chunk.sequence counts from 1). A sequence is
+  // consumed by the chunk's final verdict (accepted, warmup, or rejected for its content), so a
+  // re-sent chunk is kDuplicate. Gaps and fenced streams: FailedPrecondition / Aborted.
+  absl::StatusOr<ProducerLedger::Stream> OpenProducerStream(absl::string_view producer_id);
+  absl::StatusOr<ObserveOutcome> Observe(const ChunkRef& chunk, ReductionBackend& backend,
+                                         const ProducerLedger::Stream* producer);
+  // The first sequence `producer_id` should send next (1 when unknown).
+  uint64_t ResumeFrom(absl::string_view producer_id) const {
+    return ledger_.ResumeFrom(producer_id);
+  }
+
+  // Counts a chunk the transport rejected before it could build a ChunkRef (e.g. bad dtype).
+  void RecordRejected();
+
+  // Durability (issue 7). ChangeCount() grows with every change to persistent state (every
+  // chunk verdict bumps one counter; Finalize flips the state), so a flusher writes only
+  // sessions that changed and knows which acknowledgements a write covers.
+  uint64_t ChangeCount() const;
+  SessionSnapshot Snapshot() const;
+  void MarkDurable(const SessionSnapshot& written);
+  uint64_t DurableChangeCount() const;
+  // Where a producer resumes when acknowledgements wait for durability: after its last durable
+  // sequence (later ones it sent are re-sent and counted as duplicates).
+  uint64_t DurableResumeFrom(absl::string_view producer_id) const {
+    return ledger_.LastDurable(producer_id) + 1;
+  }
+  // Rebuilds a session from Snapshot().bytes: same id, tenant, counters, observers and ledger
+  // (all durable); a finalized one is finalized again (deterministic). InvalidArgument naming
+  // the field for bytes that do not decode or do not fit the model.
+  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Restore(absl::string_view bytes);
+
+  // Freezes the session and computes the deployment-independent results. Idempotent.
+  absl::Status Finalize();
+
+  // Scales for one deployment. FailedPrecondition before Finalize; InvalidArgument for a
+  // deployment the model cannot have (head counts that do not divide, rank out of range).
+  absl::StatusOr<SessionScales> Scales(const Deployment& deployment,
+                                       Nvfp4Convention convention) const;
+
+  SessionStatus Status() const;
+  const std::string& id() const { return id_; }
+  const ModelConfig& model() const { return model_; }
+  const Recipe& recipe() const { return recipe_; }
+  const std::string& tenant() const { return tenant_; }
+  int64_t created_unix_ms() const { return created_unix_ms_; }
+
+  // Bounds the distinct modules a session tracks (0: unbounded); a chunk naming one more module
+  // is rejected with ResourceExhausted naming --max_modules_per_session. Layers are bounded by
+  // the model. Set before the session is shared.
+  void set_max_modules(int max_modules) { max_modules_ = max_modules; }
+
+  // Called by the registry on delete: later chunks from streams still open get NotFound.
+  void MarkDeleted() { deleted_.store(true); }
+  bool deleted() const { return deleted_.load(); }
+
+ private:
+  CalibrationSession(ModelConfig model, Recipe recipe, std::string id, std::string name,
+                     std::string tenant);
+
+  struct ModuleState {
+    MinMaxObserver weight;
+    ActivationObserver input;
+  };
+  // Reduction result of one chunk, computed without the lock.
+  struct ChunkStats {
+    std::optional<KvChunkStats> kv;
+    std::optional<RangeStats> range;
+  };
+
+  uint64_t ChangeCountLocked() const;
+  absl::Status ValidateChunk(const ChunkRef& chunk) const;
+  absl::Status CheckOpen() const;  // caller holds mu_ or accepts a racy pre-check
+
+  const ModelConfig model_;
+  const Recipe recipe_;
+  const std::string id_, name_, tenant_;
+  int64_t created_unix_ms_;  // set once, by the constructor or Restore
+  int max_modules_ = 0;
+  std::atomic<bool> deleted_{false};
+
+  mutable std::mutex mu_;
+  SessionState state_ = SessionState::kOpen;
+  std::vector<KvLayerObserver> kv_layers_;       // [num_layers] when kv is on
+  std::map<std::string, ModuleState> modules_;   // by module name
+  int64_t accepted_chunks_ = 0, accepted_bytes_ = 0;
+  int64_t rejected_chunks_ = 0, skipped_warmup_chunks_ = 0;
+  int64_t duplicate_chunks_ = 0;
+  ProducerLedger ledger_;  // Accept runs under mu_ with the fold it guards
+  uint64_t durable_change_count_ = 0;
+  // Set by Finalize.
+  std::optional<KvScales> final_kv_;
+  std::map<std::string, ModuleAmax> final_amax_;
+  std::vector<ScaleWarning> final_warnings_;
+};
+
+// Per-tenant bounds applied by SessionRegistry::CreateForTenant (0: unbounded).
+struct SessionLimits {
+  int max_sessions_per_tenant = 0;
+  int max_modules_per_session = 0;
+};
+
+// Sessions by id. Thread-safe. Ids are 128-bit random hex, so they are not guessable.
+// The *ForTenant calls see only the tenant's own sessions: another tenant's session is NotFound,
+// exactly like a missing one, so its existence is not revealed.
+class SessionRegistry {
+ public:
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> Create(ModelConfig model, Recipe recipe,
+                                                             std::string name = "");
+  // ResourceExhausted naming --max_sessions_per_tenant when the tenant is at its limit.
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> CreateForTenant(
+      ModelConfig model, Recipe recipe, std::string name, std::string tenant,
+      const SessionLimits& limits);
+  // NotFound naming the id.
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> Get(absl::string_view id) const;
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> GetForTenant(
+      absl::string_view id, absl::string_view tenant) const;
+  std::vector<std::shared_ptr<CalibrationSession>> List() const;  // by creation order
+  std::vector<std::shared_ptr<CalibrationSession>> ListForTenant(absl::string_view tenant) const;
+  absl::Status Delete(absl::string_view id);
+  absl::Status DeleteForTenant(absl::string_view id, absl::string_view tenant);
+  // Adds a restored session under its own id; AlreadyExists when the id is taken.
+  absl::Status Insert(std::shared_ptr<CalibrationSession> session);
+  size_t size() const;
+
+ private:
+  std::string NewId();
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<CalibrationSession>, std::less<>> sessions_;
+};
+
+}  // namespace caliper
+
+#endif  // CALIPER_CORE_SESSION_SESSION_H_

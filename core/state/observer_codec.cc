@@ -1,0 +1,344 @@
+#include "core/state/observer_codec.h"
+
+#include <bit>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace caliper {
+namespace {
+
+constexpr uint8_t kTagKvLayer = 'K';
+constexpr uint8_t kTagMinMax = 'M';
+constexpr uint8_t kTagActivation = 'A';
+constexpr uint8_t kTagProducers = 'P';
+
+constexpr size_t kMinMaxBytes = 4 + 4 + 8;
+
+absl::Status Invalid(absl::string_view field, int64_t index, absl::string_view what) {
+  if (index < 0) return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+  return absl::InvalidArgumentError(absl::StrCat(field, "[", index, "]: ", what));
+}
+
+absl::Status CheckMinMax(const MinMaxObserver& observer, absl::string_view field, int64_t index) {
+  if (std::isnan(observer.min)) return Invalid(field, index, "min is NaN");
+  if (std::isnan(observer.max)) return Invalid(field, index, "max is NaN");
+  if (observer.observations < 0) {
+    return Invalid(field, index, absl::StrCat("observations is negative (", observer.observations, ")"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Standalone(uint8_t tag, const StateEncoder& body) {
+  std::string out;
+  out.reserve(2 + body.bytes().size());
+  out.push_back(static_cast<char>(tag));
+  out.push_back(static_cast<char>(kObserverCodecVersion));
+  out += body.bytes();
+  return out;
+}
+
+absl::Status ExpectHeader(StateDecoder& in, uint8_t tag, absl::string_view field) {
+  absl::StatusOr<uint8_t> got_tag = in.GetU8(absl::StrCat(field, ".tag"));
+  if (!got_tag.ok()) return got_tag.status();
+  if (*got_tag != tag) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".tag: expected '",
+                                                   std::string(1, static_cast<char>(tag)),
+                                                   "', got byte ", *got_tag));
+  }
+  absl::StatusOr<uint8_t> version = in.GetU8(absl::StrCat(field, ".version"));
+  if (!version.ok()) return version.status();
+  if (*version != kObserverCodecVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".version: ", *version,
+                                                   " is not supported (expected ",
+                                                   kObserverCodecVersion, ")"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T, typename GetBody>
+absl::StatusOr<T> DecodeStandalone(absl::string_view bytes, uint8_t tag, absl::string_view field,
+                                   GetBody get_body) {
+  StateDecoder in(bytes);
+  absl::Status header = ExpectHeader(in, tag, field);
+  if (!header.ok()) return header;
+  absl::StatusOr<T> body = get_body(in);
+  if (!body.ok()) return body.status();
+  absl::Status end = in.ExpectEnd(field);
+  if (!end.ok()) return end;
+  return body;
+}
+
+}  // namespace
+
+// ---- StateEncoder ----
+
+void StateEncoder::PutU8(uint8_t value) { out_.push_back(static_cast<char>(value)); }
+
+void StateEncoder::PutU32(uint32_t value) {
+  for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+}
+
+void StateEncoder::PutU64(uint64_t value) {
+  for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+}
+
+void StateEncoder::PutI64(int64_t value) { PutU64(static_cast<uint64_t>(value)); }
+void StateEncoder::PutF32(float value) { PutU32(std::bit_cast<uint32_t>(value)); }
+void StateEncoder::PutF64(double value) { PutU64(std::bit_cast<uint64_t>(value)); }
+
+void StateEncoder::PutString(absl::string_view value) {
+  PutU32(static_cast<uint32_t>(value.size()));
+  out_.append(value.data(), value.size());
+}
+
+void StateEncoder::PutKvLayer(const KvLayerObserver& observer) {
+  for (const std::vector<float>* absmax : {&observer.k_absmax, &observer.v_absmax}) {
+    PutU32(static_cast<uint32_t>(absmax->size()));
+    for (float v : *absmax) PutF32(v);
+  }
+  for (const std::vector<int64_t>* tokens : {&observer.k_tokens, &observer.v_tokens}) {
+    PutU32(static_cast<uint32_t>(tokens->size()));
+    for (int64_t v : *tokens) PutI64(v);
+  }
+}
+
+void StateEncoder::PutMinMax(const MinMaxObserver& observer) {
+  PutF32(observer.min);
+  PutF32(observer.max);
+  PutI64(observer.observations);
+}
+
+void StateEncoder::PutActivation(const ActivationObserver& observer) {
+  PutU32(static_cast<uint32_t>(observer.batches.size()));
+  for (const auto& [batch, stats] : observer.batches) {
+    PutI64(batch);
+    PutMinMax(stats);
+  }
+}
+
+void StateEncoder::PutProducerSequences(const ProducerSequences& sequences) {
+  PutU32(static_cast<uint32_t>(sequences.size()));
+  for (const auto& [producer, sequence] : sequences) {
+    PutString(producer);
+    PutU64(sequence);
+  }
+}
+
+// ---- StateDecoder ----
+
+absl::Status StateDecoder::Need(absl::string_view field, size_t bytes) const {
+  if (remaining() >= bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": truncated at byte ", pos_, " (need ",
+                                                 bytes, " bytes, ", remaining(), " left)"));
+}
+
+uint64_t StateDecoder::ReadLittleEndian(size_t bytes) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < bytes; ++i) {
+    value |= static_cast<uint64_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
+  }
+  pos_ += bytes;
+  return value;
+}
+
+absl::StatusOr<uint8_t> StateDecoder::GetU8(absl::string_view field) {
+  if (absl::Status s = Need(field, 1); !s.ok()) return s;
+  return static_cast<uint8_t>(ReadLittleEndian(1));
+}
+
+absl::StatusOr<uint32_t> StateDecoder::GetU32(absl::string_view field) {
+  if (absl::Status s = Need(field, 4); !s.ok()) return s;
+  return static_cast<uint32_t>(ReadLittleEndian(4));
+}
+
+absl::StatusOr<uint64_t> StateDecoder::GetU64(absl::string_view field) {
+  if (absl::Status s = Need(field, 8); !s.ok()) return s;
+  return ReadLittleEndian(8);
+}
+
+absl::StatusOr<int64_t> StateDecoder::GetI64(absl::string_view field) {
+  absl::StatusOr<uint64_t> raw = GetU64(field);
+  if (!raw.ok()) return raw.status();
+  return static_cast<int64_t>(*raw);
+}
+
+absl::StatusOr<float> StateDecoder::GetF32(absl::string_view field) {
+  absl::StatusOr<uint32_t> raw = GetU32(field);
+  if (!raw.ok()) return raw.status();
+  return std::bit_cast<float>(*raw);
+}
+
+absl::StatusOr<double> StateDecoder::GetF64(absl::string_view field) {
+  absl::StatusOr<uint64_t> raw = GetU64(field);
+  if (!raw.ok()) return raw.status();
+  return std::bit_cast<double>(*raw);
+}
+
+absl::StatusOr<std::string> StateDecoder::GetString(absl::string_view field) {
+  absl::StatusOr<uint32_t> size = GetCount(field, 1);
+  if (!size.ok()) return size.status();
+  std::string out(in_.substr(pos_, *size));
+  pos_ += *size;
+  return out;
+}
+
+absl::StatusOr<uint32_t> StateDecoder::GetCount(absl::string_view field, size_t min_item_bytes) {
+  absl::StatusOr<uint32_t> count = GetU32(field);
+  if (!count.ok()) return count.status();
+  // A garbage count must fail here, before anyone allocates for it.
+  if (static_cast<uint64_t>(*count) * min_item_bytes > remaining()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": count ", *count, " needs at least ",
+        static_cast<uint64_t>(*count) * min_item_bytes, " bytes but only ", remaining(),
+        " are left (truncated or corrupt)"));
+  }
+  return *count;
+}
+
+absl::StatusOr<KvLayerObserver> StateDecoder::GetKvLayer(absl::string_view field) {
+  KvLayerObserver out;
+  struct FloatArray {
+    const char* name;
+    std::vector<float>* values;
+  };
+  for (FloatArray array : {FloatArray{"k_absmax", &out.k_absmax},
+                           FloatArray{"v_absmax", &out.v_absmax}}) {
+    const std::string name = absl::StrCat(field, ".", array.name);
+    absl::StatusOr<uint32_t> count = GetCount(name, 4);
+    if (!count.ok()) return count.status();
+    array.values->resize(*count);
+    for (uint32_t i = 0; i < *count; ++i) {
+      const float v = std::bit_cast<float>(static_cast<uint32_t>(ReadLittleEndian(4)));
+      if (!std::isfinite(v)) return Invalid(name, i, "not finite");
+      if (v < 0) return Invalid(name, i, absl::StrCat("negative absmax ", v));
+      (*array.values)[i] = v;
+    }
+  }
+  struct CountArray {
+    const char* name;
+    std::vector<int64_t>* values;
+  };
+  for (CountArray array : {CountArray{"k_tokens", &out.k_tokens},
+                           CountArray{"v_tokens", &out.v_tokens}}) {
+    const std::string name = absl::StrCat(field, ".", array.name);
+    absl::StatusOr<uint32_t> count = GetCount(name, 8);
+    if (!count.ok()) return count.status();
+    array.values->resize(*count);
+    for (uint32_t i = 0; i < *count; ++i) {
+      const int64_t v = static_cast<int64_t>(ReadLittleEndian(8));
+      if (v < 0) return Invalid(name, i, absl::StrCat("negative token count ", v));
+      (*array.values)[i] = v;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<MinMaxObserver> StateDecoder::GetMinMax(absl::string_view field) {
+  if (absl::Status s = Need(field, kMinMaxBytes); !s.ok()) return s;
+  MinMaxObserver out;
+  out.min = std::bit_cast<float>(static_cast<uint32_t>(ReadLittleEndian(4)));
+  out.max = std::bit_cast<float>(static_cast<uint32_t>(ReadLittleEndian(4)));
+  out.observations = static_cast<int64_t>(ReadLittleEndian(8));
+  if (absl::Status s = CheckMinMax(out, field, -1); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<ActivationObserver> StateDecoder::GetActivation(absl::string_view field) {
+  const std::string name = absl::StrCat(field, ".batches");
+  absl::StatusOr<uint32_t> count = GetCount(name, 8 + kMinMaxBytes);
+  if (!count.ok()) return count.status();
+  ActivationObserver out;
+  int64_t previous = 0;
+  for (uint32_t i = 0; i < *count; ++i) {
+    const int64_t batch = static_cast<int64_t>(ReadLittleEndian(8));
+    if (i > 0 && batch <= previous) {
+      return Invalid(name, i, absl::StrCat("batch id ", batch, " not above the previous ",
+                                           previous, " (duplicate or out of order)"));
+    }
+    previous = batch;
+    MinMaxObserver stats;
+    stats.min = std::bit_cast<float>(static_cast<uint32_t>(ReadLittleEndian(4)));
+    stats.max = std::bit_cast<float>(static_cast<uint32_t>(ReadLittleEndian(4)));
+    stats.observations = static_cast<int64_t>(ReadLittleEndian(8));
+    if (absl::Status s = CheckMinMax(stats, name, i); !s.ok()) return s;
+    out.batches.emplace_hint(out.batches.end(), batch, stats);
+  }
+  return out;
+}
+
+absl::StatusOr<ProducerSequences> StateDecoder::GetProducerSequences(absl::string_view field) {
+  absl::StatusOr<uint32_t> count = GetCount(field, 4 + 8);
+  if (!count.ok()) return count.status();
+  ProducerSequences out;
+  for (uint32_t i = 0; i < *count; ++i) {
+    const std::string item = absl::StrCat(field, "[", i, "]");
+    absl::StatusOr<std::string> producer = GetString(absl::StrCat(item, ".producer_id"));
+    if (!producer.ok()) return producer.status();
+    if (!out.empty() && *producer <= out.rbegin()->first) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(item, ".producer_id: not above the previous id (duplicate or unsorted)"));
+    }
+    absl::StatusOr<uint64_t> sequence = GetU64(absl::StrCat(item, ".sequence"));
+    if (!sequence.ok()) return sequence.status();
+    out.emplace_hint(out.end(), std::move(*producer), *sequence);
+  }
+  return out;
+}
+
+absl::Status StateDecoder::ExpectEnd(absl::string_view field) const {
+  if (remaining() == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", remaining(), " unexpected bytes after the end at byte ", pos_));
+}
+
+// ---- Standalone blobs ----
+
+std::string EncodeKvLayerObserver(const KvLayerObserver& observer) {
+  StateEncoder body;
+  body.PutKvLayer(observer);
+  return Standalone(kTagKvLayer, body);
+}
+
+std::string EncodeMinMaxObserver(const MinMaxObserver& observer) {
+  StateEncoder body;
+  body.PutMinMax(observer);
+  return Standalone(kTagMinMax, body);
+}
+
+std::string EncodeActivationObserver(const ActivationObserver& observer) {
+  StateEncoder body;
+  body.PutActivation(observer);
+  return Standalone(kTagActivation, body);
+}
+
+std::string EncodeProducerSequences(const ProducerSequences& sequences) {
+  StateEncoder body;
+  body.PutProducerSequences(sequences);
+  return Standalone(kTagProducers, body);
+}
+
+absl::StatusOr<KvLayerObserver> DecodeKvLayerObserver(absl::string_view bytes) {
+  return DecodeStandalone<KvLayerObserver>(
+      bytes, kTagKvLayer, "kv_layer", [](StateDecoder& in) { return in.GetKvLayer("kv_layer"); });
+}
+
+absl::StatusOr<MinMaxObserver> DecodeMinMaxObserver(absl::string_view bytes) {
+  return DecodeStandalone<MinMaxObserver>(
+      bytes, kTagMinMax, "minmax", [](StateDecoder& in) { return in.GetMinMax("minmax"); });
+}
+
+absl::StatusOr<ActivationObserver> DecodeActivationObserver(absl::string_view bytes) {
+  return DecodeStandalone<ActivationObserver>(
+      bytes, kTagActivation, "activation",
+      [](StateDecoder& in) { return in.GetActivation("activation"); });
+}
+
+absl::StatusOr<ProducerSequences> DecodeProducerSequences(absl::string_view bytes) {
+  return DecodeStandalone<ProducerSequences>(
+      bytes, kTagProducers, "producers",
+      [](StateDecoder& in) { return in.GetProducerSequences("producers"); });
+}
+
+}  // namespace caliper

@@ -1,0 +1,98 @@
+// Compact binary encoding of observer state (core/observers.h) and of the per-producer sequence
+// map, for state files. Explicit little-endian, floats by IEEE-754 bit pattern (so -0.0, the
+// +/-inf seeds of empty observers and every payload bit round-trip exactly). A standalone blob is
+// [u8 tag][u8 codec version][body]; StateEncoder/StateDecoder compose bodies into larger records
+// (e.g. a whole session). Decoding never trusts a count: truncated or garbage input is an
+// InvalidArgument naming the field ("kv_layer.v_tokens[2]: ..."), never a crash or a huge alloc.
+#ifndef CALIPER_CORE_STATE_OBSERVER_CODEC_H_
+#define CALIPER_CORE_STATE_OBSERVER_CODEC_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/calibration/observers.h"
+
+namespace caliper {
+
+inline constexpr uint8_t kObserverCodecVersion = 1;
+
+// Last durable sequence per producer_id (see core/producer_ledger.h).
+using ProducerSequences = std::map<std::string, uint64_t>;
+
+// Appends fields to a byte string. Never fails.
+class StateEncoder {
+ public:
+  void PutU8(uint8_t value);
+  void PutU32(uint32_t value);
+  void PutU64(uint64_t value);
+  void PutI64(int64_t value);
+  void PutF32(float value);    // bit pattern
+  void PutF64(double value);   // bit pattern
+  void PutString(absl::string_view value);  // u32 length + bytes
+
+  // Bodies (no tag/version); the matching StateDecoder::Get* reads them back.
+  void PutKvLayer(const KvLayerObserver& observer);
+  void PutMinMax(const MinMaxObserver& observer);
+  void PutActivation(const ActivationObserver& observer);
+  void PutProducerSequences(const ProducerSequences& sequences);
+
+  const std::string& bytes() const { return out_; }
+  std::string Release() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+// Reads fields in order from bytes the caller keeps alive. Each getter names `field` in its
+// error; after an error the decoder's position is unspecified, so stop decoding.
+class StateDecoder {
+ public:
+  explicit StateDecoder(absl::string_view bytes) : in_(bytes) {}
+
+  absl::StatusOr<uint8_t> GetU8(absl::string_view field);
+  absl::StatusOr<uint32_t> GetU32(absl::string_view field);
+  absl::StatusOr<uint64_t> GetU64(absl::string_view field);
+  absl::StatusOr<int64_t> GetI64(absl::string_view field);
+  absl::StatusOr<float> GetF32(absl::string_view field);
+  absl::StatusOr<double> GetF64(absl::string_view field);
+  absl::StatusOr<std::string> GetString(absl::string_view field);
+  // A u32 count of items of at least `min_item_bytes` each, checked against the bytes left.
+  absl::StatusOr<uint32_t> GetCount(absl::string_view field, size_t min_item_bytes);
+
+  // Also validate: absmax finite and >= 0, token and observation counts >= 0, no NaN in min/max,
+  // batch ids and producer ids strictly ascending.
+  absl::StatusOr<KvLayerObserver> GetKvLayer(absl::string_view field);
+  absl::StatusOr<MinMaxObserver> GetMinMax(absl::string_view field);
+  absl::StatusOr<ActivationObserver> GetActivation(absl::string_view field);
+  absl::StatusOr<ProducerSequences> GetProducerSequences(absl::string_view field);
+
+  // InvalidArgument naming `field` when bytes are left over.
+  absl::Status ExpectEnd(absl::string_view field) const;
+  size_t remaining() const { return in_.size() - pos_; }
+
+ private:
+  absl::Status Need(absl::string_view field, size_t bytes) const;
+  uint64_t ReadLittleEndian(size_t bytes);
+
+  absl::string_view in_;
+  size_t pos_ = 0;
+};
+
+// Standalone, versioned blobs. Decoding fails on a wrong tag, an unknown version, a bad body or
+// trailing bytes.
+std::string EncodeKvLayerObserver(const KvLayerObserver& observer);
+std::string EncodeMinMaxObserver(const MinMaxObserver& observer);
+std::string EncodeActivationObserver(const ActivationObserver& observer);
+std::string EncodeProducerSequences(const ProducerSequences& sequences);
+absl::StatusOr<KvLayerObserver> DecodeKvLayerObserver(absl::string_view bytes);
+absl::StatusOr<MinMaxObserver> DecodeMinMaxObserver(absl::string_view bytes);
+absl::StatusOr<ActivationObserver> DecodeActivationObserver(absl::string_view bytes);
+absl::StatusOr<ProducerSequences> DecodeProducerSequences(absl::string_view bytes);
+
+}  // namespace caliper
+
+#endif  // CALIPER_CORE_STATE_OBSERVER_CODEC_H_

@@ -1,0 +1,294 @@
+// Persistent state of a CalibrationSession (issue 7): what a state file holds and how a session
+// comes back from it. The layout is versioned; every field a restore trusts is validated.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/state/observer_codec.h"
+#include "core/session/session.h"
+
+namespace caliper {
+namespace {
+
+constexpr uint8_t kTagSession = 'S';
+constexpr uint8_t kSessionStateVersion = 1;
+
+void PutModel(StateEncoder& out, const ModelConfig& model) {
+  out.PutString(model.architecture);
+  out.PutString(model.model_type);
+  for (int value : {model.num_layers, model.num_attention_heads, model.num_kv_heads,
+                    model.head_dim, model.hidden_size}) {
+    out.PutI64(value);
+  }
+}
+
+void PutRecipe(StateEncoder& out, const Recipe& recipe) {
+  out.PutU8(static_cast<uint8_t>(recipe.kv));
+  out.PutU8(static_cast<uint8_t>(recipe.fp8_flavor));
+  out.PutU8(recipe.nvfp4_weights ? 1 : 0);
+  out.PutU8(recipe.nvfp4_activations ? 1 : 0);
+  out.PutU8(static_cast<uint8_t>(recipe.activation_observer));
+  out.PutF64(recipe.averaging_constant);
+  out.PutU32(static_cast<uint32_t>(recipe.fused_groups.groups.size()));
+  for (const std::vector<std::string>& group : recipe.fused_groups.groups) {
+    out.PutU32(static_cast<uint32_t>(group.size()));
+    for (const std::string& member : group) out.PutString(member);
+  }
+  out.PutI64(recipe.warmup_batches);
+}
+
+// An int field that must lie in [lo, hi].
+absl::StatusOr<int> GetInt(StateDecoder& in, absl::string_view field, int64_t lo, int64_t hi) {
+  absl::StatusOr<int64_t> value = in.GetI64(field);
+  if (!value.ok()) return value.status();
+  if (*value < lo || *value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", *value, " is outside [", lo, ", ", hi, "]"));
+  }
+  return static_cast<int>(*value);
+}
+
+absl::StatusOr<uint8_t> GetEnum(StateDecoder& in, absl::string_view field, uint8_t max) {
+  absl::StatusOr<uint8_t> value = in.GetU8(field);
+  if (!value.ok()) return value.status();
+  if (*value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": unknown value ", static_cast<int>(*value)));
+  }
+  return *value;
+}
+
+absl::StatusOr<ModelConfig> GetModel(StateDecoder& in) {
+  ModelConfig model;
+  absl::StatusOr<std::string> architecture = in.GetString("model.architecture");
+  if (!architecture.ok()) return architecture.status();
+  absl::StatusOr<std::string> model_type = in.GetString("model.model_type");
+  if (!model_type.ok()) return model_type.status();
+  model.architecture = *std::move(architecture);
+  model.model_type = *std::move(model_type);
+  struct IntField {
+    const char* name;
+    int* value;
+  };
+  for (IntField field : {IntField{"model.num_layers", &model.num_layers},
+                         IntField{"model.num_attention_heads", &model.num_attention_heads},
+                         IntField{"model.num_kv_heads", &model.num_kv_heads},
+                         IntField{"model.head_dim", &model.head_dim},
+                         IntField{"model.hidden_size", &model.hidden_size}}) {
+    absl::StatusOr<int> value = GetInt(in, field.name, 0, 1 << 30);
+    if (!value.ok()) return value.status();
+    *field.value = *value;
+  }
+  return model;
+}
+
+absl::StatusOr<Recipe> GetRecipe(StateDecoder& in) {
+  Recipe recipe;
+  absl::StatusOr<uint8_t> kv = GetEnum(in, "recipe.kv", static_cast<uint8_t>(KvMode::kPerHead));
+  if (!kv.ok()) return kv.status();
+  absl::StatusOr<uint8_t> flavor =
+      GetEnum(in, "recipe.fp8_flavor", static_cast<uint8_t>(Fp8Flavor::kE4M3FNUZ));
+  if (!flavor.ok()) return flavor.status();
+  absl::StatusOr<uint8_t> weights = GetEnum(in, "recipe.nvfp4_weights", 1);
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<uint8_t> activations = GetEnum(in, "recipe.nvfp4_activations", 1);
+  if (!activations.ok()) return activations.status();
+  absl::StatusOr<uint8_t> observer = GetEnum(
+      in, "recipe.activation_observer", static_cast<uint8_t>(ActivationObserverKind::kMinMax));
+  if (!observer.ok()) return observer.status();
+  absl::StatusOr<double> constant = in.GetF64("recipe.averaging_constant");
+  if (!constant.ok()) return constant.status();
+  recipe.kv = static_cast<KvMode>(*kv);
+  recipe.fp8_flavor = static_cast<Fp8Flavor>(*flavor);
+  recipe.nvfp4_weights = *weights == 1;
+  recipe.nvfp4_activations = *activations == 1;
+  recipe.activation_observer = static_cast<ActivationObserverKind>(*observer);
+  recipe.averaging_constant = *constant;
+
+  absl::StatusOr<uint32_t> groups = in.GetCount("recipe.fused_groups", 4);
+  if (!groups.ok()) return groups.status();
+  recipe.fused_groups.groups.assign(*groups, {});
+  for (uint32_t g = 0; g < *groups; ++g) {
+    const std::string field = absl::StrCat("recipe.fused_groups[", g, "]");
+    absl::StatusOr<uint32_t> members = in.GetCount(field, 4);
+    if (!members.ok()) return members.status();
+    for (uint32_t m = 0; m < *members; ++m) {
+      absl::StatusOr<std::string> member = in.GetString(absl::StrCat(field, "[", m, "]"));
+      if (!member.ok()) return member.status();
+      recipe.fused_groups.groups[g].push_back(*std::move(member));
+    }
+  }
+  absl::StatusOr<int64_t> warmup = in.GetI64("recipe.warmup_batches");
+  if (!warmup.ok()) return warmup.status();
+  recipe.warmup_batches = *warmup;
+  return recipe;
+}
+
+}  // namespace
+
+uint64_t CalibrationSession::ChangeCountLocked() const {
+  // 1 for the session's existence (a new session is not durable until written); every chunk
+  // verdict increments exactly one counter (ledger changes included); and finalization.
+  return 1 +
+         static_cast<uint64_t>(accepted_chunks_ + rejected_chunks_ + skipped_warmup_chunks_ +
+                               duplicate_chunks_) *
+             2 +
+         (state_ == SessionState::kFinalized ? 1 : 0);
+}
+
+uint64_t CalibrationSession::ChangeCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ChangeCountLocked();
+}
+
+uint64_t CalibrationSession::DurableChangeCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return durable_change_count_;
+}
+
+void CalibrationSession::MarkDurable(const SessionSnapshot& written) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ledger_.MarkDurable(written.producers);
+  durable_change_count_ = std::max(durable_change_count_, written.version);
+}
+
+SessionSnapshot CalibrationSession::Snapshot() const {
+  StateEncoder out;
+  out.PutU8(kTagSession);
+  out.PutU8(kSessionStateVersion);
+  out.PutString(id_);
+  out.PutString(name_);
+  out.PutString(tenant_);
+  out.PutI64(created_unix_ms_);
+  PutModel(out, model_);
+  PutRecipe(out, recipe_);
+
+  SessionSnapshot snapshot;
+  std::lock_guard<std::mutex> lock(mu_);
+  out.PutU8(state_ == SessionState::kFinalized ? 1 : 0);
+  for (int64_t counter : {accepted_chunks_, accepted_bytes_, rejected_chunks_,
+                          skipped_warmup_chunks_, duplicate_chunks_}) {
+    out.PutI64(counter);
+  }
+  out.PutU32(static_cast<uint32_t>(kv_layers_.size()));
+  for (const KvLayerObserver& layer : kv_layers_) out.PutKvLayer(layer);
+  out.PutU32(static_cast<uint32_t>(modules_.size()));
+  for (const auto& [name, module] : modules_) {
+    out.PutString(name);
+    out.PutMinMax(module.weight);
+    out.PutActivation(module.input);
+  }
+  snapshot.producers = ledger_.Snapshot();
+  out.PutProducerSequences(snapshot.producers);
+  snapshot.version = ChangeCountLocked();
+  snapshot.bytes = out.Release();
+  return snapshot;
+}
+
+absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
+    absl::string_view bytes) {
+  StateDecoder in(bytes);
+  absl::StatusOr<uint8_t> tag = in.GetU8("session.tag");
+  if (!tag.ok()) return tag.status();
+  if (*tag != kTagSession) {
+    return absl::InvalidArgumentError("session.tag: not a session state record");
+  }
+  absl::StatusOr<uint8_t> version = in.GetU8("session.version");
+  if (!version.ok()) return version.status();
+  if (*version != kSessionStateVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session.version: unsupported version ", static_cast<int>(*version),
+                     " (this build reads ", static_cast<int>(kSessionStateVersion), ")"));
+  }
+  absl::StatusOr<std::string> id = in.GetString("session.id");
+  if (!id.ok()) return id.status();
+  if (id->empty()) return absl::InvalidArgumentError("session.id: empty");
+  absl::StatusOr<std::string> name = in.GetString("session.name");
+  if (!name.ok()) return name.status();
+  absl::StatusOr<std::string> tenant = in.GetString("session.tenant");
+  if (!tenant.ok()) return tenant.status();
+  absl::StatusOr<int64_t> created = in.GetI64("session.created_unix_ms");
+  if (!created.ok()) return created.status();
+  absl::StatusOr<ModelConfig> model = GetModel(in);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<Recipe> recipe = GetRecipe(in);
+  if (!recipe.ok()) return recipe.status();
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+      Create(*std::move(model), *std::move(recipe), *std::move(id), *std::move(name),
+             *std::move(tenant));
+  if (!session.ok()) return session.status();
+  CalibrationSession& s = **session;
+  s.created_unix_ms_ = *created;
+
+  absl::StatusOr<uint8_t> finalized = GetEnum(in, "session.finalized", 1);
+  if (!finalized.ok()) return finalized.status();
+  struct Counter {
+    const char* name;
+    int64_t* value;
+  };
+  for (Counter counter : {Counter{"session.accepted_chunks", &s.accepted_chunks_},
+                          Counter{"session.accepted_bytes", &s.accepted_bytes_},
+                          Counter{"session.rejected_chunks", &s.rejected_chunks_},
+                          Counter{"session.skipped_warmup_chunks", &s.skipped_warmup_chunks_},
+                          Counter{"session.duplicate_chunks", &s.duplicate_chunks_}}) {
+    absl::StatusOr<int64_t> value = in.GetI64(counter.name);
+    if (!value.ok()) return value.status();
+    if (*value < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(counter.name, ": negative (", *value, ")"));
+    }
+    *counter.value = *value;
+  }
+
+  absl::StatusOr<uint32_t> layers = in.GetCount("session.kv_layers", 8);
+  if (!layers.ok()) return layers.status();
+  if (*layers != s.kv_layers_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session.kv_layers: ", *layers, " layers, the model and recipe need ",
+                     s.kv_layers_.size()));
+  }
+  for (uint32_t i = 0; i < *layers; ++i) {
+    const std::string field = absl::StrCat("session.kv_layers[", i, "]");
+    absl::StatusOr<KvLayerObserver> layer = in.GetKvLayer(field);
+    if (!layer.ok()) return layer.status();
+    const size_t heads = static_cast<size_t>(s.model_.num_kv_heads);
+    if (layer->k_absmax.size() != heads || layer->v_absmax.size() != heads ||
+        layer->k_tokens.size() != heads || layer->v_tokens.size() != heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": per-head arrays must have num_kv_heads=", heads, " entries"));
+    }
+    s.kv_layers_[i] = *std::move(layer);
+  }
+
+  absl::StatusOr<uint32_t> modules = in.GetCount("session.modules", 4);
+  if (!modules.ok()) return modules.status();
+  for (uint32_t i = 0; i < *modules; ++i) {
+    const std::string field = absl::StrCat("session.modules[", i, "]");
+    absl::StatusOr<std::string> module_name = in.GetString(absl::StrCat(field, ".name"));
+    if (!module_name.ok()) return module_name.status();
+    if (module_name->empty() || (!s.modules_.empty() && *module_name <= s.modules_.rbegin()->first)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".name: empty, duplicate or unsorted"));
+    }
+    absl::StatusOr<MinMaxObserver> weight = in.GetMinMax(absl::StrCat(field, ".weight"));
+    if (!weight.ok()) return weight.status();
+    absl::StatusOr<ActivationObserver> input = in.GetActivation(absl::StrCat(field, ".input"));
+    if (!input.ok()) return input.status();
+    s.modules_[*module_name] = ModuleState{*std::move(weight), *std::move(input)};
+  }
+
+  absl::StatusOr<ProducerSequences> producers = in.GetProducerSequences("session.producers");
+  if (!producers.ok()) return producers.status();
+  if (absl::Status end = in.ExpectEnd("session"); !end.ok()) return end;
+
+  s.ledger_.Restore(*producers);
+  if (*finalized == 1) {
+    if (absl::Status f = s.Finalize(); !f.ok()) return f;
+  }
+  s.durable_change_count_ = s.ChangeCountLocked();
+  return session;
+}
+
+}  // namespace caliper

@@ -1,0 +1,60 @@
+// The compute interface core needs from a device: the reductions behind every observer.
+// The CPU backend (cpu_backend.cc, MakeCpuBackend) is the reference; the CUDA backend (cuda/) implements the
+// same contract. Implementations must be safe to call from many threads at once.
+// NaN and +-Inf never enter min/max/absmax: they are counted in `nonfinite` so the caller can
+// reject the chunk with a clear error instead of poisoning the statistic.
+#ifndef CALIPER_CORE_TENSOR_REDUCTION_BACKEND_H_
+#define CALIPER_CORE_TENSOR_REDUCTION_BACKEND_H_
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "core/tensor/tensor_view.h"
+
+namespace caliper {
+
+struct RangeStats {
+  float min = std::numeric_limits<float>::infinity();   // over finite elements
+  float max = -std::numeric_limits<float>::infinity();  // over finite elements
+  int64_t nonfinite = 0;                                 // NaN and +-Inf elements seen
+};
+
+class ReductionBackend {
+ public:
+  virtual ~ReductionBackend() = default;
+
+  // "cpu" or "cuda"; exported as a metric label and logged at start-up.
+  virtual absl::string_view name() const = 0;
+
+  // A chunk may arrive in many small pieces (network buffer slices, ~64 KiB). A backend with a
+  // fixed cost per call (a device round trip) returns the run size worth gathering pieces into
+  // first; 0 reduces each piece in place (the CPU backend).
+  virtual int64_t min_run_bytes() const { return 0; }
+
+  // Min and max over every finite element of `tensor`.
+  virtual absl::Status Range(const TensorView& tensor, RangeStats* out) = 0;
+
+  // Per-head absolute maximum. The tensor is read as rows of num_heads * head_dim elements
+  // (any shape whose element count is a multiple of that row); head h is columns
+  // [h * head_dim, (h + 1) * head_dim). out.size() must equal num_heads; each entry is seeded
+  // with 0, so an all-zero head gives 0. Non-finite elements are counted, not reduced.
+  virtual absl::Status AbsMaxPerHead(const TensorView& tensor, int64_t num_heads,
+                                     int64_t head_dim, absl::Span<float> out,
+                                     int64_t* nonfinite) = 0;
+};
+
+// The argument checks every AbsMaxPerHead implementation makes first (positive sizes, no
+// overflow, out.size() == num_heads, whole rows), with errors naming the argument.
+absl::Status CheckAbsMaxPerHeadArgs(const TensorView& tensor, int64_t num_heads, int64_t head_dim,
+                                    absl::Span<const float> out, const int64_t* nonfinite);
+
+// threads <= 0: use std::thread::hardware_concurrency().
+std::unique_ptr<ReductionBackend> MakeCpuBackend(int threads = 0);
+
+}  // namespace caliper
+
+#endif  // CALIPER_CORE_TENSOR_REDUCTION_BACKEND_H_

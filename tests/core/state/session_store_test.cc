@@ -1,0 +1,372 @@
+// Durable sessions: snapshot/restore of a whole session, the session directory, and the
+// background flusher's acknowledgement contract.
+#include "core/state/session_store.h"
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/tensor/reduction_backend.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/state_test_util.h"
+
+namespace caliper {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using testing_util::FaultInjectionEnv;
+using testing_util::SlurpFile;
+using testing_util::SpitFile;
+using testing_util::TempDir;
+
+constexpr int kLayers = 3;
+constexpr int kHeads = 4;
+constexpr int kHeadDim = 8;
+
+ModelConfig Model() {
+  ModelConfig m;
+  m.architecture = "LlamaForCausalLM";
+  m.model_type = "llama";
+  m.num_layers = kLayers;
+  m.num_attention_heads = 8;
+  m.num_kv_heads = kHeads;
+  m.head_dim = kHeadDim;
+  m.hidden_size = 64;
+  return m;
+}
+
+Recipe EverythingOn() {
+  Recipe r;
+  r.kv = KvMode::kPerHead;
+  r.nvfp4_weights = true;
+  r.nvfp4_activations = true;
+  r.activation_observer = ActivationObserverKind::kMinMax;  // order-dependent: per-batch state
+  r.averaging_constant = 0.25;
+  r.warmup_batches = 1;
+  return r;
+}
+
+// One producer's deterministic chunk stream: K/V for every layer, weights and inputs.
+struct Chunk {
+  ChunkKind kind;
+  int layer = 0;
+  std::string module;
+  int64_t batch = 0;
+  std::vector<float> data;
+  std::vector<int64_t> shape;
+};
+
+std::vector<Chunk> Stream(uint32_t seed, int batches) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  auto random = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+  };
+  std::vector<Chunk> out;
+  for (int batch = 0; batch < batches; ++batch) {
+    for (int layer = 0; layer < kLayers; ++layer) {
+      for (ChunkKind kind : {ChunkKind::kKey, ChunkKind::kValue}) {
+        out.push_back({kind, layer, "", batch, random(3 * kHeads * kHeadDim), {3, kHeads, kHeadDim}});
+      }
+      const std::string prefix = "model.layers." + std::to_string(layer) + ".self_attn.";
+      for (const char* proj : {"q_proj", "k_proj"}) {
+        out.push_back({ChunkKind::kInput, 0, prefix + proj, batch, random(2 * 64), {2, 64}});
+        if (batch == 0) {
+          out.push_back({ChunkKind::kWeight, 0, prefix + proj, 0, random(16 * 64), {16, 64}});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+ChunkRef Ref(const Chunk& c, uint64_t sequence, absl::string_view producer) {
+  ChunkRef ref;
+  ref.kind = c.kind;
+  ref.layer = c.layer;
+  ref.module = c.module;
+  ref.batch = c.batch;
+  ref.dtype = DType::kF32;
+  ref.shape = c.shape;
+  ref.sequence = sequence;
+  ref.producer_id = producer;
+  ref.data = {reinterpret_cast<const uint8_t*>(c.data.data()), c.data.size() * sizeof(float)};
+  return ref;
+}
+
+// Every engine file the session renders, for exact comparison.
+std::vector<std::string> Outputs(CalibrationSession& session) {
+  EXPECT_TRUE(session.Finalize().ok());
+  Deployment tp2;
+  tp2.tp_size = 2;
+  absl::StatusOr<SessionScales> scales = session.Scales(tp2, Nvfp4Convention::kCompressedTensors);
+  EXPECT_TRUE(scales.ok()) << scales.status();
+  std::vector<ScaleWarning> warnings;
+  absl::StatusOr<std::vector<RenderedFile>> files = RenderSessionOutputs(
+      *scales, std::vector<std::string>{"lightllm", "compressed-tensors"}, &warnings);
+  EXPECT_TRUE(files.ok()) << files.status();
+  std::vector<std::string> out;
+  for (const RenderedFile& f : *files) out.push_back(f.name + "\n" + f.content);
+  return out;
+}
+
+class SessionStateTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<CalibrationSession> NewSession() {
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> s =
+        CalibrationSession::Create(Model(), EverythingOn(), "sess01", "name", "team-a");
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *std::move(s);
+  }
+  // Feeds chunks [from, to) of `stream` as producer `producer` (sequences from 1).
+  void Feed(CalibrationSession& s, const std::vector<Chunk>& stream, size_t from, size_t to,
+            const std::string& producer) {
+    absl::StatusOr<ProducerLedger::Stream> handle = s.OpenProducerStream(producer);
+    ASSERT_TRUE(handle.ok());
+    for (size_t i = from; i < to; ++i) {
+      absl::StatusOr<ObserveOutcome> r = s.Observe(Ref(stream[i], i + 1, producer), *backend_, &*handle);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
+  std::unique_ptr<ReductionBackend> backend_ = MakeCpuBackend(1);
+};
+
+TEST_F(SessionStateTest, RestoreReproducesCountersLedgerAndScalesExactly) {
+  const std::vector<Chunk> a = Stream(1, 3), b = Stream(2, 3);
+  std::unique_ptr<CalibrationSession> original = NewSession();
+  Feed(*original, a, 0, a.size(), "rank0");
+  Feed(*original, b, 0, 10, "rank1");
+  original->RecordRejected();
+
+  const SessionSnapshot snapshot = original->Snapshot();
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> restored =
+      CalibrationSession::Restore(snapshot.bytes);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  CalibrationSession& r = **restored;
+  EXPECT_EQ(r.id(), "sess01");
+  EXPECT_EQ(r.tenant(), "team-a");
+  EXPECT_EQ(r.created_unix_ms(), original->created_unix_ms());
+  const SessionStatus before = original->Status(), after = r.Status();
+  EXPECT_EQ(after.name, "name");
+  EXPECT_EQ(after.accepted_chunks, before.accepted_chunks);
+  EXPECT_EQ(after.accepted_bytes, before.accepted_bytes);
+  EXPECT_EQ(after.rejected_chunks, 1);
+  EXPECT_EQ(after.skipped_warmup_chunks, before.skipped_warmup_chunks);
+  EXPECT_GT(after.skipped_warmup_chunks, 0);
+  // Re-encoding the restored session gives the same bytes: nothing was lost or reordered.
+  EXPECT_EQ(r.Snapshot().bytes, snapshot.bytes);
+  // Everything restored is durable; producers resume after what they sent.
+  EXPECT_EQ(r.DurableResumeFrom("rank0"), a.size() + 1);
+  EXPECT_EQ(r.DurableResumeFrom("rank1"), 11u);
+  EXPECT_EQ(r.DurableChangeCount(), r.ChangeCount());
+
+  // Both finish the same way (rank1 resumes in both); the files are identical.
+  Feed(*original, b, 10, b.size(), "rank1");
+  Feed(r, b, 10, b.size(), "rank1");
+  EXPECT_EQ(Outputs(r), Outputs(*original));
+}
+
+TEST_F(SessionStateTest, ResentChunksAfterRestoreAreDuplicates) {
+  const std::vector<Chunk> a = Stream(3, 2);
+  std::unique_ptr<CalibrationSession> s = NewSession();
+  Feed(*s, a, 0, 8, "rank0");
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(s->Snapshot().bytes);
+  ASSERT_TRUE(r.ok());
+  // The producer did not know how far it got and re-sends from 5.
+  absl::StatusOr<ProducerLedger::Stream> handle = (*r)->OpenProducerStream("rank0");
+  ASSERT_TRUE(handle.ok());
+  for (size_t i = 4; i < a.size(); ++i) {
+    absl::StatusOr<ObserveOutcome> outcome = (*r)->Observe(Ref(a[i], i + 1, "rank0"), *backend_, &*handle);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    EXPECT_EQ(*outcome == ObserveOutcome::kDuplicate, i < 8) << i;
+  }
+  std::unique_ptr<CalibrationSession> uninterrupted = NewSession();
+  Feed(*uninterrupted, a, 0, a.size(), "rank0");
+  EXPECT_EQ((*r)->Status().duplicate_chunks, 4);
+  EXPECT_EQ(Outputs(**r), Outputs(*uninterrupted));
+}
+
+TEST_F(SessionStateTest, FinalizedSessionComesBackFinalized) {
+  std::unique_ptr<CalibrationSession> s = NewSession();
+  const std::vector<Chunk> a = Stream(4, 2);
+  Feed(*s, a, 0, a.size(), "rank0");
+  const std::vector<std::string> expected = Outputs(*s);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(s->Snapshot().bytes);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->Status().state, SessionState::kFinalized);
+  EXPECT_TRUE((*r)->Scales({}, Nvfp4Convention::kModelOpt).ok());  // no Finalize call needed
+  EXPECT_EQ(Outputs(**r), expected);
+}
+
+TEST_F(SessionStateTest, EveryTruncationAndCorruptFieldIsAnErrorNotACrash) {
+  std::unique_ptr<CalibrationSession> s = NewSession();
+  const std::vector<Chunk> a = Stream(5, 2);
+  Feed(*s, a, 0, 12, "rank0");
+  const std::string bytes = s->Snapshot().bytes;
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(bytes.substr(0, n));
+    ASSERT_FALSE(r.ok()) << "prefix " << n;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_THAT(CalibrationSession::Restore(bytes + "x").status().message(), HasSubstr("session"));
+  std::string version = bytes;
+  version[1] = 9;
+  EXPECT_THAT(CalibrationSession::Restore(version).status().message(),
+              HasSubstr("session.version: unsupported version 9"));
+}
+
+class SessionStoreTest : public SessionStateTest {
+ protected:
+  TempDir dir_;
+};
+
+TEST_F(SessionStoreTest, CorruptFileIsReportedAndSetAsideOthersLoad) {
+  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path() + "/state");
+  ASSERT_TRUE(store.ok()) << store.status();
+  SessionRegistry registry;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto s = registry.Create(Model(), EverythingOn());
+    ASSERT_TRUE(s.ok());
+    ids.push_back((*s)->id());
+    ASSERT_TRUE((*store)->Write((*s)->id(), (*s)->Snapshot().bytes).ok());
+  }
+  // Flip one payload bit in the second file.
+  const std::string victim = (*store)->PathOf(ids[1]);
+  std::string raw = SlurpFile(victim);
+  raw[raw.size() - 3] ^= 0x10;
+  SpitFile(victim, raw);
+
+  SessionStore::Loaded loaded = (*store)->LoadAll();
+  ASSERT_EQ(loaded.sessions.size(), 2u);
+  ASSERT_EQ(loaded.errors.size(), 1u);
+  EXPECT_EQ(loaded.errors[0].code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(loaded.errors[0].message(), HasSubstr(victim));
+  EXPECT_THAT(loaded.errors[0].message(), HasSubstr("checksum"));
+  EXPECT_FALSE(fs::exists(victim));
+  EXPECT_TRUE(fs::exists(victim + ".corrupt"));
+  // A second start-up no longer sees it.
+  EXPECT_TRUE((*store)->LoadAll().errors.empty());
+}
+
+TEST_F(SessionStoreTest, FileNamedForAnotherIdIsRefused) {
+  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
+  ASSERT_TRUE(store.ok());
+  std::unique_ptr<CalibrationSession> s = NewSession();
+  ASSERT_TRUE((*store)->Write("other", s->Snapshot().bytes).ok());
+  SessionStore::Loaded loaded = (*store)->LoadAll();
+  EXPECT_TRUE(loaded.sessions.empty());
+  ASSERT_EQ(loaded.errors.size(), 1u);
+  EXPECT_THAT(loaded.errors[0].message(), HasSubstr("does not match the file name"));
+}
+
+TEST_F(SessionStoreTest, PersisterAnswersAfterTheWriteAndLoadsBackEqual) {
+  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
+  ASSERT_TRUE(store.ok());
+  SessionRegistry registry;
+  std::atomic<int> writes{0};
+  SessionPersister persister(&registry, store->get(), absl::Hours(1),
+                             [&](const SessionPersister::WriteEvent& e) {
+                               EXPECT_TRUE(e.status.ok()) << e.status;
+                               ++writes;
+                             });
+  auto s = registry.Create(Model(), EverythingOn(), "durable");
+  ASSERT_TRUE(s.ok());
+  const std::vector<Chunk> a = Stream(6, 2);
+  Feed(**s, a, 0, 20, "rank0");
+  EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 1u);  // nothing durable yet
+  std::promise<absl::Status> answered;
+  // The interval is an hour: only the waiter can trigger this write.
+  persister.WhenDurable(*s, [&](absl::Status st) { answered.set_value(st); });
+  std::future<absl::Status> result = answered.get_future();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(result.get().ok());
+  EXPECT_EQ(writes.load(), 1);
+  EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 21u);
+  EXPECT_TRUE(fs::exists((*store)->PathOf((*s)->id())));
+
+  // Clean: answered inline, no second write.
+  bool inline_answer = false;
+  persister.WhenDurable(*s, [&](absl::Status st) { inline_answer = st.ok(); });
+  EXPECT_TRUE(inline_answer);
+  persister.Stop();
+  EXPECT_EQ(writes.load(), 1);
+
+  SessionStore::Loaded loaded = (*store)->LoadAll();
+  ASSERT_EQ(loaded.sessions.size(), 1u);
+  EXPECT_EQ(loaded.sessions[0]->Snapshot().bytes, (*s)->Snapshot().bytes);
+}
+
+TEST_F(SessionStoreTest, StopWritesEverythingThatChanged) {
+  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
+  ASSERT_TRUE(store.ok());
+  SessionRegistry registry;
+  auto s = registry.Create(Model(), EverythingOn());
+  ASSERT_TRUE(s.ok());
+  {
+    SessionPersister persister(&registry, store->get(), absl::Hours(1));
+    const std::vector<Chunk> a = Stream(7, 1);
+    Feed(**s, a, 0, a.size(), "rank0");
+  }  // destructor: final flush
+  SessionStore::Loaded loaded = (*store)->LoadAll();
+  ASSERT_EQ(loaded.sessions.size(), 1u);
+  EXPECT_EQ(loaded.sessions[0]->Status().accepted_chunks + loaded.sessions[0]->Status().skipped_warmup_chunks,
+            static_cast<int64_t>(Stream(7, 1).size()));
+}
+
+TEST_F(SessionStoreTest, FailedWriteIsReportedAndNotAcknowledged) {
+  FaultInjectionEnv env;
+  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path(), &env);
+  ASSERT_TRUE(store.ok());
+  SessionRegistry registry;
+  SessionPersister persister(&registry, store->get(), absl::Hours(1));
+  auto s = registry.Create(Model(), EverythingOn());
+  ASSERT_TRUE(s.ok());
+  const std::vector<Chunk> a = Stream(8, 1);
+  Feed(**s, a, 0, 5, "rank0");
+  env.fail_sync = true;  // e.g. the disk went read-only
+  std::promise<absl::Status> answered;
+  persister.WhenDurable(*s, [&](absl::Status st) { answered.set_value(st); });
+  absl::Status status = answered.get_future().get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(), HasSubstr("injected fsync failure"));
+  EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 1u);
+  // The disk recovers: the next wait succeeds.
+  env.fail_sync = false;
+  std::promise<absl::Status> again;
+  persister.WhenDurable(*s, [&](absl::Status st) { again.set_value(st); });
+  EXPECT_TRUE(again.get_future().get().ok());
+  EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 6u);
+}
+
+TEST_F(SessionStoreTest, DeletedSessionIsRemovedAndNeverWrittenBack) {
+  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
+  ASSERT_TRUE(store.ok());
+  SessionRegistry registry;
+  SessionPersister persister(&registry, store->get(), absl::Milliseconds(1));
+  auto s = registry.Create(Model(), EverythingOn());
+  ASSERT_TRUE(s.ok());
+  const std::vector<Chunk> a = Stream(9, 1);
+  Feed(**s, a, 0, 4, "rank0");
+  std::promise<absl::Status> answered;
+  persister.WhenDurable(*s, [&](absl::Status st) { answered.set_value(st); });
+  ASSERT_TRUE(answered.get_future().get().ok());
+  const std::string path = (*store)->PathOf((*s)->id());
+  ASSERT_TRUE(fs::exists(path));
+  ASSERT_TRUE(registry.Delete((*s)->id()).ok());
+  ASSERT_TRUE(persister.Remove((*s)->id()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // several flush rounds
+  persister.Stop();
+  EXPECT_FALSE(fs::exists(path));
+}
+
+}  // namespace
+}  // namespace caliper
