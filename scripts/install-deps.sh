@@ -8,7 +8,7 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  curl openssl clang libclang-rt-14-dev
+  curl openssl clang libclang-rt-14-dev ccache
 )
 # Optional extras callers can ask for (e.g. prometheus for the scrape test, clang for fuzzing).
 if [[ $# -gt 0 ]]; then PACKAGES+=("$@"); fi
