@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Creates (once) and prints the path of a cached Python venv for one requirements set.
 # usage: scripts/python-env.sh tools     -> venv with scripts/requirements-tools.txt
+# A set may add scripts/requirements-SET-nodeps.txt: installed after, with --no-deps (for wheels
+# whose own pins cannot resolve on PyPI, e.g. vLLM's CPU build).
 # The venv lives outside the checkout, keyed by a hash of its requirements file, so CI runs and
 # clones on one machine share it; a changed requirements file makes a new one. Idempotent.
 set -euo pipefail
@@ -9,7 +11,8 @@ set_name=${1:?usage: python-env.sh SET}
 req="scripts/requirements-${set_name}.txt"
 [[ -f "$req" ]] || { echo "python-env: no $req" >&2; exit 2; }
 cache=${CALIPER_CACHE_DIR:-$HOME/.cache/caliper}
-hash=$(sha256sum "$req" | cut -c1-12)
+nodeps="scripts/requirements-${set_name}-nodeps.txt"
+hash=$(cat "$req" $( [[ -f "$nodeps" ]] && echo "$nodeps") | sha256sum | cut -c1-12)
 venv="$cache/venv-${set_name}-${hash}"
 if [[ ! -f "$venv/.complete" ]]; then
   mkdir -p "$cache"
@@ -21,6 +24,7 @@ if [[ ! -f "$venv/.complete" ]]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip >&2
     "$venv/bin/pip" install -q -r "$req" >&2
+    if [[ -f "$nodeps" ]]; then "$venv/bin/pip" install -q --no-deps -r "$nodeps" >&2; fi
     touch "$venv/.complete"
   fi
 fi
