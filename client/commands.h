@@ -22,6 +22,9 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
 // caliper merge --checkpoint DIR --scales FILE --out DIR [--kv-only]
 int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
+// caliper quantize --checkpoint DIR --scales FILE --out DIR [--format F] [--compat llm-compressor]
+int RunQuantizeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
 // caliper convert --in PATH --format NAME... --out DIR [--model CONFIG] [--tp T]
 int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 

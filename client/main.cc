@@ -23,6 +23,8 @@ constexpr Command kCommands[] = {
      caliper::cli::RunAdaptCommand},
     {"merge", "add a scale file to an HF checkpoint as a new shard + quantization_config",
      caliper::cli::RunMergeCommand},
+    {"quantize", "pack an HF checkpoint to NVFP4 with a scale file's global scales",
+     caliper::cli::RunQuantizeCommand},
     {"convert", "render an existing calibration in other engines' formats (offline)",
      caliper::cli::RunConvertCommand},
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
