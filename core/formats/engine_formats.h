@@ -1,5 +1,5 @@
-// The files inference engines load (issue 5): compressed-tensors and ModelOpt scale tensors with
-// their config blocks, vLLM's legacy --quantization-param-path JSON, and LightLLM's JSON; plus
+// The files inference engines load (docs/formats.md): compressed-tensors and ModelOpt scale tensors
+// with their config blocks, vLLM's legacy --quantization-param-path JSON, and LightLLM's JSON; plus
 // importers that read compressed-tensors / ModelOpt scale tensors back. Pure functions of their
 // inputs; every fallback or lossy step adds a ScaleWarning.
 #ifndef CALIPER_CORE_FORMATS_ENGINE_FORMATS_H_
