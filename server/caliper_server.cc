@@ -68,8 +68,9 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(options.service.max_message_bytes + kMessageHeadroomBytes));
-  // Throughput for large chunks (shared/perf-notes.md): big frames, a deep flow-control window
-  // (bounded, since it is buffered per stream) and no BDP probing.
+  // Throughput for large chunks (the default channel arguments reach about 0.1x of loopback TCP):
+  // big frames, a deep flow-control window (bounded, since it is buffered per stream) and no BDP
+  // probing.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 64 << 20);

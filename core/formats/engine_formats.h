@@ -1,7 +1,7 @@
-// The files inference engines load: compressed-tensors and ModelOpt scale tensors with their
-// config blocks, vLLM's legacy --quantization-param-path JSON, and LightLLM's JSON, rendered by
-// name; one file per engine holds its renderer (and scale_import.h reads them back). Pure
-// functions of their inputs; every fallback or lossy step adds a ScaleWarning.
+// The files inference engines load (docs/formats.md): compressed-tensors and ModelOpt scale
+// tensors with their config blocks, vLLM's legacy --quantization-param-path JSON, and LightLLM's
+// JSON, rendered by name; one file per engine holds its renderer (and scale_import.h reads them
+// back). Pure functions of their inputs; every fallback or lossy step adds a ScaleWarning.
 #ifndef CALIPER_CORE_FORMATS_ENGINE_FORMATS_H_
 #define CALIPER_CORE_FORMATS_ENGINE_FORMATS_H_
 

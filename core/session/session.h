@@ -62,14 +62,14 @@ struct ChunkRef {
   TpPlacement placement;      // tp_size >= 1
   int64_t batch = 0;          // forward-pass index
   uint64_t sequence = 0;      // per-stream; echoed in errors
-  absl::string_view producer_id;  // reserved for exactly-once dedupe (issue 7)
+  absl::string_view producer_id;  // exactly-once dedupe key (ProducerLedger)
   ByteSpans data;
 };
 
 // kDuplicate: a producer re-sent a sequence already counted (exactly-once); acknowledge, ignore.
 enum class ObserveOutcome { kAccepted, kSkippedWarmup, kDuplicate };
 
-// Engine conventions for NVFP4 (domain.md 2): compressed-tensors stores the divisor and shares
+// Engine conventions for NVFP4 (docs/nvfp4.md): compressed-tensors stores the divisor and shares
 // only weight scales in fused groups; ModelOpt stores the multiplier and shares inputs too.
 enum class Nvfp4Convention { kCompressedTensors, kModelOpt };
 
@@ -157,8 +157,8 @@ class CalibrationSession {
   // Counts a chunk the transport rejected before it could build a ChunkRef (e.g. bad dtype).
   void RecordRejected();
 
-  // Durability (issue 7). ChangeCount() grows with every change to persistent state (every
-  // chunk verdict bumps one counter; Finalize flips the state), so a flusher writes only
+  // Durability (docs/durability.md). ChangeCount() grows with every change to persistent state
+  // (every chunk verdict bumps one counter; Finalize flips the state), so a flusher writes only
   // sessions that changed and knows which acknowledgements a write covers.
   uint64_t ChangeCount() const;
   SessionSnapshot Snapshot() const;

@@ -708,7 +708,7 @@ TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
   EXPECT_EQ(bad_tp.exit_code, 1) << bad_tp.output;
 }
 
-// The CLI behind a relay that cuts every connection three times mid-run (issue 7): each stream
+// The CLI behind a relay that cuts every connection three times mid-run: each stream
 // asks the server where it left off and sends the rest, and the files equal those of a run
 // without cuts byte for byte (accepted_chunks in scales.json included: nothing counted twice).
 TEST_F(E2eTest, CliResumesAcrossDroppedConnections) {
