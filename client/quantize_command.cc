@@ -113,8 +113,9 @@ int RunQuantizeCommand(const std::vector<std::string>& args, std::ostream& out,
   for (const ScaleWarning& warning : report->warnings) {
     err << "caliper quantize: warning: " << warning.where << ": " << warning.message << "\n";
   }
-  for (const auto& [from, to] : report->renamed) {
-    err << "caliper quantize: " << from << " -> " << to << " (the checkpoint's expert name)\n";
+  if (!report->renamed.empty()) {
+    err << "caliper quantize: " << report->renamed.size() << " expert names mapped (e.g. "
+        << report->renamed[0].first << " -> " << report->renamed[0].second << ")\n";
   }
   out << "caliper quantize: wrote " << options.out_dir << " (" << options.format << ", "
       << report->quantized_modules << " modules packed to NVFP4, " << report->copied_tensors

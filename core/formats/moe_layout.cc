@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace caliper {
 
@@ -44,6 +45,30 @@ std::optional<std::string> ResolveExpertModule(const std::string& name,
     }
   }
   return std::nullopt;
+}
+
+std::string CompressedTensorsExpertName(const std::string& module, int transformers_major) {
+  if (transformers_major < 5) return module;
+  static const std::regex expert(R"(^(.*\.experts\.\d+)\.(w1|w2|w3)$)");
+  std::smatch m;
+  if (!std::regex_match(module, m, expert)) return module;
+  const std::string leaf = m[2] == "w1" ? "gate_proj" : m[2] == "w3" ? "up_proj" : "down_proj";
+  return absl::StrCat(m[1].str(), ".", leaf);
+}
+
+int TransformersMajor(absl::string_view config_json) {
+  nlohmann::json c = nlohmann::json::parse(config_json.begin(), config_json.end(), nullptr, false);
+  if (!c.is_object() || !c.contains("transformers_version") ||
+      !c["transformers_version"].is_string()) {
+    return 0;
+  }
+  const std::string v = c["transformers_version"].get<std::string>();
+  int major = 0;
+  for (char ch : v) {
+    if (ch < '0' || ch > '9') break;
+    major = major * 10 + (ch - '0');
+  }
+  return major;
 }
 
 }  // namespace caliper

@@ -29,6 +29,15 @@ std::vector<std::string> DetectMoeRouters(const std::vector<std::string>& tensor
 std::optional<std::string> ResolveExpertModule(const std::string& name,
                                                const std::set<std::string>& modules);
 
+// The name an NVFP4 expert gets in a compressed-tensors checkpoint written for `transformers_major`:
+// from transformers 5 on, transformers + compressed-tensors load quantized experts only as
+// experts.E.gate_proj/up_proj/down_proj (llm-compressor's linearized names; vLLM 0.32 maps
+// them back to w1/w3/w2), so w1/w3/w2 are renamed; earlier versions and other names unchanged.
+std::string CompressedTensorsExpertName(const std::string& module, int transformers_major);
+
+// Major version of config.json's "transformers_version" ("5.17.0" -> 5); 0 when absent.
+int TransformersMajor(absl::string_view config_json);
+
 }  // namespace caliper
 
 #endif  // CALIPER_CORE_FORMATS_MOE_LAYOUT_H_

@@ -281,6 +281,14 @@ absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options
         absl::StrCat(staging.string(), ": cannot create: ", ec.message()));
   }
   const uint8_t zero_scale = ct ? kE4M3Eighth : kE4M3One;
+  // Output module names: the checkpoint's, except experts renamed to what the loaders of the
+  // transformers version that wrote it expect.
+  const int transformers_major = TransformersMajor(*config_text);
+  std::map<std::string, std::string> out_name;
+  for (const auto& [module, target] : targets) {
+    out_name[module] = ct ? CompressedTensorsExpertName(module, transformers_major) : module;
+    if (out_name[module] != module) report.renamed.emplace_back(module, out_name[module]);
+  }
 
   auto build = [&]() -> absl::Status {
     ojson weight_map = ojson::object();
@@ -301,8 +309,8 @@ absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options
           add({name, e.dtype, e.shape}, {Source::kCopy, name, {}});
           continue;
         }
-        const std::string m = StripWeight(name);
-        const Target& target = targets.at(m);
+        const std::string& m = out_name.at(StripWeight(name));
+        const Target& target = targets.at(StripWeight(name));
         const int64_t rows = e.shape[0], cols = e.shape[1];
         add({m + (ct ? ".weight_packed" : ".weight"), "U8", {rows, cols / 2}},
             {Source::kPacked, name, {}});

@@ -40,7 +40,9 @@ struct QuantizeReport {
   int kv_layers = 0;                      // layers given K/V scales
   std::vector<std::string> ignore;        // written into the config
   std::vector<std::string> routers;       // MoE routers found (kept unquantized, ignored)
-  std::vector<std::pair<std::string, std::string>> renamed;  // scale-file name -> checkpoint name
+  // Expert names mapped: scale file -> checkpoint, and checkpoint -> output (transformers 5
+  // compressed-tensors loaders want experts.E.gate_proj/up_proj/down_proj).
+  std::vector<std::pair<std::string, std::string>> renamed;
   uint64_t bytes_in = 0, bytes_out = 0;
   std::vector<ScaleWarning> warnings;
 };
