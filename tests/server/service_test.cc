@@ -449,7 +449,7 @@ TEST_F(ServiceTest, HealthCheckServesAndAdaptWorks) {
       R"({"version":"1.0","architectures":"LlamaForCausalLM","quant_type":"per_head",)"
       R"("qmin":-448.0,"qmax":448.0,"num_layers":1,"num_head":2,"scales_shape":[1,4],)"
       R"("scales":[[0.5,0.25,2.0,4.0]]})");
-  adapt.set_total_heads(4);
+  adapt.set_total_kv_heads(4);
   grpc::ClientContext actx;
   v1::AdaptResponse out;
   grpc::Status s = stub_->Adapt(&actx, adapt, &out);
@@ -459,7 +459,7 @@ TEST_F(ServiceTest, HealthCheckServesAndAdaptWorks) {
   EXPECT_EQ(parsed->num_head, 4);
   EXPECT_THAT(parsed->scales[0],
               ::testing::ElementsAre(0.5f, 0.5f, 0.25f, 0.25f, 2.0f, 2.0f, 4.0f, 4.0f));
-  adapt.set_total_heads(3);
+  adapt.set_total_kv_heads(3);
   grpc::ClientContext bctx;
   EXPECT_EQ(stub_->Adapt(&bctx, adapt, &out).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
