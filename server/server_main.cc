@@ -13,6 +13,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
@@ -54,11 +56,21 @@ ABSL_FLAG(absl::Duration, state_flush_interval, absl::Seconds(1),
           "Longest time between writes of a changed session's state (stream ends, "
           "CreateSession and Finalize also wait for a write)");
 
+// --help lists the flags defined under server/ (Abseil's default filter wants a file named after
+// the binary, so it listed none); --helpfull adds Abseil's own.
+bool IsServerFlagFile(absl::string_view file) {
+  return absl::StartsWith(file, "server/") || absl::StrContains(file, "/server/");
+}
+
 int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = IsServerFlagFile;
+  usage.contains_helpshort_flags = IsServerFlagFile;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "caliper-server: streamed FP8 KV-cache and NVFP4 calibration over gRPC.\n"
+      "streamed FP8 KV-cache and NVFP4 calibration over gRPC.\n"
       "Usage: caliper-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT] "
-      "[--device=auto|cpu|cuda]");
+      "[--device=auto|cpu|cuda] [flags below]");
   absl::ParseCommandLine(argc, argv);
   // Received chunks are freed and re-allocated every few milliseconds: keep that memory mapped
   // rather than returning it to the kernel and faulting it back in (measured: about a third of
@@ -95,7 +107,7 @@ int main(int argc, char** argv) {
   caliper::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.security.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -108,13 +120,13 @@ int main(int argc, char** argv) {
               {{"flag", "--tokens_file"}, {"message", std::string(tokens.status().message())}});
       return 1;
     }
-    options.authenticator =
+    options.service.authenticator =
         std::make_shared<const caliper::TokenAuthenticator>(*std::move(tokens));
   }
-  options.limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
-  options.limits.max_modules_per_session = absl::GetFlag(FLAGS_max_modules_per_session);
-  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
-  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.service.limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
+  options.service.limits.max_modules_per_session = absl::GetFlag(FLAGS_max_modules_per_session);
+  options.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.state_flush_interval = absl::GetFlag(FLAGS_state_flush_interval);
   absl::StatusOr<std::unique_ptr<caliper::CaliperServer>> server =
@@ -135,11 +147,11 @@ int main(int argc, char** argv) {
           {{"listen", (*server)->address()},
            {"metrics", metrics},
            {"backend", std::string((*server)->backend_name())},
-           {"max_message_bytes", absl::StrCat(options.max_message_bytes)},
+           {"max_message_bytes", absl::StrCat(options.service.max_message_bytes)},
            {"tls", options.security.tls_cert.empty()
                        ? "off"
                        : (options.security.tls_client_ca.empty() ? "tls" : "mtls")},
-           {"tenants", options.authenticator ? "tokens" : "anonymous"},
+           {"tenants", options.service.authenticator ? "tokens" : "anonymous"},
            {"state_dir", options.state_dir.empty() ? "none (in memory)" : options.state_dir}});
 
   int signal_number = 0;
