@@ -80,7 +80,7 @@ echo "$ingest"
 session=$(sed -E 's/.*"session_id": "([^"]+)".*/\1/' <<<"$ingest")
 "$client_bin" finalize --target="$grpc" --session="$session"
 page=$(curl -sf "http://$metrics/metrics")
-grep -qx 'caliper_ingested_bytes_total{kind="kv"} 1024' <<<"$page" \
+grep -qx 'caliper_ingested_bytes_total{kind="key"} 512' <<<"$page" \
   || { echo "FAIL: /metrics:"; grep caliper_ingested <<<"$page"; exit 1; }
 grep -qx 'caliper_backend_info{backend="cpu"} 1' <<<"$page" || { echo "FAIL: backend"; exit 1; }
 grep -qx 'caliper_finalizations_total{result="ok"} 1' <<<"$page" \
