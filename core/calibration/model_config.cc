@@ -1,5 +1,6 @@
 #include "core/calibration/model_config.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/status/status.h"
@@ -99,6 +100,14 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text) {
     config.head_dim = config.hidden_size / config.num_attention_heads;
   }
 
+  // MoE by its expert count, never by model_type (Mixtral's is "mixtral").
+  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
+    if (const json* experts = FindKey(root, key); experts && experts->is_number_integer() &&
+                                                  experts->get<int64_t>() > 0) {
+      config.num_experts = static_cast<int>(std::min<int64_t>(experts->get<int64_t>(), 1 << 20));
+      break;
+    }
+  }
   if (absl::Status valid = ValidateModelConfig(config); !valid.ok()) return valid;
   return config;
 }

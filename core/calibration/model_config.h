@@ -17,6 +17,7 @@ struct ModelConfig {
   int num_kv_heads = 0;         // num_key_value_heads (defaults to num_attention_heads)
   int head_dim = 0;             // head_dim, else hidden_size / num_attention_heads
   int hidden_size = 0;
+  int num_experts = 0;          // num_local_experts / num_experts / n_routed_experts; 0: dense
 };
 
 // Parses config.json text. Text configs nested under "text_config" (multimodal models) are

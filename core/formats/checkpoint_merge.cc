@@ -187,9 +187,21 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
             "weights first, or merge only the KV scales (--kv-only)"));
       }
     }
+    // ModelOpt KV scales beside dense weights: vLLM 0.32 refuses a modelopt block without a
+    // weight quant_algo ("Missing 'quant_algo'") and reads config.json before
+    // hf_quant_config.json, so config.json gets the compressed-tensors KV-only block it loads
+    // (it maps k_proj.k_scale onto the attention layer); hf_quant_config.json keeps ModelOpt's
+    // KV-only form for TensorRT-LLM.
+    const bool modelopt_kv_only = !ct && inputs.nvfp4.modules.empty();
+    if (modelopt_kv_only) {
+      report.warnings.push_back(
+          {kModelOptConfigFile, "KV-only ModelOpt scales: config.json carries a compressed-tensors "
+                                "kv_cache_scheme (what vLLM loads; vLLM has no ModelOpt KV-only "
+                                "form), hf_quant_config.json the ModelOpt one (TensorRT-LLM)"});
+    }
     (*config)["quantization_config"] =
-        ojson::parse(ct ? CompressedTensorsQuantizationConfig(inputs)
-                        : ModelOptConfigJsonBlock(inputs));
+        ojson::parse(ct || modelopt_kv_only ? CompressedTensorsQuantizationConfig(inputs)
+                                            : ModelOptConfigJsonBlock(inputs));
     if (!ct) hf_quant_config = ojson::parse(ModelOptHfQuantConfig(inputs));
   }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/formats/format_support.h"
 #include "core/formats/safetensors.h"
+#include "core/formats/compressed_tensors_config.h"
 #include "nlohmann/json.hpp"
 
 namespace caliper {
@@ -18,65 +19,20 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-ojson Fp4Args(bool dynamic_local) {
-  ojson args = ojson::object();
-  args["actorder"] = nullptr;
-  args["block_structure"] = nullptr;
-  if (dynamic_local) {
-    args["dynamic"] = "local";
-  } else {
-    args["dynamic"] = false;
-  }
-  args["group_size"] = 16;
-  args["num_bits"] = 4;
-  args["observer"] = "minmax";
-  args["observer_kwargs"] = ojson::object();
-  args["strategy"] = "tensor_group";
-  args["symmetric"] = true;
-  args["type"] = "float";
-  return args;
-}
-
 }  // namespace
 
 std::string CompressedTensorsQuantizationConfig(const RenderInputs& inputs) {
-  const bool weights = HasWeights(inputs.nvfp4);
-  ojson config = ojson::object();
-  ojson groups = ojson::object();
-  if (weights) {
-    ojson group = ojson::object();
-    group["format"] = "nvfp4-pack-quantized";
-    // NVFP4 when activations were calibrated, NVFP4A16 (weights only) otherwise.
-    group["input_activations"] = HasInputs(inputs.nvfp4) ? Fp4Args(true) : ojson(nullptr);
-    group["output_activations"] = nullptr;
-    group["targets"] = {"Linear"};
-    group["weights"] = Fp4Args(false);
-    groups["group_0"] = std::move(group);
-  }
-  config["config_groups"] = std::move(groups);
-  config["format"] = weights ? "nvfp4-pack-quantized" : "dense";
-  config["global_compression_ratio"] = nullptr;
-  config["ignore"] = IgnoreList(inputs, /*modelopt=*/false);
+  CtConfigOptions options;
+  options.weights = HasWeights(inputs.nvfp4);
+  options.inputs = HasInputs(inputs.nvfp4);  // NVFP4 (W4A4), else NVFP4A16
+  options.input_observer = inputs.input_observer;
+  options.kv_observer = inputs.kv_observer;
   if (inputs.kv.has_value()) {
-    ojson kv = ojson::object();
-    kv["actorder"] = nullptr;
-    kv["block_structure"] = nullptr;
-    kv["dynamic"] = false;
-    kv["group_size"] = nullptr;
-    kv["num_bits"] = 8;
-    kv["observer"] = "minmax";
-    kv["observer_kwargs"] = ojson::object();
-    kv["strategy"] = inputs.kv->granularity == KvGranularity::kPerHead ? "attn_head" : "tensor";
-    kv["symmetric"] = true;
-    kv["type"] = "float";
-    config["kv_cache_scheme"] = std::move(kv);
-  } else {
-    config["kv_cache_scheme"] = nullptr;
+    options.kv_strategy =
+        inputs.kv->granularity == KvGranularity::kPerHead ? "attn_head" : "tensor";
   }
-  config["quant_method"] = "compressed-tensors";
-  config["quantization_status"] = "compressed";
-  config["sparsity_config"] = ojson::object();
-  return config.dump(2);
+  options.ignore = IgnoreList(inputs, /*modelopt=*/false);
+  return CompressedTensorsConfigBlock(options);
 }
 
 absl::StatusOr<std::string> CompressedTensorsScalesFile(const RenderInputs& inputs,
@@ -87,8 +43,9 @@ absl::StatusOr<std::string> CompressedTensorsScalesFile(const RenderInputs& inpu
     if (absl::Status s = CheckKv(kv, inputs.model); !s.ok()) return s;
     WarnFnuz(kv, kFormatCompressedTensors, warnings);
     const bool per_head = kv.granularity == KvGranularity::kPerHead;
-    std::vector<int64_t> shape;
-    if (per_head) shape.push_back(kv.num_kv_heads);
+    // llm-compressor's shapes: [1] per tensor, [H, 1, 1] per head.
+    std::vector<int64_t> shape = {1};
+    if (per_head) shape = {kv.num_kv_heads, 1, 1};
     for (size_t l = 0; l < kv.k.size(); ++l) {
       for (bool key : {true, false}) {
         absl::Status s = writer.Add(absl::StrCat(LayerPrefix(inputs, l), key ? "k" : "v", "_scale"),

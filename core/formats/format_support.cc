@@ -9,7 +9,11 @@
 namespace caliper::formats_internal {
 namespace {
 
-bool IsMoe(const ModelConfig& model) { return absl::StrContains(model.model_type, "moe"); }
+// By the expert count in config.json, or the model_type for hand-built configs.
+bool IsMoe(const ModelConfig& model) {
+  return model.num_experts > 0 || absl::StrContains(model.model_type, "moe") ||
+         model.model_type == "mixtral";
+}
 
 }  // namespace
 
@@ -27,7 +31,14 @@ std::vector<std::string> IgnoreList(const RenderInputs& inputs, bool modelopt) {
   if (!inputs.ignore.empty()) return inputs.ignore;
   std::vector<std::string> out = {"lm_head"};
   // MoE routers stay in high precision in published NVFP4 checkpoints.
-  if (IsMoe(inputs.model)) out.push_back(modelopt ? "*mlp.gate" : "re:.*mlp.gate$");
+  // Mixtral's router is block_sparse_moe.gate; Qwen-MoE / DeepSeek's mlp.gate.
+  if (IsMoe(inputs.model)) {
+    if (modelopt) {
+      out.insert(out.end(), {"*mlp.gate", "*block_sparse_moe.gate"});
+    } else {
+      out.insert(out.end(), {"re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"});
+    }
+  }
   return out;
 }
 

@@ -46,6 +46,9 @@ struct RenderInputs {
   // Modules left unquantized; empty means the default (lm_head, plus MoE router gates).
   std::vector<std::string> ignore;
   std::string producer_version = "0.1.0";
+  // Observer names written into the compressed-tensors config (llm-compressor's spelling).
+  std::string input_observer = "static_minmax";
+  std::string kv_observer = "static_minmax";
   // Attention modules are "<layers_prefix><N>.self_attn" (multimodal checkpoints differ).
   std::string layers_prefix = "model.layers.";
 };

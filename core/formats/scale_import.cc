@@ -155,11 +155,14 @@ absl::StatusOr<ImportedScales> ImportScales(const SafetensorsFile& file,
     if (kind == NameKind::kCtKv || kind == NameKind::kModelOptKv) {
       const bool scalar = tensor->shape.empty() ||
                           (tensor->shape.size() == 1 && tensor->shape[0] == 1);
-      const bool vector = tensor->shape.size() == 1;
+      // [H] (vLLM) or [H, 1, 1] (llm-compressor's per-head shape).
+      const bool vector = tensor->shape.size() == 1 ||
+                          (tensor->shape.size() == 3 && tensor->shape[1] == 1 &&
+                           tensor->shape[2] == 1);
       if (!scalar && !vector) {
         return absl::InvalidArgumentError(absl::StrCat(
-            tensor->where, ": KV scale must be a scalar or [num_kv_heads], got rank ",
-            tensor->shape.size()));
+            tensor->where, ": KV scale must be a scalar, [num_kv_heads] or [num_kv_heads, 1, 1], "
+            "got rank ", tensor->shape.size()));
       }
       const size_t n = tensor->values.size();
       if (!width.has_value()) {

@@ -162,7 +162,8 @@ def check_engine_conventions(where, metadata, tensors):
         if fmt == "compressed-tensors":
             if re.fullmatch(r".*layers\.\d+\.self_attn\.[kv]_scale", name):
                 kv_shapes.add(tuple(shape))
-                if len(shape) > 1:
+                # [1] per tensor, [H, 1, 1] per head (llm-compressor's shapes).
+                if shape != [1] and not (len(shape) == 3 and shape[1:] == [1, 1]):
                     fail(f"{where}: {name}", f"KV scale shape {shape}")
             elif re.fullmatch(r".+\.(weight|input)_global_scale", name):
                 if shape != [1]:
@@ -183,7 +184,7 @@ def check_engine_conventions(where, metadata, tensors):
             fail(where, "quantization_config.quant_method is not compressed-tensors")
         scheme = config.get("kv_cache_scheme")
         if kv_shapes:
-            per_head = any(len(s) == 1 for s in kv_shapes)
+            per_head = any(len(s) == 3 for s in kv_shapes)
             want = "attn_head" if per_head else "tensor"
             if len(kv_shapes) != 1 or not scheme or scheme.get("strategy") != want:
                 fail(where, f"KV shapes {kv_shapes} disagree with kv_cache_scheme {scheme}")

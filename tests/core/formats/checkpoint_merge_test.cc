@@ -189,8 +189,11 @@ TEST_F(MergeTest, SingleFileIsLinkedUnderAShardNameAndModelOptWritesItsSideFile)
   EXPECT_EQ(index["weight_map"]["model.layers.0.self_attn.q_proj.weight"], kMergedSingleShard);
   EXPECT_EQ(index["weight_map"]["model.layers.0.self_attn.k_proj.k_scale"], kMergedScalesShard);
   json config = json::parse(ReadAll(out_ / "config.json"));
-  EXPECT_EQ(config["quantization_config"]["quant_method"], "modelopt");
-  EXPECT_EQ(config["quantization_config"]["kv_cache_quant_algo"], "FP8");
+  // KV-only: vLLM has no ModelOpt form without weight quantization; config.json gets the
+  // compressed-tensors KV block it loads, hf_quant_config.json keeps ModelOpt's.
+  EXPECT_EQ(config["quantization_config"]["quant_method"], "compressed-tensors");
+  EXPECT_EQ(config["quantization_config"]["kv_cache_scheme"]["strategy"], "tensor");
+  EXPECT_FALSE(config["quantization_config"].contains("quant_algo"));
   json side = json::parse(ReadAll(out_ / "hf_quant_config.json"));
   EXPECT_EQ(side["producer"]["name"], "caliper");
   EXPECT_EQ(side["quantization"]["kv_cache_quant_algo"], "FP8");
