@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
+#include "cuda/nvfp4_pack.h"
 
 namespace caliper {
 namespace {
@@ -43,8 +44,9 @@ cuda::ElementType ToElementType(DType dtype) {
 
 class CudaBackend : public ReductionBackend {
  public:
-  CudaBackend(std::vector<std::unique_ptr<cuda::HostReducer>> lanes, int64_t staging_bytes)
-      : lanes_(std::move(lanes)), staging_bytes_(staging_bytes) {
+  CudaBackend(std::vector<std::unique_ptr<cuda::HostReducer>> lanes, int64_t staging_bytes,
+              int device)
+      : lanes_(std::move(lanes)), staging_bytes_(staging_bytes), device_(device) {
     for (auto& lane : lanes_) free_.push_back(lane.get());
   }
 
@@ -82,6 +84,30 @@ class CudaBackend : public ReductionBackend {
                                                  out.data(), nonfinite));
   }
 
+  // Same bytes as the CPU reference (cuda/nvfp4_pack.h); weights are copied over whole.
+  absl::Status PackNvfp4(const TensorView& t, const Nvfp4PackParams& params,
+                         absl::Span<uint8_t> packed, absl::Span<uint8_t> scales) override {
+    if (absl::Status s = CheckNvfp4PackArgs(t, params, packed, scales); !s.ok()) return s;
+    cuda::Nvfp4PackArgs args;
+    args.global_scale = params.global_scale;
+    args.group_scale_in_weight_dtype = params.group_scale_in_weight_dtype;
+    args.zero_group_scale = params.zero_group_scale;
+    int64_t bad = 0;
+    if (absl::Status s = ToStatus(cuda::PackNvfp4Host(t.data(), ToElementType(t.dtype()),
+                                                     t.shape()[0], t.shape()[1], args,
+                                                     packed.data(), scales.data(), &bad,
+                                                     device_));
+        !s.ok()) {
+      return s;
+    }
+    if (bad > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("weight.data: ", bad,
+                                                     " non-finite values (NaN/Inf) in ",
+                                                     t.ShapeString(), "; cannot quantize"));
+    }
+    return absl::OkStatus();
+  }
+
  private:
   // Borrows a free reducer for one call.
   struct Lease {
@@ -104,6 +130,7 @@ class CudaBackend : public ReductionBackend {
 
   std::vector<std::unique_ptr<cuda::HostReducer>> lanes_;
   const int64_t staging_bytes_;
+  const int device_;
   std::mutex mu_;
   std::condition_variable available_;
   std::vector<cuda::HostReducer*> free_;  // guarded by mu_
@@ -128,7 +155,8 @@ absl::StatusOr<std::unique_ptr<ReductionBackend>> MakeCudaBackend(const CudaBack
   for (auto& lane : lanes) {
     if (absl::Status s = ToStatus(cuda::HostReducer::Create(reducer_options, &lane)); !s.ok()) return s;
   }
-  return std::unique_ptr<ReductionBackend>(new CudaBackend(std::move(lanes), options.staging_bytes));
+  return std::unique_ptr<ReductionBackend>(new CudaBackend(std::move(lanes), options.staging_bytes,
+                                                          options.device));
 }
 
 }  // namespace caliper

@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "core/tensor/dtype.h"
+#include "core/tensor/nvfp4_pack.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/tensor_view.h"
 #include "cuda/cuda_backend.h"
@@ -99,6 +100,45 @@ TEST_F(CudaParityTest, ErrorsNameTheField) {
   const absl::Status s = cuda_->AbsMaxPerHead(*t, 3, 1, absl::MakeSpan(out), &bad);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("tensor.shape"), absl::string_view::npos) << s;
+}
+
+// NVFP4 packing: same bytes as the CPU reference, random heavy-tailed weights plus zero groups,
+// tiny groups, every E2M1 tie, both group-scale modes and both zero-group conventions.
+TEST_F(CudaParityTest, PackNvfp4MatchesTheCpuReference) {
+  std::mt19937 rng(11);
+  std::student_t_distribution<float> heavy(3.0f);
+  for (DType dtype : kAllTypes) {
+    for (int64_t rows : {1, 7, 300}) {
+      const int64_t cols = 96;
+      std::vector<float> w(rows * cols);
+      for (auto& x : w) x = heavy(rng) * 0.02f;
+      for (int i = 0; i < 16; ++i) w[i] = 0.0f;
+      if (rows > 1) {
+        for (int i = 0; i < 16; ++i) w[cols + i] = (i - 8) * 0.0125f;  // hits the ties
+      }
+      const auto bytes = Encode(dtype, w);
+      auto t = TensorView::Create(dtype, {rows, cols}, bytes);
+      ASSERT_TRUE(t.ok());
+      for (bool in_dtype : {false, true}) {
+        Nvfp4PackParams params;
+        params.global_scale = 2688.0f / 0.37f;
+        params.group_scale_in_weight_dtype = in_dtype;
+        params.zero_group_scale = in_dtype ? kE4M3One : kE4M3Eighth;
+        std::vector<uint8_t> p1(rows * cols / 2), s1(rows * cols / 16), p2 = p1, s2 = s1;
+        ASSERT_TRUE(PackNvfp4Reference(*t, params, absl::MakeSpan(p1), absl::MakeSpan(s1)).ok());
+        ASSERT_TRUE(cuda_->PackNvfp4(*t, params, absl::MakeSpan(p2), absl::MakeSpan(s2)).ok());
+        EXPECT_EQ(p1, p2) << DTypeName(dtype) << " rows " << rows << " in_dtype " << in_dtype;
+        EXPECT_EQ(s1, s2) << DTypeName(dtype) << " rows " << rows << " in_dtype " << in_dtype;
+      }
+    }
+  }
+  std::vector<float> w(32, 1.0f);
+  w[5] = kNaN;
+  const auto bytes = Encode(DType::kF32, w);
+  auto t = TensorView::Create(DType::kF32, {2, 16}, bytes);
+  std::vector<uint8_t> p(16), s(2);
+  EXPECT_NE(cuda_->PackNvfp4(*t, Nvfp4PackParams(), absl::MakeSpan(p), absl::MakeSpan(s))
+                .message().find("non-finite"), absl::string_view::npos);
 }
 
 // Runs everywhere: without a device the factory fails cleanly instead of crashing.
