@@ -341,6 +341,7 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
   out.fp8_flavor = recipe_.fp8_flavor;
   out.num_kv_heads = model_.num_kv_heads;
   out.convention = convention;
+  out.activation_observer = recipe_.activation_observer;
   out.tp_size = resolved->tp_size;
   out.deployed_total_kv_heads = resolved->total_kv_heads;
   out.rank = resolved->rank;
@@ -385,6 +386,8 @@ absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
   inputs.tp_size = scales.tp_size;
   inputs.kv = scales.kv_scales;
   inputs.nvfp4 = scales.nvfp4;
+  inputs.input_observer =
+      scales.activation_observer == ActivationObserverKind::kMinMax ? "minmax" : "static_minmax";
   return RenderOutputs(wanted, inputs, warnings);
 }
 

@@ -88,6 +88,8 @@ struct SessionScales {
   std::vector<RankSlice> rank_slices;  // [layer] when rank is set (per tensor: one value each)
   Nvfp4Convention convention = Nvfp4Convention::kCompressedTensors;
   Nvfp4Scales nvfp4;
+  // The recipe's activation observer, named in the compressed-tensors config.
+  ActivationObserverKind activation_observer = ActivationObserverKind::kStaticMinMax;
   std::vector<ScaleWarning> warnings;  // KV, NVFP4 and session-level warnings together
 };
 
