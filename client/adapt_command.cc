@@ -10,7 +10,9 @@
 #include "client/cli_args.h"
 #include "client/commands.h"
 #include "client/file_io.h"
+#include "client/flag_terms.h"
 #include "core/calibration/kv_scales.h"
+#include "core/formats/lightllm_adapt.h"
 #include "core/formats/lightllm_format.h"
 #include "core/calibration/model_config.h"
 
@@ -35,15 +37,24 @@ constexpr absl::string_view kDescription =
     "multiple of m (replicated heads collapse), repeat in place when m is a multiple of n;\n"
     "otherwise the command refuses. per_tensor files keep their [layers, 2] scales. With\n"
     "--model the file is also checked the way LightLLM's loader checks it (architectures,\n"
-    "num_layers, qmin/qmax). Exit codes: 0 written, 2 usage or input error (nothing written).";
+    "num_layers, qmin/qmax). Exit codes: 0 written, 1 the server refused (--server), 2 usage or\n"
+    "input error (nothing written), 3 I/O failure (a file could not be read or written).";
 
 RemoteAdaptFn remote_adapt = nullptr;
 
-int Fail(std::ostream& err, absl::string_view message) {
+int Fail(std::ostream& err, absl::string_view message, int code = kExitUsage) {
   // One line, whatever the message held, so scripts can grep it.
   err << "caliper adapt: " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
-  return kExitUsage;
+  return code;
 }
+
+// A failed read or write: exit code 3 for an I/O failure, 2 for a path that does not exist.
+int FailFile(std::ostream& err, absl::string_view flag, const absl::Status& status) {
+  return Fail(err, absl::StrCat(flag, " ", status.message()), ExitCodeFor(status));
+}
+
+// The core's target fields, in this command's flags.
+const FieldFlags kTargetFlags = {{"total_heads", "--num-heads"}, {"tp_size", "--tp"}};
 
 }  // namespace
 
@@ -74,7 +85,7 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
   if (by_model != tp->has_value()) return Fail(err, "--model and --tp go together");
 
   auto text = ReadWholeFile(*in_path);
-  if (!text.ok()) return Fail(err, absl::StrCat("--in ", text.status().message()));
+  if (!text.ok()) return FailFile(err, "--in", text.status());
   for (const FlagSpec& spec : ConnectionFlags()) {
     if (flags->Has(spec.name) && !flags->Has("server")) {
       return Fail(err, absl::StrCat("--", spec.name, " only applies with --server"));
@@ -87,7 +98,7 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
     std::string model_text;
     if (by_model) {
       auto config_text = ReadWholeFile(*flags->Get("model"));
-      if (!config_text.ok()) return Fail(err, absl::StrCat("--model ", config_text.status().message()));
+      if (!config_text.ok()) return FailFile(err, "--model", config_text.status());
       model_text = *config_text;
     }
     std::string adapted;
@@ -97,46 +108,38 @@ int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std
                      static_cast<int>(tp->value_or(0)), &adapted, err);
     if (rc != kExitOk) return rc;
     if (absl::Status s = WriteFileAtomically(*out_path, adapted); !s.ok()) {
-      return Fail(err, absl::StrCat("--out ", s.message()));
+      return FailFile(err, "--out", s);
     }
     out << "caliper adapt: wrote " << *out_path << " (adapted by " << *flags->Get("server") << ")\n";
     return kExitOk;
   }
   auto calibration = ParseLightLlmCalibration(*text);
   if (!calibration.ok()) return Fail(err, absl::StrCat(*in_path, ": ", calibration.status().message()));
-  // Checked even without a model: LightLLM refuses any other range, so the output would be useless.
-  if (absl::Status s = CheckLightLlmFp8Range(*calibration); !s.ok()) {
-    return Fail(err, absl::StrCat(*in_path, ": ", s.message()));
-  }
-
-  int total_heads = 0;
-  std::optional<ModelConfig> model_config;
+  LightLlmTarget target;
   if (by_model) {
     auto config_text = ReadWholeFile(*flags->Get("model"));
-    if (!config_text.ok()) return Fail(err, absl::StrCat("--model ", config_text.status().message()));
+    if (!config_text.ok()) return FailFile(err, "--model", config_text.status());
     auto model = ParseHfConfig(*config_text);
     if (!model.ok()) {
       return Fail(err, absl::StrCat(*flags->Get("model"), ": ", model.status().message()));
     }
-    auto total = DeployedTotalKvHeads(model->num_kv_heads, static_cast<int>(**tp));
-    if (!total.ok()) return Fail(err, absl::StrCat("--tp: ", total.status().message()));
-    total_heads = *total;
-    model_config = *std::move(model);
+    target.model = *std::move(model);
+    target.tp_size = static_cast<int>(**tp);
   } else {
-    total_heads = static_cast<int>(**num_heads);
+    target.total_heads = static_cast<int>(**num_heads);
   }
-
-  auto adapted = AdaptLightLlmCalibration(*calibration, total_heads);
-  if (!adapted.ok()) return Fail(err, absl::StrCat(*in_path, ": ", adapted.status().message()));
-  // The loader's checks run on what LightLLM will read: the adapted file.
-  if (model_config.has_value()) {
-    if (absl::Status s = CheckLightLlmForModel(*adapted, *model_config, total_heads); !s.ok()) {
-      return Fail(err, absl::StrCat(*in_path, " vs ", *flags->Get("model"), ": ", s.message()));
-    }
+  auto adapted_or = AdaptLightLlmForDeployment(*calibration, target);
+  if (!adapted_or.ok()) {
+    const std::string message = InFlagTerms(adapted_or.status().message(), kTargetFlags);
+    // A target error names its flag; a file error names the file (and the model it failed).
+    if (message.rfind("--", 0) == 0) return Fail(err, message);
+    return Fail(err, absl::StrCat(*in_path, by_model ? " vs " + *flags->Get("model") : "", ": ",
+                                  message));
   }
+  const LightLlmCalibration* adapted = &adapted_or->file;
   if (absl::Status s = WriteFileAtomically(*out_path, SerializeLightLlmCalibration(*adapted));
       !s.ok()) {
-    return Fail(err, absl::StrCat("--out ", s.message()));
+    return FailFile(err, "--out", s);
   }
   out << "caliper adapt: wrote " << *out_path << " ("
       << (adapted->quant_type == KvGranularity::kPerHead ? "per_head" : "per_tensor")

@@ -62,7 +62,8 @@ constexpr absl::string_view kDescription =
     "Tensors are split along the token dimension into chunks; one stream per file, several at\n"
     "once. If the server rejects any chunk, each is reported (file, sequence, tensor, message),\n"
     "the session is left open and nothing is written, unless --allow-rejected.\n"
-    "Exit codes: 0 written, 1 the server refused (message printed), 2 usage or input error.";
+    "Exit codes: 0 written, 1 the server refused (message printed), 2 usage or input error,\n"
+    "3 I/O failure (an output file could not be written).";
 
 struct Progress {
   std::atomic<int64_t> sent{0};

@@ -38,11 +38,16 @@ constexpr absl::string_view kDescription =
     "calibration JSON (rows mapped back to the model's original heads, replicas by group max),\n"
     "a compressed-tensors or ModelOpt scale file, or a checkpoint directory holding such scale\n"
     "tensors. NVFP4 global scales convert exactly between the divisor (compressed-tensors) and\n"
-    "multiplier (ModelOpt) forms. Exit codes: 0 written, 2 usage or input error.";
+    "multiplier (ModelOpt) forms. Exit codes: 0 written, 2 usage or input error, 3 I/O failure.";
 
-int Fail(std::ostream& err, absl::string_view message) {
+int Fail(std::ostream& err, absl::string_view message, int code = kExitUsage) {
   err << "caliper convert: " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
-  return kExitUsage;
+  return code;
+}
+
+// A core or file error: exit code 3 when it is an I/O failure (core/env/env.h), else 2.
+int Fail(std::ostream& err, const absl::Status& status, absl::string_view prefix = "") {
+  return Fail(err, absl::StrCat(prefix, status.message()), ExitCodeFor(status));
 }
 
 }  // namespace
@@ -65,7 +70,7 @@ int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out,
   if (out_dir.empty()) return Fail(err, "--out DIR is required");
   if (formats.empty()) return Fail(err, "--format NAME is required");
   auto tp = flags->GetInt("tp", 1, 1 << 20);
-  if (!tp.ok()) return Fail(err, tp.status().message());
+  if (!tp.ok()) return Fail(err, tp.status());
 
   std::error_code ec;
   const bool is_dir = fs::is_directory(in, ec);
@@ -73,7 +78,7 @@ int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out,
   if (config_path.empty() && is_dir) config_path = (fs::path(in) / "config.json").string();
   if (config_path.empty()) return Fail(err, "--model CONFIG is required unless --in is a checkpoint");
   auto config_text = ReadWholeFile(config_path);
-  if (!config_text.ok()) return Fail(err, absl::StrCat("--model ", config_text.status().message()));
+  if (!config_text.ok()) return Fail(err, config_text.status(), "--model ");
   auto model = ParseHfConfig(*config_text);
   if (!model.ok()) return Fail(err, absl::StrCat(config_path, ": ", model.status().message()));
 
@@ -82,7 +87,7 @@ int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out,
   inputs.tp_size = static_cast<int>(tp->value_or(1));
   if (absl::EndsWith(in, ".json")) {
     auto text = ReadWholeFile(in);
-    if (!text.ok()) return Fail(err, absl::StrCat("--in ", text.status().message()));
+    if (!text.ok()) return Fail(err, text.status(), "--in ");
     auto calibration = ParseLightLlmCalibration(*text);
     if (!calibration.ok()) return Fail(err, absl::StrCat(in, ": ", calibration.status().message()));
     auto kv = KvScalesFromLightLlm(*calibration, *model);
@@ -92,30 +97,29 @@ int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out,
     absl::StatusOr<ImportedScales> imported;
     if (is_dir) {
       auto checkpoint = HfCheckpoint::Open(in);
-      if (!checkpoint.ok()) return Fail(err, checkpoint.status().message());
+      if (!checkpoint.ok()) return Fail(err, checkpoint.status());
       imported = ImportScalesFromCheckpoint(**checkpoint, *model);
     } else {
       auto file = SafetensorsFile::Open(in);
-      if (!file.ok()) return Fail(err, file.status().message());
+      if (!file.ok()) return Fail(err, file.status());
       imported = ImportScales(**file, *model);
     }
-    if (!imported.ok()) return Fail(err, imported.status().message());
+    if (!imported.ok()) return Fail(err, imported.status());
     inputs.kv = std::move(imported->kv);
     inputs.nvfp4 = std::move(imported->nvfp4);
   }
 
   std::vector<ScaleWarning> warnings;
   auto files = RenderOutputs(formats, inputs, &warnings);
-  if (!files.ok()) return Fail(err, files.status().message());
-  fs::create_directories(out_dir, ec);
-  if (ec) return Fail(err, absl::StrCat("--out: cannot create ", out_dir, ": ", ec.message()));
+  if (!files.ok()) return Fail(err, files.status());
+  if (absl::Status s = CliEnv()->CreateDirs(out_dir); !s.ok()) return Fail(err, s, "--out ");
   for (const ScaleWarning& warning : warnings) {
     err << "caliper convert: warning: " << warning.where << ": " << warning.message << "\n";
   }
   for (const RenderedFile& file : *files) {
     const std::string path = (fs::path(out_dir) / file.name).string();
     if (absl::Status s = WriteFileAtomically(path, file.content); !s.ok()) {
-      return Fail(err, absl::StrCat("--out ", s.message()));
+      return Fail(err, s, "--out ");
     }
     out << "wrote     " << path << " (" << file.format << ")\n";
   }

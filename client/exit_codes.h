@@ -7,6 +7,7 @@ namespace caliper::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitServer = 1;  // the server refused or failed the request
 inline constexpr int kExitUsage = 2;   // bad flags or bad input; nothing was written
+inline constexpr int kExitIo = 3;      // a file could not be read or written (disk full, ...)
 
 }  // namespace caliper::cli
 

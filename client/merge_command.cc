@@ -8,6 +8,8 @@
 #include "absl/strings/str_replace.h"
 #include "client/cli_args.h"
 #include "client/commands.h"
+#include "client/file_io.h"
+#include "client/flag_terms.h"
 #include "core/formats/checkpoint_merge.h"
 
 namespace caliper::cli {
@@ -31,11 +33,11 @@ constexpr absl::string_view kDescription =
     "filesystem; no copy, and the new directory survives deletion of the old one) or else\n"
     "symlinked by absolute path. Refuses scale tensors the checkpoint already holds, and NVFP4\n"
     "global scales beside unquantized weights (use --kv-only).\n"
-    "Exit codes: 0 written, 2 usage or input error (nothing written).";
+    "Exit codes: 0 written, 2 usage or input error (nothing written), 3 I/O failure.";
 
-int Fail(std::ostream& err, absl::string_view message) {
+int Fail(std::ostream& err, absl::string_view message, int code = kExitUsage) {
   err << "caliper merge: " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
-  return kExitUsage;
+  return code;
 }
 
 }  // namespace
@@ -60,8 +62,16 @@ int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std
     *field = *value;
   }
   options.kv_only = flags->Has("kv-only");
+  options.env = CliEnv();
   absl::StatusOr<MergeReport> report = MergeScalesIntoCheckpoint(options);
-  if (!report.ok()) return Fail(err, report.status().message());
+  if (!report.ok()) {
+    const FieldFlags flag_names = {{"checkpoint_dir", "--checkpoint"},
+                                   {"scales_path", "--scales"},
+                                   {"out_dir", "--out"},
+                                   {"kv_only", "--kv-only"}};
+    return Fail(err, InFlagTerms(report.status().message(), flag_names),
+                ExitCodeFor(report.status()));
+  }
   for (const ScaleWarning& warning : report->warnings) {
     err << "caliper merge: warning: " << warning.where << ": " << warning.message << "\n";
   }

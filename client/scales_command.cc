@@ -27,7 +27,7 @@ constexpr absl::string_view kDescription =
     "files as `caliper calibrate`: kv_cache_calib.json (LightLLM, full rows for the deployment's\n"
     "total KV heads; with T above the model's KV heads, heads are replicated) and scales.json.\n"
     "Exit codes: 0 written, 1 the server refused (e.g. session not finalized, head counts that\n"
-    "do not divide), 2 usage error.";
+    "do not divide), 2 usage error, 3 I/O failure (an output file could not be written).";
 
 int UsageError(std::ostream& err, absl::string_view message) {
   err << "caliper scales: " << message << " (see caliper scales --help)\n";

@@ -236,7 +236,7 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(
     ++rejected_chunks_;
     return absl::ResourceExhaustedError(absl::StrCat(
         "chunk.module: \"", chunk.module, "\" would be module ", modules_.size() + 1,
-        " of this session, over the server's --max_modules_per_session=", max_modules_));
+        " of this session, over its limit (max_modules_per_session=", max_modules_, ")"));
   }
   switch (chunk.kind) {
     case ChunkKind::kKey:

@@ -190,7 +190,7 @@ class CalibrationSession {
   int64_t created_unix_ms() const { return created_unix_ms_; }
 
   // Bounds the distinct modules a session tracks (0: unbounded); a chunk naming one more module
-  // is rejected with ResourceExhausted naming --max_modules_per_session. Layers are bounded by
+  // is rejected with ResourceExhausted naming max_modules_per_session. Layers are bounded by
   // the model. Set before the session is shared.
   void set_max_modules(int max_modules) { max_modules_ = max_modules; }
 
