@@ -1,7 +1,5 @@
 #include "client/file_io.h"
 
-#include "client/exit_codes.h"
-
 namespace caliper::cli {
 namespace {
 
@@ -20,11 +18,6 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   return caliper::WriteFileAtomically(path, contents, CliEnv());
-}
-
-int ExitCodeFor(const absl::Status& status) {
-  if (IsIoError(status) && !absl::IsNotFound(status)) return kExitIo;
-  return kExitUsage;
 }
 
 }  // namespace caliper::cli

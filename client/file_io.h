@@ -1,6 +1,7 @@
 // Whole-file reads and atomic writes for the CLI, through one core Env (core/env/env.h): an
 // output file either appears complete or not at all, and a test can swap the Env to inject a
-// failure into any command. I/O failures keep their mark, so ExitCodeFor tells them apart.
+// failure into any command. I/O failures keep their mark, so ExitCodeFor (client/command.h)
+// tells them apart.
 #ifndef CALIPER_CLIENT_FILE_IO_H_
 #define CALIPER_CLIENT_FILE_IO_H_
 
@@ -33,10 +34,6 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 // caliper::WriteFileAtomically through CliEnv(): temp beside `path`, fsync, rename, dir fsync.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
-
-// kExitIo for an I/O failure (disk full, permission, device error), kExitUsage for anything
-// else, including a missing file or directory (a path the user got wrong).
-int ExitCodeFor(const absl::Status& status);
 
 }  // namespace caliper::cli
 

@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "absl/strings/cord.h"
+
 namespace caliper::cli {
 namespace {
 
@@ -34,6 +36,14 @@ std::string InFlagTerms(absl::string_view message, const FieldFlags& names) {
     }
     if (!replaced) out += message[i++];
   }
+  return out;
+}
+
+absl::Status InFlagTerms(const absl::Status& status, const FieldFlags& names) {
+  if (status.ok()) return status;
+  absl::Status out(status.code(), InFlagTerms(status.message(), names));
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 

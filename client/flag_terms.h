@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace caliper::cli {
@@ -15,6 +16,8 @@ using FieldFlags = std::vector<std::pair<std::string, std::string>>;  // {field,
 
 // A word touching '/', '.', '-' or another word character is left alone (paths, dotted fields).
 std::string InFlagTerms(absl::string_view message, const FieldFlags& names);
+// The same on a status' message; code and payloads (the I/O mark) are kept.
+absl::Status InFlagTerms(const absl::Status& status, const FieldFlags& names);
 
 }  // namespace caliper::cli
 

@@ -240,7 +240,7 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
         ParseLightLlmCalibration(request->lightllm_json());
     if (!calibration.ok()) return Prefixed("lightllm_json: ", calibration.status());
     LightLlmTarget target;
-    target.total_heads = request->total_heads();
+    target.total_kv_heads = request->total_kv_heads();
     target.tp_size = request->tp_size();
     if (request->has_model()) {
       absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
@@ -250,7 +250,7 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
     absl::StatusOr<AdaptedLightLlm> adapted = AdaptLightLlmForDeployment(*calibration, target);
     if (!adapted.ok()) return adapted.status();
     response->set_lightllm_json(SerializeLightLlmCalibration(adapted->file));
-    response->set_total_heads(adapted->total_heads);
+    response->set_total_kv_heads(adapted->total_kv_heads);
     return absl::OkStatus();
   };
   return FinishUnary(context, "Adapt", "", start, adapt());

@@ -12,11 +12,11 @@ absl::StatusOr<AdaptedLightLlm> AdaptLightLlmForDeployment(const LightLlmCalibra
                                                            const LightLlmTarget& target) {
   // Checked even without a model: LightLLM refuses any other range, so the output would be useless.
   if (absl::Status s = CheckLightLlmFp8Range(calibration); !s.ok()) return s;
-  if (target.total_heads < 0 || target.tp_size < 0) {
+  if (target.total_kv_heads < 0 || target.tp_size < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(target.total_heads < 0 ? "total_heads" : "tp_size", ": must not be negative"));
+        absl::StrCat(target.total_kv_heads < 0 ? "total_kv_heads" : "tp_size", ": must not be negative"));
   }
-  int total = target.total_heads;
+  int total = target.total_kv_heads;
   if (target.model.has_value()) {
     const int tp = target.tp_size > 0 ? target.tp_size : 1;
     absl::StatusOr<int> deployed = DeployedTotalKvHeads(target.model->num_kv_heads, tp);
@@ -25,7 +25,7 @@ absl::StatusOr<AdaptedLightLlm> AdaptLightLlmForDeployment(const LightLlmCalibra
     }
     if (total > 0 && target.tp_size > 0 && total != *deployed) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "total_heads: ", total, " disagrees with tp_size ", tp, ", which deploys ", *deployed,
+          "total_kv_heads: ", total, " disagrees with tp_size ", tp, ", which deploys ", *deployed,
           " total KV heads of this model"));
     }
     if (total <= 0) total = *deployed;
@@ -34,7 +34,7 @@ absl::StatusOr<AdaptedLightLlm> AdaptLightLlmForDeployment(const LightLlmCalibra
     }
   }
   if (total <= 0) {
-    return absl::InvalidArgumentError("total_heads: required (or a model and tp_size)");
+    return absl::InvalidArgumentError("total_kv_heads: required (or a model and tp_size)");
   }
   absl::StatusOr<LightLlmCalibration> adapted = AdaptLightLlmCalibration(calibration, total);
   if (!adapted.ok()) return adapted.status();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "client/commands.h"
+#include "client/command.h"
 #include "client/exit_codes.h"
 #include "client/flag_terms.h"
 #include "gmock/gmock.h"
@@ -52,7 +53,7 @@ TEST(CliFileIoTest, AdaptReportsAFullDiskAsAnIoFailureAndKeepsTheOldOutput) {
       testing::LightLlmFixturePath("test_kv_cache_calib_per_head_qwen3_235b.json");
   const std::string out = dir.File("out.json");
   testing_util::SpitFile(out, "previous");
-  const std::vector<std::string> args = {"--in", in, "--out", out, "--num-heads", "4"};
+  const std::vector<std::string> args = {"--in", in, "--out", out, "--total-kv-heads", "4"};
   {
     FaultInjectionEnv env;
     env.fail_append = true;
@@ -70,7 +71,7 @@ TEST(CliFileIoTest, AdaptReportsAFullDiskAsAnIoFailureAndKeepsTheOldOutput) {
     EXPECT_EQ(RunCommand(RunAdaptCommand, args).code, kExitIo);
   }
   Result missing = RunCommand(RunAdaptCommand, {"--in", dir.File("absent.json"), "--out", out,
-                                         "--num-heads", "4"});
+                                         "--total-kv-heads", "4"});
   EXPECT_EQ(missing.code, kExitUsage);
   EXPECT_THAT(missing.err, HasSubstr("cannot open"));
   Result ok = RunCommand(RunAdaptCommand, args);  // the real Env
