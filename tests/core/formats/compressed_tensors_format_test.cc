@@ -31,7 +31,8 @@ TEST(CompressedTensorsTest, LlamaPerHeadNamesShapesAndValues) {
   ASSERT_NE(file, nullptr);
   // 2 layers x (k, v) + 7 modules x (weight, input).
   EXPECT_EQ(file->tensors().size(), 4u + 14u);
-  EXPECT_EQ(Shape(*file, "model.layers.0.self_attn.k_scale"), (std::vector<int64_t>{2}));
+  // llm-compressor's per-head shape.
+  EXPECT_EQ(Shape(*file, "model.layers.0.self_attn.k_scale"), (std::vector<int64_t>{2, 1, 1}));
   EXPECT_THAT(Values(*file, "model.layers.1.self_attn.k_scale"), ElementsAre(0.2f, 0.4f));
   EXPECT_THAT(Values(*file, "model.layers.1.self_attn.v_scale"), ElementsAre(0.4f, 0.8f));
   // Fused q/k/v share 2688 / max(2, 4, 1) = 672; inputs stay per module (CT shares weights only).
@@ -77,7 +78,7 @@ TEST(CompressedTensorsTest, PerTensorIsScalarAndWeightsOnlyIsNvfp4A16) {
   std::vector<ScaleWarning> warnings;
   auto file = Parse(*CompressedTensorsScalesFile(in, &warnings));
   ASSERT_NE(file, nullptr);
-  EXPECT_TRUE(Shape(*file, "model.layers.0.self_attn.v_scale").empty());
+  EXPECT_EQ(Shape(*file, "model.layers.0.self_attn.v_scale"), (std::vector<int64_t>{1}));
   EXPECT_THAT(Values(*file, "model.layers.0.self_attn.v_scale"), ElementsAre(0.4f));
   EXPECT_EQ(file->Find("model.layers.0.self_attn.q_proj.input_global_scale"), nullptr);
   json config = json::parse(CompressedTensorsQuantizationConfig(in));
@@ -130,7 +131,7 @@ TEST(Qwen3MoeTest, ExpertGateUpAndW1W3ShareScalesAndRoutersAreIgnored) {
   std::vector<ScaleWarning> warnings;
   auto ct = Parse(*CompressedTensorsScalesFile(in, &warnings));
   ASSERT_NE(ct, nullptr);
-  EXPECT_EQ(Shape(*ct, "model.layers.0.self_attn.k_scale"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(Shape(*ct, "model.layers.0.self_attn.k_scale"), (std::vector<int64_t>{4, 1, 1}));
   for (int e = 0; e < 2; ++e) {
     const std::string expert = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
     const float shared = 2688.0f / (10.0f + e);
@@ -142,7 +143,10 @@ TEST(Qwen3MoeTest, ExpertGateUpAndW1W3ShareScalesAndRoutersAreIgnored) {
     EXPECT_THAT(Values(*ct, mixtral + "w3.weight_global_scale"), ElementsAre(336.0f));
   }
   json config = json::parse(CompressedTensorsQuantizationConfig(in));
-  EXPECT_EQ(config["ignore"], json({"lm_head", "re:.*mlp.gate$"}));
+  EXPECT_EQ(config["ignore"], json({"lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"}));
+  EXPECT_EQ(config["version"], "0.19.0");
+  EXPECT_EQ(config["config_groups"]["group_0"]["weights"]["scale_dtype"], "torch.float8_e4m3fn");
+  EXPECT_EQ(config["config_groups"]["group_0"]["weights"]["observer"], "memoryless_minmax");
   auto mo = Parse(*ModelOptScalesFile(in, &warnings));
   ASSERT_NE(mo, nullptr);
   EXPECT_THAT(Values(*mo, "model.layers.0.mlp.experts.1.gate_proj.input_scale"),
@@ -150,7 +154,7 @@ TEST(Qwen3MoeTest, ExpertGateUpAndW1W3ShareScalesAndRoutersAreIgnored) {
   EXPECT_THAT(Values(*mo, "model.layers.0.mlp.experts.1.up_proj.input_scale"),
               ElementsAre(static_cast<float>(1.0 / static_cast<double>(2688.0f / 4.0f))));
   EXPECT_EQ(json::parse(ModelOptHfQuantConfig(in))["quantization"]["exclude_modules"],
-            json({"lm_head", "*mlp.gate"}));
+            json({"lm_head", "*mlp.gate", "*block_sparse_moe.gate"}));
 }
 
 }  // namespace
