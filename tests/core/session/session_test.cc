@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/session_test_util.h"
 
 namespace caliper {
 namespace {
@@ -20,25 +21,8 @@ constexpr int kHeads = 4;
 constexpr int kHeadDim = 8;
 constexpr int kTokens = 5;
 
-ModelConfig TinyModel() {
-  ModelConfig m;
-  m.architecture = "LlamaForCausalLM";
-  m.model_type = "llama";
-  m.num_layers = kLayers;
-  m.num_attention_heads = 8;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kHeadDim;
-  m.hidden_size = 64;
-  return m;
-}
-
-Recipe AllOn() {
-  Recipe r;
-  r.kv = KvMode::kPerHead;
-  r.nvfp4_weights = true;
-  r.nvfp4_activations = true;
-  return r;
-}
+ModelConfig TinyModel() { return testing::LlamaTestModel(kLayers, kHeads, kHeadDim, 8); }
+Recipe AllOn() { return testing::AllOnRecipe(); }
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
