@@ -19,6 +19,7 @@
 
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
+#include "core/session/limits.h"
 #include "core/session/session.h"
 #include "core/state/session_store.h"
 #include "proto/caliper.grpc.pb.h"
@@ -33,8 +34,8 @@ struct ServiceOptions {
   int max_errors_per_stream = 64;                  // ObserveSummary.errors cap
   // Null: one anonymous tenant (""). Else every call is tenant-scoped by its bearer token.
   std::shared_ptr<const TokenAuthenticator> authenticator;
-  SessionLimits limits;
-  int max_concurrent_streams = 0;                  // Observe streams open at once; 0: unbounded
+  Limits limits;                                   // core/session/limits.h
+  int max_concurrent_streams = 1024;               // Observe streams open at once
   absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
   // --state_dir: acknowledgements (stream ends, CreateSession, Finalize, Resume) wait for it.
   SessionPersister* persister = nullptr;

@@ -30,12 +30,12 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
         absl::StrCat("--max_message_bytes: must be in (0, 2 GiB - 1 MiB), got ",
                      options.max_message_bytes));
   }
-  if (options.max_concurrent_streams < 0 || options.limits.max_sessions_per_tenant < 0 ||
-      options.limits.max_modules_per_session < 0 ||
-      options.stream_idle_timeout < absl::ZeroDuration()) {
+  if (options.max_concurrent_streams < 0 || options.stream_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "--max_concurrent_streams, --max_sessions_per_tenant, --max_modules_per_session and "
-        "--stream_idle_timeout must not be negative (0: unbounded)");
+        "--max_concurrent_streams and --stream_idle_timeout must not be negative (0: unbounded)");
+  }
+  if (absl::Status s = ValidateLimits(options.limits); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       BuildServerCredentials(options.security, options.authenticator);

@@ -29,8 +29,8 @@ struct ServerOptions {
   SecurityOptions security;  // TLS / mTLS files; none: plaintext
   // Null: one anonymous tenant. With tokens, TLS is required unless allow_plaintext_tokens.
   std::shared_ptr<const TokenAuthenticator> authenticator;
-  SessionLimits limits;
-  int max_concurrent_streams = 0;
+  Limits limits;  // what one request, stream or state file may ask for
+  int max_concurrent_streams = 1024;
   absl::Duration stream_idle_timeout = absl::ZeroDuration();
   // Durable sessions: one state file per session here, restored at start-up; empty: in memory.
   std::string state_dir;

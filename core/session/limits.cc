@@ -47,7 +47,6 @@ absl::Status ValidateLimits(const Limits& limits) {
       {"max_fused_groups_bytes", static_cast<int64_t>(limits.max_fused_groups_bytes)},
       {"max_lightllm_json_bytes", static_cast<int64_t>(limits.max_lightllm_json_bytes)},
       {"max_sessions", limits.max_sessions},
-      {"max_concurrent_streams", limits.max_concurrent_streams},
   };
   for (const Field& field : fields) {
     if (field.value <= 0) {

@@ -46,7 +46,6 @@ struct Limits {
   // Server-wide.
   int max_sessions = 1024;
   int max_sessions_per_tenant = 0;  // 0: only max_sessions applies
-  int max_concurrent_streams = 1024;
 };
 
 // Longest session id accepted in a request (ids are 32 hex digits).

@@ -107,6 +107,7 @@ struct SessionSnapshot {
   std::string bytes;            // self-describing: Restore() rebuilds the session from it
   ProducerSequences producers;  // ledger counts the bytes cover
   uint64_t version = 0;         // ChangeCount() when taken
+  bool finalized = false;       // the bytes hold a finalized session
 };
 
 struct LayerProgressInfo {
@@ -172,6 +173,9 @@ class CalibrationSession {
   SessionSnapshot Snapshot() const;
   void MarkDurable(const SessionSnapshot& written);
   uint64_t DurableChangeCount() const;
+  // Finalized, and a durable snapshot says so (restored finalized, or MarkDurable of a snapshot
+  // taken after Finalize): scales are served only then when state is persisted.
+  bool FinalizationDurable() const;
   // Where a producer resumes when acknowledgements wait for durability: after its last durable
   // sequence (later ones it sent are re-sent and counted as duplicates).
   uint64_t DurableResumeFrom(absl::string_view producer_id) const {
@@ -240,6 +244,7 @@ class CalibrationSession {
   int64_t duplicate_chunks_ = 0;
   ProducerLedger ledger_;  // Accept runs under mu_ with the fold it guards
   uint64_t durable_change_count_ = 0;
+  bool durable_finalized_ = false;
   // Set by Finalize.
   std::optional<KvScales> final_kv_;
   std::map<std::string, ModuleAmax> final_amax_;

@@ -153,6 +153,12 @@ void CalibrationSession::MarkDurable(const SessionSnapshot& written) {
   std::lock_guard<std::mutex> lock(mu_);
   ledger_.MarkDurable(written.producers);
   durable_change_count_ = std::max(durable_change_count_, written.version);
+  durable_finalized_ = durable_finalized_ || written.finalized;
+}
+
+bool CalibrationSession::FinalizationDurable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == SessionState::kFinalized && durable_finalized_;
 }
 
 SessionSnapshot CalibrationSession::Snapshot() const {
@@ -184,6 +190,7 @@ SessionSnapshot CalibrationSession::Snapshot() const {
   snapshot.producers = ledger_.Snapshot();
   out.PutProducerSequences(snapshot.producers);
   snapshot.version = ChangeCountLocked();
+  snapshot.finalized = state_ == SessionState::kFinalized;
   snapshot.bytes = out.Release();
   return snapshot;
 }
@@ -288,6 +295,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
     if (absl::Status f = s.Finalize(); !f.ok()) return f;
   }
   s.durable_change_count_ = s.ChangeCountLocked();
+  s.durable_finalized_ = *finalized == 1;
   return session;
 }
 
