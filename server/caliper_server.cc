@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
@@ -77,7 +78,13 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   // Throughput for large chunks (shared/perf-notes.md): big frames, a deep flow-control window
   // (bounded, since it is buffered per stream) and no BDP probing.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             static_cast<int>(options.stream_lookahead_bytes));
+  grpc::ResourceQuota quota("caliper-inflight");
+  if (options.max_inflight_bytes > 0) {
+    quota.Resize(static_cast<size_t>(options.max_inflight_bytes));
+    builder.SetResourceQuota(quota);
+  }
   builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 64 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   server->server_ = builder.BuildAndStart();

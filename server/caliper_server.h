@@ -25,6 +25,10 @@ struct ServerOptions {
   std::string listen = "0.0.0.0:50051";        // HOST:PORT; port 0 picks a free one
   std::string metrics_listen = "0.0.0.0:9464";  // HOST:PORT; empty disables /metrics
   int64_t max_message_bytes = int64_t{64} << 20;
+  // gRPC's memory quota: bytes the transport may hold for requests in flight (all streams and
+  // connections together); 0: no quota.
+  int64_t max_inflight_bytes = 0;
+  int64_t stream_lookahead_bytes = int64_t{64} << 20;
   int max_errors_per_stream = 64;
   SecurityOptions security;  // TLS / mTLS files; none: plaintext
   // Null: one anonymous tenant. With tokens, TLS is required unless allow_plaintext_tokens.
