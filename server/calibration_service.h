@@ -20,7 +20,9 @@
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/session/limits.h"
+#include "server/inflight_budget.h"
 #include "core/session/session.h"
+#include "core/session/session_registry.h"
 #include "core/state/session_store.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
@@ -35,6 +37,11 @@ struct ServiceOptions {
   // Null: one anonymous tenant (""). Else every call is tenant-scoped by its bearer token.
   std::shared_ptr<const TokenAuthenticator> authenticator;
   Limits limits;                                   // core/session/limits.h
+  // Observe reads wait for room here (server/inflight_budget.h); null: unbounded.
+  InflightBudget* inflight = nullptr;
+  // HTTP/2 window of every stream before the server reads (the budget then opens it per read):
+  // small, since gRPC buffers it for every open stream whatever the budget says.
+  int64_t stream_lookahead_bytes = int64_t{1} << 20;
   int max_concurrent_streams = 1024;               // Observe streams open at once
   absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
   // --state_dir: acknowledgements (stream ends, CreateSession, Finalize, Resume) wait for it.

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/session/session.h"
+#include "core/session/session_registry.h"
 #include "core/state/session_store.h"
 #include "server/calibration_service.h"
 #include "server/event_log.h"
@@ -24,18 +25,15 @@ namespace caliper {
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";        // HOST:PORT; port 0 picks a free one
   std::string metrics_listen = "0.0.0.0:9464";  // HOST:PORT; empty disables /metrics
-  int64_t max_message_bytes = int64_t{64} << 20;
-  // gRPC's memory quota: bytes the transport may hold for requests in flight (all streams and
-  // connections together); 0: no quota.
-  int64_t max_inflight_bytes = 0;
-  int64_t stream_lookahead_bytes = int64_t{64} << 20;
-  int max_errors_per_stream = 64;
   SecurityOptions security;  // TLS / mTLS files; none: plaintext
-  // Null: one anonymous tenant. With tokens, TLS is required unless allow_plaintext_tokens.
-  std::shared_ptr<const TokenAuthenticator> authenticator;
-  Limits limits;  // what one request, stream or state file may ask for
-  int max_concurrent_streams = 1024;
-  absl::Duration stream_idle_timeout = absl::ZeroDuration();
+  // Limits, tenants and streams. With service.authenticator (tokens), TLS is required unless
+  // security.allow_plaintext_tokens. service.persister is the server's own (from state_dir).
+  ServiceOptions service;
+  // Bytes of requests in flight across all streams and connections: gRPC's resource quota (a
+  // hard cap: past it gRPC resets streams with RESOURCE_EXHAUSTED) and, half of it, the budget
+  // Observe reads wait for (server/inflight_budget.h). Default: a quarter of the base pod's 4Gi
+  // memory limit. 0: neither (unbounded).
+  int64_t max_inflight_bytes = int64_t{1} << 30;
   // Durable sessions: one state file per session here, restored at start-up; empty: in memory.
   std::string state_dir;
   absl::Duration state_flush_interval = absl::Seconds(1);  // upper bound between writes
@@ -75,6 +73,7 @@ class CaliperServer {
   std::unique_ptr<SessionStore> store_;          // with --state_dir
   std::unique_ptr<SessionPersister> persister_;  // with --state_dir; stopped after the server
   std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<InflightBudget> inflight_;  // with max_inflight_bytes
   std::unique_ptr<CalibrationService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -28,8 +28,12 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
 ABSL_FLAG(std::string, device, "auto", "Reduction backend: auto, cpu or cuda");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest tensor chunk accepted; larger ones end the stream with RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_inflight_bytes, 0, "experiment");
-ABSL_FLAG(int64_t, stream_lookahead_bytes, int64_t{64} << 20, "experiment");
+ABSL_FLAG(int64_t, max_inflight_bytes, caliper::ServerOptions().max_inflight_bytes,
+          "Bytes of requests gRPC may hold across all streams and connections (its resource "
+          "quota; past it streams are reset with RESOURCE_EXHAUSTED); Observe reads wait while "
+          "half of it is taken. About a quarter of the pod's memory limit; 0: unbounded");
+ABSL_FLAG(int64_t, stream_lookahead_bytes, caliper::ServiceOptions().stream_lookahead_bytes,
+          "HTTP/2 window per Observe stream (bytes a client may send ahead of the server)");
 // Limits (core/session/limits.h has the defaults and why).
 ABSL_FLAG(int, max_layers, caliper::ModelLimits().max_layers, "Most layers a model may declare");
 ABSL_FLAG(int, max_attention_heads, caliper::ModelLimits().max_attention_heads,
@@ -142,9 +146,9 @@ int main(int argc, char** argv) {
   caliper::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
-  options.stream_lookahead_bytes = absl::GetFlag(FLAGS_stream_lookahead_bytes);
+  options.service.stream_lookahead_bytes = absl::GetFlag(FLAGS_stream_lookahead_bytes);
   options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.security.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -157,10 +161,10 @@ int main(int argc, char** argv) {
               {{"flag", "--tokens_file"}, {"message", std::string(tokens.status().message())}});
       return 1;
     }
-    options.authenticator =
+    options.service.authenticator =
         std::make_shared<const caliper::TokenAuthenticator>(*std::move(tokens));
   }
-  caliper::Limits& limits = options.limits;
+  caliper::Limits& limits = options.service.limits;
   limits.model.max_layers = absl::GetFlag(FLAGS_max_layers);
   limits.model.max_attention_heads = absl::GetFlag(FLAGS_max_attention_heads);
   limits.model.max_kv_heads = absl::GetFlag(FLAGS_max_kv_heads);
@@ -181,8 +185,8 @@ int main(int argc, char** argv) {
   limits.max_lightllm_json_bytes = ByteFlag(absl::GetFlag(FLAGS_max_lightllm_json_bytes));
   limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
-  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
-  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.state_flush_interval = absl::GetFlag(FLAGS_state_flush_interval);
   absl::StatusOr<std::unique_ptr<caliper::CaliperServer>> server =
@@ -203,11 +207,11 @@ int main(int argc, char** argv) {
           {{"listen", (*server)->address()},
            {"metrics", metrics},
            {"backend", std::string((*server)->backend_name())},
-           {"max_message_bytes", absl::StrCat(options.max_message_bytes)},
+           {"max_message_bytes", absl::StrCat(options.service.max_message_bytes)},
            {"tls", options.security.tls_cert.empty()
                        ? "off"
                        : (options.security.tls_client_ca.empty() ? "tls" : "mtls")},
-           {"tenants", options.authenticator ? "tokens" : "anonymous"},
+           {"tenants", options.service.authenticator ? "tokens" : "anonymous"},
            {"state_dir", options.state_dir.empty() ? "none (in memory)" : options.state_dir}});
 
   int signal_number = 0;

@@ -1,4 +1,4 @@
-// Exactly-once bookkeeping for producer streams (issue 7). A producer numbers its chunks
+// Exactly-once bookkeeping for producer streams (docs/durability.md). A producer numbers its chunks
 // 1, 2, 3, ... (0 is "unnumbered" and refused). Per producer the ledger keeps N, the highest
 // sequence such that 1..N were all accepted, and classifies an incoming sequence s:
 //   s <= N      kDuplicate: re-sent after a reconnect; acknowledge it, count it nowhere.
@@ -42,7 +42,10 @@ class ProducerLedger {
 
   // Registers a new stream for `producer_id` and fences any earlier one.
   // InvalidArgument for an empty id.
-  absl::StatusOr<Stream> OpenStream(absl::string_view producer_id);
+  // A producer beyond `max_producers` known ones is ResourceExhausted naming
+  // max_producers_per_session.
+  absl::StatusOr<Stream> OpenStream(absl::string_view producer_id,
+                                    size_t max_producers = SIZE_MAX);
 
   // Classifies `sequence` on `stream` (the stream rule plus the producer rule above).
   // Aborted when a newer stream of the same producer was opened.

@@ -1,6 +1,6 @@
-// Durable sessions (issue 7): one state file per session in a directory (SessionStore) and a
-// background flusher (SessionPersister) that writes changed sessions at a bounded interval and
-// tells callers when what they were acknowledging is on disk.
+// Durable sessions (docs/durability.md): one state file per session in a directory (SessionStore)
+// and a background flusher (SessionPersister) that writes changed sessions at a bounded interval
+// and tells callers when what they were acknowledging is on disk.
 #ifndef CALIPER_CORE_STATE_SESSION_STORE_H_
 #define CALIPER_CORE_STATE_SESSION_STORE_H_
 
@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/session/session.h"
+#include "core/session/session_registry.h"
 #include "core/state/state_file.h"
 
 namespace caliper {
@@ -38,7 +39,9 @@ class SessionStore {
     // a file is renamed to "<name>.corrupt": kept for inspection, never loaded as numbers.
     std::vector<absl::Status> errors;
   };
-  Loaded LoadAll();
+  // Each file is restored under `limits`; one that exceeds them (or runs out of memory) is set
+  // aside like a corrupt one.
+  Loaded LoadAll(const Limits& limits = Limits());
 
   absl::Status Write(absl::string_view id, absl::string_view payload);
   absl::Status Remove(absl::string_view id);  // OK when there is no file
