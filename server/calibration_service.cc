@@ -294,12 +294,12 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
       }
     }
     if (total <= 0) {
-      return absl::InvalidArgumentError("total_heads: required (or model and tp_size)");
+      return absl::InvalidArgumentError("total_kv_heads: required (or model and tp_size)");
     }
     absl::StatusOr<LightLlmCalibration> adapted = AdaptLightLlmCalibration(args->calibration, total);
     if (!adapted.ok()) return adapted.status();
     response->set_lightllm_json(SerializeLightLlmCalibration(*adapted));
-    response->set_total_heads(total);
+    response->set_total_kv_heads(total);
     return absl::OkStatus();
   });
   return FinishUnary(context, "Adapt", "", start, status);

@@ -254,7 +254,7 @@ absl::StatusOr<AdaptArgs> AdaptFromProto(const v1::AdaptRequest& proto, const Li
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckLimit("total_heads", proto.total_heads(), "max_total_kv_heads",
+  if (absl::Status s = CheckLimit("total_kv_heads", proto.total_kv_heads(), "max_total_kv_heads",
                                   limits.max_total_kv_heads);
       !s.ok()) {
     return s;
@@ -290,7 +290,7 @@ absl::StatusOr<AdaptArgs> AdaptFromProto(const v1::AdaptRequest& proto, const Li
     if (!model.ok()) return model.status();
     args.model = *std::move(model);
   }
-  args.total_heads = proto.total_heads();
+  args.total_heads = proto.total_kv_heads();
   args.tp_size = proto.tp_size();
   return args;
 }

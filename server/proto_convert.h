@@ -50,7 +50,7 @@ absl::StatusOr<std::vector<std::string>> FormatsFromProto(
     const Limits& limits = Limits());
 
 // An AdaptRequest, parsed and bounded: the file within max_lightllm_json_bytes, its num_layers
-// within max_layers and num_head, total_heads within max_total_kv_heads, tp_size within
+// within max_layers and num_head, total_kv_heads within max_total_kv_heads, tp_size within
 // max_tp_size (the adapted file has num_layers x 2 x total_heads entries).
 struct AdaptArgs {
   LightLlmCalibration calibration;
