@@ -249,7 +249,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       if (absl::Status s = CheckString("chunk.session_id", chunk_.session_id(),
                                        "session_id_bytes", kMaxSessionIdBytes);
           !s.ok()) {
-        service_->metrics_->ChunkRejected(s);
+        service_->metrics_->ChunkRejected(s, chunk_.kind());
         return s;
       }
       absl::StatusOr<std::shared_ptr<CalibrationSession>> session =

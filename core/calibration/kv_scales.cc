@@ -96,9 +96,9 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
   return out;
 }
 
-float CompressedTensorsKvScale(float absmax, float fallback) {
-  if (!std::isfinite(absmax)) return fallback;
-  return std::max(absmax / Fp8Max(Fp8Flavor::kE4M3FN), kFloat32Eps);
+float CompressedTensorsKvScale(float absmax, float scale) {
+  if (!std::isfinite(absmax)) return scale;
+  return absmax / Fp8Max(Fp8Flavor::kE4M3FN) < kFloat32Eps ? kFloat32Eps : scale;
 }
 
 absl::StatusOr<int> DeployedTotalKvHeads(int num_kv_heads, int tp_size) {

@@ -39,9 +39,10 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
 // torch.finfo(torch.float32).eps: compressed-tensors clamps every FP8 scale to at least this.
 inline constexpr float kFloat32Eps = 1.1920929e-07f;
 
-// One e4m3fn checkpoint scale in compressed-tensors' convention: max(absmax / 448, eps), so a
-// zero or tiny absmax gives eps (what llm-compressor writes); a non-finite one keeps `fallback`.
-float CompressedTensorsKvScale(float absmax, float fallback);
+// One e4m3fn checkpoint scale in compressed-tensors' convention: eps where absmax / 448 is below
+// it (a zero or tiny absmax: what llm-compressor writes), else `scale` (the e4m3fn scale as
+// computed; also kept for a non-finite absmax, whose warned fallback it is).
+float CompressedTensorsKvScale(float absmax, float scale);
 
 // Total KV heads a deployment counts across ranks: T * max(H / T, 1).
 absl::StatusOr<int> DeployedTotalKvHeads(int num_kv_heads, int tp_size);

@@ -35,14 +35,11 @@ absl::StatusOr<int64_t> PositiveInt(const json* value, const char* key) {
   return value->get<int64_t>();
 }
 
-}  // namespace
-
-absl::StatusOr<ModelConfig> ModelFromFields(const ModelFields& fields, ModelFieldNames names,
-                                            absl::string_view prefix, const ModelLimits& limits) {
-  const bool json_names = names == ModelFieldNames::kConfigJson;
+// ModelFromFields without the prefix on config.json errors (ModelFromFields adds it).
+absl::StatusOr<ModelConfig> BuildModel(const ModelFields& fields, bool json_names,
+                                       absl::string_view prefix, const ModelLimits& limits) {
   auto name = [&](const char* model_name, const char* json_key) {
-    return json_names ? absl::StrCat(prefix, "\"", json_key, "\"")
-                      : absl::StrCat(prefix, model_name);
+    return json_names ? absl::StrCat("\"", json_key, "\"") : absl::StrCat(prefix, model_name);
   };
   const std::string layers = name("num_layers", "num_hidden_layers");
   const std::string heads = name("num_attention_heads", "num_attention_heads");
@@ -75,10 +72,13 @@ absl::StatusOr<ModelConfig> ModelFromFields(const ModelFields& fields, ModelFiel
       {&hidden, fields.hidden_size, false, "max_hidden_size", limits.max_hidden_size},
   };
   for (const Count& count : counts) {
-    if (count.value < 0 || (count.required && count.value == 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          *count.field, count.value == 0 ? ": missing (must be positive)" : ": must be positive, got ",
-          count.value == 0 ? "" : absl::StrCat(count.value)));
+    if (count.required && count.value == 0) {
+      return absl::InvalidArgumentError(json_names ? absl::StrCat("missing key ", *count.field)
+                                                   : absl::StrCat(*count.field, ": required"));
+    }
+    if (count.value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(*count.field, ": must be positive, got ", count.value));
     }
     if (absl::Status s = CheckLimit(*count.field, count.value, count.limit_name, count.limit);
         !s.ok()) {
@@ -120,6 +120,16 @@ absl::StatusOr<ModelConfig> ModelFromFields(const ModelFields& fields, ModelFiel
                                                    config.num_attention_heads));
   }
   return config;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelFromFields(const ModelFields& fields, ModelFieldNames names,
+                                            absl::string_view prefix, const ModelLimits& limits) {
+  const bool json_names = names == ModelFieldNames::kConfigJson;
+  absl::StatusOr<ModelConfig> model = BuildModel(fields, json_names, prefix, limits);
+  if (model.ok() || !json_names) return model;
+  return absl::Status(model.status().code(), absl::StrCat(prefix, model.status().message()));
 }
 
 absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, const ModelLimits& limits) {

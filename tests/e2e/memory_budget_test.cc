@@ -5,6 +5,7 @@
 // the budget plus a fixed overhead, and it must answer every call (no OOM, no crash).
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -184,6 +185,51 @@ TEST_F(MemoryBudgetTest, WorstInputsStayUnderBudget) {
               static_cast<long long>(start_kib_ / 1024), static_cast<long long>(peak / kMiB),
               static_cast<long long>(budget_ / kMiB), static_cast<long long>(overhead / kMiB));
   EXPECT_LE(peak, budget_ + overhead);
+}
+
+// Where an allocation fails despite the limits (here: limits raised far past the defaults and
+// an address-space cap), the call gets RESOURCE_EXHAUSTED with a message, not an empty
+// UNIMPLEMENTED from an exception escaping into gRPC, and the server lives on.
+TEST(OutOfMemoryTest, FailedAllocationAnswersResourceExhausted) {
+  const std::string log = ::testing::TempDir() + "oom_server.log";
+  e2e::ChildProcess child({"/usr/bin/prlimit", "--as=3221225472", CALIPER_SERVER_PATH,
+                           "--listen=127.0.0.1:0", "--metrics_listen=", "--device=cpu",
+                           "--max_layers=1073741824", "--max_inflight_bytes=0"},
+                          log);
+  std::string address;
+  for (int i = 0; i < 400 && address.empty(); ++i) {
+    std::ifstream in(log);
+    std::string line;
+    while (std::getline(in, line)) {
+      const std::string prefix = "caliper-server listening on ";
+      if (line.rfind(prefix, 0) == 0) {
+        address = line.substr(prefix.size(), line.find(' ', prefix.size()) - prefix.size());
+      }
+    }
+    if (address.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(address.empty()) << "server did not start; log: " << log;
+  auto stub = v1::Calibration::NewStub(NewChannel(address));
+  v1::CreateSessionRequest create;
+  create.mutable_model()->set_architecture("A");
+  create.mutable_model()->set_num_layers(100'000'000);  // 100M layers x 256 heads: ~200 GB
+  create.mutable_model()->set_num_attention_heads(256);
+  create.mutable_model()->set_num_kv_heads(256);
+  create.mutable_model()->set_head_dim(128);
+  create.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
+  v1::Session session;
+  grpc::ClientContext context;
+  grpc::Status status = stub->CreateSession(&context, create, &session);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_NE(status.error_message().find("ran out of memory"), std::string::npos)
+      << status.error_message();
+  // Still serving.
+  v1::ListSessionsResponse list;
+  grpc::ClientContext again;
+  EXPECT_TRUE(stub->ListSessions(&again, {}, &list).ok());
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("ran out of memory"), std::string::npos) << "no log line";
 }
 
 }  // namespace

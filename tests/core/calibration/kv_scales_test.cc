@@ -96,6 +96,8 @@ TEST(KvScalesTest, SubnormalAbsmaxFallsBackPerEngineWithWarning) {
   EXPECT_EQ(CompressedTensorsKvScale(1.4e-45f, 1.0f), kFloat32Eps);
   EXPECT_EQ(CompressedTensorsKvScale(0.0f, 1.0f), kFloat32Eps);
   EXPECT_EQ(CompressedTensorsKvScale(448.0f, 1.0f), 1.0f);
+  EXPECT_EQ(CompressedTensorsKvScale(1e-30f, 1e-30f / 448.0f), kFloat32Eps);
+  EXPECT_EQ(CompressedTensorsKvScale(4.48f, 0.01f), 0.01f);  // the computed scale, unchanged
   EXPECT_EQ(CompressedTensorsKvScale(INFINITY, 1.0f), 1.0f);
   EXPECT_EQ(kFloat32Eps, std::nextafter(1.0f, 2.0f) - 1.0f);
 }
