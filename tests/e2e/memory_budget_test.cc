@@ -192,6 +192,7 @@ TEST_F(MemoryBudgetTest, WorstInputsStayUnderBudget) {
 // UNIMPLEMENTED from an exception escaping into gRPC, and the server lives on.
 TEST(OutOfMemoryTest, FailedAllocationAnswersResourceExhausted) {
   const std::string log = ::testing::TempDir() + "oom_server.log";
+  std::remove(log.c_str());  // the child appends: a stale address would be read
   e2e::ChildProcess child({"/usr/bin/prlimit", "--as=3221225472", CALIPER_SERVER_PATH,
                            "--listen=127.0.0.1:0", "--metrics_listen=", "--device=cpu",
                            "--max_layers=1073741824", "--max_inflight_bytes=0"},
