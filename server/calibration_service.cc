@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/calibration/kv_scales.h"
+#include "core/formats/lightllm_adapt.h"
 #include "core/formats/lightllm_format.h"
 #include "server/proto_convert.h"
 #include "server/rpc_timing.h"
@@ -280,26 +281,14 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
     }
     absl::StatusOr<AdaptArgs> args = AdaptFromProto(*request, options_.limits);
     if (!args.ok()) return args.status();
-    int total = args->total_heads;
-    if (args->model.has_value()) {
-      if (total <= 0) {
-        absl::StatusOr<int> deployed = DeployedTotalKvHeads(
-            args->model->num_kv_heads, args->tp_size > 0 ? args->tp_size : 1);
-        if (!deployed.ok()) return Prefixed("tp_size: ", deployed.status());
-        total = *deployed;
-      }
-      if (absl::Status s = CheckLightLlmForModel(args->calibration, *args->model, total);
-          !s.ok()) {
-        return Prefixed("lightllm_json: ", s);
-      }
-    }
-    if (total <= 0) {
-      return absl::InvalidArgumentError("total_kv_heads: required (or model and tp_size)");
-    }
-    absl::StatusOr<LightLlmCalibration> adapted = AdaptLightLlmCalibration(args->calibration, total);
+    LightLlmTarget target;
+    target.total_kv_heads = args->total_heads;
+    target.tp_size = args->tp_size;
+    target.model = args->model;
+    absl::StatusOr<AdaptedLightLlm> adapted = AdaptLightLlmForDeployment(args->calibration, target);
     if (!adapted.ok()) return adapted.status();
-    response->set_lightllm_json(SerializeLightLlmCalibration(*adapted));
-    response->set_total_kv_heads(total);
+    response->set_lightllm_json(SerializeLightLlmCalibration(adapted->file));
+    response->set_total_kv_heads(adapted->total_kv_heads);
     return absl::OkStatus();
   });
   return FinishUnary(context, "Adapt", "", start, status);
