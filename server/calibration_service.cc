@@ -21,10 +21,6 @@
 namespace caliper {
 namespace {
 
-absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
 // An allocation that fails despite the limits (e.g. under an address-space cap) answers
 // RESOURCE_EXHAUSTED with a message (logged with the call) instead of escaping into gRPC, which
 // would answer an empty UNIMPLEMENTED.
