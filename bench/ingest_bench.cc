@@ -34,6 +34,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
+#include "absl/strings/str_cat.h"
 #include "client/raw_observe.h"
 #include "proto/caliper.grpc.pb.h"
 
@@ -75,7 +76,9 @@ struct ServerProcess {
   pid_t pid = -1;
   std::string address;
 
-  bool Start() {
+  // budget: the server's in-flight budget (defaults) or, for the before/after comparison, none
+  // with the old 64 MiB stream window (--max_inflight_bytes=0).
+  bool Start(bool budget = true) {
     int out[2];
     if (pipe(out) != 0) return false;
     pid = fork();
@@ -85,8 +88,14 @@ struct ServerProcess {
       // Server logs go to a file, not into the benchmark table.
       const int log = open("ingest_bench_server.log", O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (log >= 0) dup2(log, STDERR_FILENO);
-      execl(g_server_path.c_str(), g_server_path.c_str(), "--listen=127.0.0.1:0",
-            "--metrics_listen=127.0.0.1:0", "--device=cpu", static_cast<char*>(nullptr));
+      if (budget) {
+        execl(g_server_path.c_str(), g_server_path.c_str(), "--listen=127.0.0.1:0",
+              "--metrics_listen=127.0.0.1:0", "--device=cpu", static_cast<char*>(nullptr));
+      } else {
+        execl(g_server_path.c_str(), g_server_path.c_str(), "--listen=127.0.0.1:0",
+              "--metrics_listen=127.0.0.1:0", "--device=cpu", "--max_inflight_bytes=0",
+              "--stream_lookahead_bytes=67108864", static_cast<char*>(nullptr));
+      }
       _exit(127);
     }
     close(out[1]);
@@ -278,12 +287,14 @@ double RunStreams(int streams, StreamFn&& fn, bool* ok) {
   return secs;
 }
 
-// Args: streams, client (0 = proto, 1 = zerocopy).
+// Args: streams, client (0 = proto, 1 = zerocopy), budget (1 = the server's in-flight budget,
+// its default; 0 = none and a 64 MiB stream window, as before the budget existed).
 void BM_Ingest(benchmark::State& state) {
   const int streams = static_cast<int>(state.range(0));
   const bool zero_copy = state.range(1) == 1;
+  const bool budget = state.range(2) == 1;
   ServerProcess server;
-  if (!server.Start()) return state.SkipWithError("cannot start caliper-server");
+  if (!server.Start(budget)) return state.SkipWithError("cannot start caliper-server");
   const std::string session = CreateSession(server.address);
   if (session.empty()) return state.SkipWithError("CreateSession failed");
   Source();
@@ -305,7 +316,8 @@ void BM_Ingest(benchmark::State& state) {
   state.counters["tcp_GBps"] = bytes / tcp_s / 1e9;
   state.counters["ratio_to_tcp"] = tcp_s / grpc_s;
   state.counters["server_peak_rss_MiB"] = server.PeakRssBytes() / double(1 << 20);
-  state.SetLabel(zero_copy ? "zerocopy client" : "proto client");
+  state.SetLabel(absl::StrCat(zero_copy ? "zerocopy client" : "proto client",
+                              budget ? ", in-flight budget" : ", no budget (before)"));
 }
 
 // Benchmark 3: a fresh server ingests 4 GiB (4 streams x 1 GiB, proto client); VmHWM < 256 MiB.
@@ -328,8 +340,9 @@ void BM_ServerPeakRss4GiB(benchmark::State& state) {
   state.SetBytesProcessed(int64_t{4} * kStreamBytes * state.iterations());
 }
 
-BENCHMARK(BM_Ingest)->ArgNames({"streams", "zerocopy"})
-    ->Args({1, 0})->Args({1, 1})->Args({4, 0})->Args({4, 1})
+BENCHMARK(BM_Ingest)->ArgNames({"streams", "zerocopy", "budget"})
+    ->Args({1, 0, 1})->Args({1, 1, 0})->Args({1, 1, 1})->Args({4, 0, 1})->Args({4, 1, 0})
+    ->Args({4, 1, 1})
     ->Iterations(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ServerPeakRss4GiB)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 

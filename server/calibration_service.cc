@@ -1,6 +1,7 @@
 #include "server/calibration_service.h"
 
 #include <algorithm>
+#include <new>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -20,8 +21,24 @@
 namespace caliper {
 namespace {
 
-absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+// An allocation that fails despite the limits (e.g. under an address-space cap) answers
+// RESOURCE_EXHAUSTED with a message (logged with the call) instead of escaping into gRPC, which
+// would answer an empty UNIMPLEMENTED.
+template <typename Body>
+absl::Status CatchOutOfMemory(absl::string_view method, Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        method, ": the server ran out of memory answering this request; retry later or ask "
+                "for less (see the server's limits)"));
+  }
+}
+
+// Session ids are 32 hex digits; anything much longer is refused before it is looked up,
+// echoed or logged.
+absl::Status CheckSessionId(absl::string_view field, absl::string_view id) {
+  return CheckString(field, id, "session_id_bytes", kMaxSessionIdBytes);
 }
 
 }  // namespace
@@ -71,7 +88,7 @@ void CalibrationService::FinishReactor(grpc::ServerUnaryReactor* reactor,
   const double seconds = SecondsSince(start_ns);
   metrics_->RpcDone(method, seconds);
   EventLog::Fields fields = {{"method", std::string(method)},
-                             {"session", std::string(session_id)},
+                             {"session", std::string(session_id.substr(0, kMaxSessionIdBytes))},
                              {"peer", context->peer()},
                              {"code", absl::StatusCodeToString(status.code())},
                              {"duration_ms", Millis(seconds)}};
@@ -99,6 +116,7 @@ grpc::ServerUnaryReactor* CalibrationService::FinishUnaryWhenDurable(
 
 absl::StatusOr<std::shared_ptr<CalibrationSession>> CalibrationService::GetOwned(
     const grpc::CallbackServerContext& context, absl::string_view session_id) const {
+  if (absl::Status s = CheckSessionId("session_id", session_id); !s.ok()) return s;
   absl::StatusOr<std::string> tenant = TenantOf(context);
   if (!tenant.ok()) return tenant.status();
   return registry_->GetForTenant(session_id, *tenant);
@@ -122,66 +140,75 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
     grpc::CallbackServerContext* context, const v1::CreateSessionRequest* request,
     v1::Session* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::Status status;
-  std::string id;
-  absl::StatusOr<std::string> tenant = TenantOf(*context);
-  absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
-  absl::StatusOr<Recipe> recipe = RecipeFromProto(request->recipe());
-  if (!tenant.ok()) {
-    status = tenant.status();
-  } else if (!model.ok()) {
-    status = model.status();
-  } else if (!recipe.ok()) {
-    status = recipe.status();
-  } else {
+  std::shared_ptr<CalibrationSession> created;
+  absl::Status status = CatchOutOfMemory("CreateSession", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = TenantOf(*context);
+    if (!tenant.ok()) return tenant.status();
+    if (absl::Status s = CheckString("name", request->name(), "max_name_bytes",
+                                     options_.limits.max_name_bytes);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<ModelConfig> model = ModelFromProto(request->model(), options_.limits.model);
+    if (!model.ok()) return model.status();
+    absl::StatusOr<Recipe> recipe = RecipeFromProto(request->recipe(), options_.limits);
+    if (!recipe.ok()) return recipe.status();
     absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
         registry_->CreateForTenant(*std::move(model), *std::move(recipe), request->name(),
                                    *std::move(tenant), options_.limits);
-    if (session.ok()) {
-      id = (*session)->id();
-      *response = SessionToProto((*session)->Status());
-      metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
-      // The id goes out only once a restart would know it; a session that cannot be made
-      // durable is taken back, so a failed create leaves nothing behind.
-      return FinishUnaryWhenDurable(context, "CreateSession", *session, start,
-                                    [this, id, owner = (*session)->tenant()] {
-                                      DeleteWithState(id, owner).IgnoreError();
-                                    });
-    }
-    status = session.status();
-  }
-  return FinishUnary(context, "CreateSession", id, start, status);
+    if (!session.ok()) return session.status();
+    created = *std::move(session);
+    *response = SessionToProto(created->Status());
+    metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
+    return absl::OkStatus();
+  });
+  if (!status.ok() || created == nullptr) return FinishUnary(context, "CreateSession", "", start, status);
+  // The id goes out only once a restart would know it; a session that cannot be made durable
+  // is taken back, so a failed create leaves nothing behind.
+  return FinishUnaryWhenDurable(context, "CreateSession", created, start,
+                                [this, id = created->id(), owner = created->tenant()] {
+                                  DeleteWithState(id, owner).IgnoreError();
+                                });
 }
 
 grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerContext* context,
                                                          const v1::GetSessionRequest* request,
                                                          v1::Session* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> session = GetOwned(*context, request->session_id());
-  if (session.ok()) *response = SessionToProto((*session)->Status());
-  return FinishUnary(context, "GetSession", request->session_id(), start, session.status());
+  absl::Status status = CatchOutOfMemory("GetSession", [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+        GetOwned(*context, request->session_id());
+    if (session.ok()) *response = SessionToProto((*session)->Status());
+    return session.status();
+  });
+  return FinishUnary(context, "GetSession", request->session_id(), start, status);
 }
 
 grpc::ServerUnaryReactor* CalibrationService::ListSessions(
     grpc::CallbackServerContext* context, const v1::ListSessionsRequest* /*request*/,
     v1::ListSessionsResponse* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::StatusOr<std::string> tenant = TenantOf(*context);
-  if (tenant.ok()) {
+  absl::Status status = CatchOutOfMemory("ListSessions", [&]() -> absl::Status {
+    absl::StatusOr<std::string> tenant = TenantOf(*context);
+    if (!tenant.ok()) return tenant.status();
     for (const std::shared_ptr<CalibrationSession>& session : registry_->ListForTenant(*tenant)) {
       *response->add_sessions() = SessionToProto(session->Status());
     }
-  }
-  return FinishUnary(context, "ListSessions", "", start, tenant.status());
+    return absl::OkStatus();
+  });
+  return FinishUnary(context, "ListSessions", "", start, status);
 }
 
 grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
     grpc::CallbackServerContext* context, const v1::DeleteSessionRequest* request,
     v1::DeleteSessionResponse* /*response*/) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::StatusOr<std::string> tenant = TenantOf(*context);
-  absl::Status status =
-      tenant.ok() ? DeleteWithState(request->session_id(), *tenant) : tenant.status();
+  absl::Status status = CatchOutOfMemory("DeleteSession", [&]() -> absl::Status {
+    if (absl::Status s = CheckSessionId("session_id", request->session_id()); !s.ok()) return s;
+    absl::StatusOr<std::string> tenant = TenantOf(*context);
+    if (!tenant.ok()) return tenant.status();
+    return DeleteWithState(request->session_id(), *tenant);
+  });
   return FinishUnary(context, "DeleteSession", request->session_id(), start, status);
 }
 
@@ -189,15 +216,18 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
                                                        const v1::FinalizeRequest* request,
                                                        v1::Session* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-      GetOwned(*context, request->session_id());
-  absl::Status status = session.status();
-  if (session.ok()) {
-    status = (*session)->Finalize();
-    if (status.ok()) *response = SessionToProto((*session)->Status());
-  }
+  std::shared_ptr<CalibrationSession> finalized;
+  absl::Status status = CatchOutOfMemory("Finalize", [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+        GetOwned(*context, request->session_id());
+    if (!session.ok()) return session.status();
+    if (absl::Status s = (*session)->Finalize(); !s.ok()) return s;
+    *response = SessionToProto((*session)->Status());
+    finalized = *std::move(session);
+    return absl::OkStatus();
+  });
   metrics_->Finalization(status.ok());
-  if (status.ok()) return FinishUnaryWhenDurable(context, "Finalize", *session, start);
+  if (status.ok()) return FinishUnaryWhenDurable(context, "Finalize", finalized, start);
   return FinishUnary(context, "Finalize", request->session_id(), start, status);
 }
 
@@ -205,25 +235,34 @@ grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerCont
                                                         const v1::ScalesRequest* request,
                                                         v1::ScalesResponse* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::Status status;
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-      GetOwned(*context, request->session_id());
-  if (!session.ok()) {
-    status = session.status();
-  } else {
-    absl::StatusOr<SessionScales> scales = (*session)->Scales(
-        DeploymentFromProto(request->deployment()), ConventionFromProto(request->convention()));
-    if (!scales.ok()) {
-      status = scales.status();
-    } else {
-      absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, request->formats());
-      if (proto.ok()) {
-        *response = *std::move(proto);
-      } else {
-        status = proto.status();
-      }
+  absl::Status status = CatchOutOfMemory("GetScales", [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+        GetOwned(*context, request->session_id());
+    if (!session.ok()) return session.status();
+    absl::StatusOr<Deployment> deployment =
+        DeploymentFromProto(request->deployment(), options_.limits);
+    if (!deployment.ok()) return deployment.status();
+    absl::StatusOr<std::vector<std::string>> formats =
+        FormatsFromProto(request->formats(), options_.limits);
+    if (!formats.ok()) return formats.status();
+    // Scales come only from a finalization a restart would find: one whose state write failed
+    // may come back OPEN with fewer chunks, so serving it would hand out scales for lost data.
+    if (options_.persister != nullptr && !(*session)->FinalizationDurable()) {
+      absl::StatusOr<SessionScales> probe = (*session)->Scales(Deployment(), Nvfp4Convention());
+      if (!probe.ok()) return probe.status();  // not finalized at all: the usual error
+      return absl::UnavailableError(absl::StrCat(
+          "session ", (*session)->id(),
+          ": its finalization is not durable yet (the state write failed); call Finalize again "
+          "once the state directory is writable"));
     }
-  }
+    absl::StatusOr<SessionScales> scales =
+        (*session)->Scales(*deployment, ConventionFromProto(request->convention()));
+    if (!scales.ok()) return scales.status();
+    absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
+    if (!proto.ok()) return proto.status();
+    *response = *std::move(proto);
+    return absl::OkStatus();
+  });
   return FinishUnary(context, "GetScales", request->session_id(), start, status);
 }
 
@@ -231,49 +270,50 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
                                                     const v1::AdaptRequest* request,
                                                     v1::AdaptResponse* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  auto adapt = [&]() -> absl::Status {
+  absl::Status status = CatchOutOfMemory("Adapt", [&]() -> absl::Status {
     // Stateless, but with --tokens_file every call needs a token (README "Server").
     if (absl::StatusOr<std::string> tenant = TenantOf(*context); !tenant.ok()) {
       return tenant.status();
     }
-    absl::StatusOr<LightLlmCalibration> calibration =
-        ParseLightLlmCalibration(request->lightllm_json());
-    if (!calibration.ok()) return Prefixed("lightllm_json: ", calibration.status());
+    absl::StatusOr<AdaptArgs> args = AdaptFromProto(*request, options_.limits);
+    if (!args.ok()) return args.status();
     LightLlmTarget target;
-    target.total_kv_heads = request->total_kv_heads();
-    target.tp_size = request->tp_size();
-    if (request->has_model()) {
-      absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
-      if (!model.ok()) return model.status();
-      target.model = *std::move(model);
-    }
-    absl::StatusOr<AdaptedLightLlm> adapted = AdaptLightLlmForDeployment(*calibration, target);
+    target.total_kv_heads = args->total_heads;
+    target.tp_size = args->tp_size;
+    target.model = args->model;
+    absl::StatusOr<AdaptedLightLlm> adapted = AdaptLightLlmForDeployment(args->calibration, target);
     if (!adapted.ok()) return adapted.status();
     response->set_lightllm_json(SerializeLightLlmCalibration(adapted->file));
     response->set_total_kv_heads(adapted->total_kv_heads);
     return absl::OkStatus();
-  };
-  return FinishUnary(context, "Adapt", "", start, adapt());
+  });
+  return FinishUnary(context, "Adapt", "", start, status);
 }
 
 grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext* context,
                                                      const v1::ResumeRequest* request,
                                                      v1::ResumeResponse* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-      GetOwned(*context, request->session_id());
-  absl::Status status = session.status();
-  if (session.ok()) {
+  absl::Status status = CatchOutOfMemory("Resume", [&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+        GetOwned(*context, request->session_id());
+    if (!session.ok()) return session.status();
     if (request->producer_id().empty()) {
-      status = absl::InvalidArgumentError("producer_id: required");
-    } else {
-      // With --state_dir only durable chunks count: a producer re-sends the rest (acknowledged
-      // as duplicates where they were accepted), so a crash after this answer loses nothing.
-      response->set_next_sequence(options_.persister != nullptr
-                                      ? (*session)->DurableResumeFrom(request->producer_id())
-                                      : (*session)->ResumeFrom(request->producer_id()));
+      return absl::InvalidArgumentError("producer_id: required");
     }
-  }
+    if (absl::Status s = CheckString("producer_id", request->producer_id(),
+                                     "max_producer_id_bytes",
+                                     options_.limits.max_producer_id_bytes);
+        !s.ok()) {
+      return s;
+    }
+    // With --state_dir only durable chunks count: a producer re-sends the rest (acknowledged
+    // as duplicates where they were accepted), so a crash after this answer loses nothing.
+    response->set_next_sequence(options_.persister != nullptr
+                                    ? (*session)->DurableResumeFrom(request->producer_id())
+                                    : (*session)->ResumeFrom(request->producer_id()));
+    return absl::OkStatus();
+  });
   return FinishUnary(context, "Resume", request->session_id(), start, status);
 }
 

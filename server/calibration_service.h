@@ -19,6 +19,8 @@
 
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
+#include "core/session/limits.h"
+#include "server/inflight_budget.h"
 #include "core/session/session.h"
 #include "core/session/session_registry.h"
 #include "core/state/session_store.h"
@@ -34,8 +36,13 @@ struct ServiceOptions {
   int max_errors_per_stream = 64;                  // ObserveSummary.errors cap
   // Null: one anonymous tenant (""). Else every call is tenant-scoped by its bearer token.
   std::shared_ptr<const TokenAuthenticator> authenticator;
-  SessionLimits limits;
-  int max_concurrent_streams = 0;                  // Observe streams open at once; 0: unbounded
+  Limits limits;                                   // core/session/limits.h
+  // Observe reads wait for room here (server/inflight_budget.h); null: unbounded.
+  InflightBudget* inflight = nullptr;
+  // HTTP/2 window of every stream before the server reads (the budget then opens it per read):
+  // small, since gRPC buffers it for every open stream whatever the budget says.
+  int64_t stream_lookahead_bytes = int64_t{1} << 20;
+  int max_concurrent_streams = 1024;               // Observe streams open at once
   absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
   // --state_dir: acknowledgements (stream ends, CreateSession, Finalize, Resume) wait for it.
   SessionPersister* persister = nullptr;

@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
@@ -30,12 +31,19 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
         absl::StrCat("--max_message_bytes: must be in (0, 2 GiB - 1 MiB), got ",
                      options.service.max_message_bytes));
   }
-  if (options.service.max_concurrent_streams < 0 || options.service.limits.max_sessions_per_tenant < 0 ||
-      options.service.limits.max_modules_per_session < 0 ||
+  if (options.service.max_concurrent_streams < 0 ||
       options.service.stream_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "--max_concurrent_streams, --max_sessions_per_tenant, --max_modules_per_session and "
-        "--stream_idle_timeout must not be negative (0: unbounded)");
+        "--max_concurrent_streams and --stream_idle_timeout must not be negative (0: unbounded)");
+  }
+  if (options.max_inflight_bytes < 0 || options.service.stream_lookahead_bytes <= 0 ||
+      options.service.stream_lookahead_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_inflight_bytes must be >= 0 and --stream_lookahead_bytes in (0, 1 GiB], got ",
+        options.max_inflight_bytes, " and ", options.service.stream_lookahead_bytes));
+  }
+  if (absl::Status s = ValidateLimits(options.service.limits); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       BuildServerCredentials(options.security, options.service.authenticator);
@@ -57,6 +65,10 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
 
   ServiceOptions service_options = options.service;
   service_options.persister = server->persister_.get();
+  if (options.max_inflight_bytes > 0) {
+    server->inflight_ = std::make_unique<InflightBudget>(options.max_inflight_bytes / 2);
+    service_options.inflight = server->inflight_.get();
+  }
   server->service_ = std::make_unique<CalibrationService>(
       service_options, &server->registry_, server->backend_.get(),
       server->server_metrics_.get(), log);
@@ -72,7 +84,13 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   // big frames, a deep flow-control window (bounded, since it is buffered per stream) and no BDP
   // probing.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 16 << 20);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                             static_cast<int>(options.service.stream_lookahead_bytes));
+  grpc::ResourceQuota quota("caliper-inflight");
+  if (options.max_inflight_bytes > 0) {
+    quota.Resize(static_cast<size_t>(options.max_inflight_bytes));
+    builder.SetResourceQuota(quota);
+  }
   builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 64 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   server->server_ = builder.BuildAndStart();
@@ -81,6 +99,7 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
         absl::StrCat("--listen=", options.listen, ": cannot bind the gRPC port"));
   }
   server->address_ = WithPort(options.listen, server->port_);
+  if (server->metrics_ != nullptr) server->metrics_->ServeHealth();
   return server;
 }
 
@@ -97,13 +116,12 @@ absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog*
                                      store.status().message()));
   }
   store_ = *std::move(store);
-  SessionStore::Loaded loaded = store_->LoadAll();
+  SessionStore::Loaded loaded = store_->LoadAll(options.service.limits);
   for (const absl::Status& error : loaded.errors) {
     log->Log(Severity::kError, "state_file_not_loaded",
              {{"state_dir", options.state_dir}, {"error", std::string(error.message())}});
   }
   for (std::unique_ptr<CalibrationSession>& session : loaded.sessions) {
-    session->set_max_modules(options.service.limits.max_modules_per_session);
     if (absl::Status s = registry_.Insert(std::move(session)); !s.ok()) return s;
   }
   server_metrics_->StateLoaded(static_cast<int64_t>(loaded.sessions.size()),

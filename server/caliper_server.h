@@ -29,6 +29,11 @@ struct ServerOptions {
   // Limits, tenants and streams. With service.authenticator (tokens), TLS is required unless
   // security.allow_plaintext_tokens. service.persister is the server's own (from state_dir).
   ServiceOptions service;
+  // Bytes of requests in flight across all streams and connections: gRPC's resource quota (a
+  // hard cap: past it gRPC resets streams with RESOURCE_EXHAUSTED) and, half of it, the budget
+  // Observe reads wait for (server/inflight_budget.h). Default: a quarter of the base pod's 4Gi
+  // memory limit. 0: neither (unbounded).
+  int64_t max_inflight_bytes = int64_t{1} << 30;
   // Durable sessions: one state file per session here, restored at start-up; empty: in memory.
   std::string state_dir;
   absl::Duration state_flush_interval = absl::Seconds(1);  // upper bound between writes
@@ -68,6 +73,7 @@ class CaliperServer {
   std::unique_ptr<SessionStore> store_;          // with --state_dir
   std::unique_ptr<SessionPersister> persister_;  // with --state_dir; stopped after the server
   std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<InflightBudget> inflight_;  // with max_inflight_bytes
   std::unique_ptr<CalibrationService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -201,4 +201,16 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   return endpoint;
 }
 
+void MetricsEndpoint::ServeHealth() {
+  if (health_ != nullptr) return;
+  health_ = std::make_shared<prometheus::Registry>();
+  prometheus::BuildGauge()
+      .Name("caliper_up")
+      .Help("1 while the process serves (GET /healthz, for Kubernetes probes)")
+      .Register(*health_)
+      .Add({})
+      .Set(1);
+  exposer_->RegisterCollectable(health_, "/healthz");
+}
+
 }  // namespace caliper

@@ -71,15 +71,19 @@ class ServerMetrics {
 };
 
 // Serves `metrics` on http://<listen>/metrics. Returns the bound port (listen may use port 0).
-// Unavailable when the address cannot be bound.
+// Unavailable when the address cannot be bound. After ServeHealth(), GET /healthz answers 200
+// ("caliper_up 1"): plain HTTP, no token, so Kubernetes' probes work when the gRPC port needs
+// TLS and tokens; it depends on nothing but the process (no session, lock or disk).
 class MetricsEndpoint {
  public:
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen,
                                                                const ServerMetrics& metrics);
   int port() const { return port_; }
+  void ServeHealth();  // once the gRPC server is serving: /healthz answers from then on
 
  private:
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Registry> health_;
   int port_ = 0;
 };
 

@@ -5,14 +5,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/calibration_service.h"
+#include "server/inflight_budget.h"
 #include "server/proto_convert.h"
 #include "server/raw_tensor_chunk.h"
 #include "server/rpc_timing.h"
@@ -23,6 +27,15 @@ namespace {
 
 absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+absl::Status CatchOutOfMemory(absl::string_view method, absl::FunctionRef<absl::Status()> body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        method, ": the server ran out of memory handling this chunk; retry later"));
+  }
 }
 
 }  // namespace
@@ -53,49 +66,54 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         std::lock_guard<std::mutex> lock(service_->streams_mu_);
         service_->live_streams_.insert(this);
       }
-      StartRead(&request_);
+      ReadNext();
     }
   }
 
-  // Called by the idle watcher under streams_mu_ (so the reactor is alive).
-  void CancelIfIdle(int64_t now_ns, int64_t timeout_ns) {
-    if (!idle_cancelled_.load() && now_ns - last_read_ns_.load() > timeout_ns) {
-      idle_cancelled_.store(true);
-      context_->TryCancel();
-    }
+  // Called by the idle watcher under streams_mu_ (so the reactor is alive). Ends the stream with
+  // the reason itself (a TryCancel would reach the client as a bare CANCELLED). A stream waiting
+  // for the in-flight budget is not idle: the server is holding it back.
+  void FinishIfIdle(int64_t now_ns, int64_t timeout_ns) {
+    if (waiting_.load() || now_ns - last_read_ns_.load() <= timeout_ns) return;
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return;  // a chunk is being handled right now: not idle
+    idle_finished_ = true;
+    lock.unlock();
+    CompleteStream(absl::DeadlineExceededError(absl::StrCat(
+        "Observe: no chunk for longer than the server's stream_idle_timeout=",
+        absl::FormatDuration(service_->options_.stream_idle_timeout),
+        "; chunks accepted before are kept (resume to go on)")));
   }
 
   void OnReadDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
     last_read_ns_.store(absl::GetCurrentTimeNanos());
+    if (idle_finished_ || finished_.load() || !ok) ReleaseReservation();
+    if (idle_finished_ || finished_.load()) return;  // already finished with its reason
     if (!ok) {
-      // Half-close: the stream is complete. Cancellation (client gone, drain timeout, idle): the
+      // Half-close: the stream is complete. Cancellation (client gone, drain timeout): the
       // chunks that arrived whole stay counted; the status only goes to the log.
-      if (idle_cancelled_.load()) {
-        FinishStream(absl::DeadlineExceededError(absl::StrCat(
-            "stream idle for longer than the server's --stream_idle_timeout=",
-            absl::FormatDuration(service_->options_.stream_idle_timeout),
-            "; accepted chunks are kept")));
-      } else {
-        FinishStream(context_->IsCancelled()
-                         ? absl::CancelledError("stream cancelled (client gone or server draining)")
-                         : absl::OkStatus());
-      }
+      FinishStream(context_->IsCancelled()
+                       ? absl::CancelledError("stream cancelled (client gone or server draining)")
+                       : absl::OkStatus());
       return;
     }
     absl::Status fault = raw_.Parse(request_);
+    last_message_bytes_ = static_cast<int64_t>(raw_.data().size());
     if (fault.ok()) {
-      fault = HandleChunk();
+      fault = CatchOutOfMemory("Observe", [this] { return HandleChunk(); });
     } else {
       service_->metrics_->ChunkRejected(fault, v1::TARGET_UNSPECIFIED);
       if (session_) session_->RecordRejected();
     }
+    raw_.Clear();  // frees the payload before the next one arrives
+    request_.Clear();
+    ReleaseReservation();
     if (!fault.ok()) {
       FinishStream(fault);
       return;
     }
-    raw_.Clear();  // frees the payload before the next one arrives
-    request_.Clear();
-    StartRead(&request_);
+    ReadNext();
   }
 
   void OnDone() override {
@@ -135,12 +153,45 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
   void CompleteStream(const absl::Status& status) {
+    if (finished_.exchange(true)) return;
     final_status_ = status;
     // Settled before the status leaves: once the client's Finish returns, the metrics show this
     // stream and its --max_concurrent_streams slot is free (OnDone may run later).
     Settle(SecondsSince(start_ns_));
     WriteSummary();
     Finish(ToGrpcStatus(status));
+  }
+
+  // Reserves in-flight bytes for the next chunk (the size of this stream's previous one, or
+  // max_message_bytes for the first), then StartRead; waits in the budget's queue when full.
+  void ReadNext() {
+    InflightBudget* budget = service_->options_.inflight;
+    if (budget == nullptr) {
+      StartRead(&request_);
+      return;
+    }
+    // Until a stream has shown its chunk size, assume the largest: once a read is pending, gRPC
+    // opens the stream's window to whatever size the next message declares.
+    const int64_t want = budget->Clamp(last_message_bytes_ > 0
+                                           ? std::max(last_message_bytes_,
+                                                      service_->options_.stream_lookahead_bytes)
+                                           : service_->options_.max_message_bytes);
+    reserved_ = want;
+    waiting_.store(true);
+    if (budget->Acquire(want, [this] { GrantedRead(); })) GrantedRead();
+  }
+
+  void GrantedRead() {
+    last_read_ns_.store(absl::GetCurrentTimeNanos());
+    waiting_.store(false);
+    StartRead(&request_);
+  }
+
+  void ReleaseReservation() {
+    if (reserved_ > 0 && service_->options_.inflight != nullptr) {
+      service_->options_.inflight->Release(reserved_);
+    }
+    reserved_ = 0;
   }
 
   void WriteSummary() {
@@ -194,6 +245,12 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         service_->metrics_->ChunkRejected(status, chunk_.kind());
         return status;
       }
+      if (absl::Status s = CheckString("chunk.session_id", chunk_.session_id(),
+                                       "session_id_bytes", kMaxSessionIdBytes);
+          !s.ok()) {
+        service_->metrics_->ChunkRejected(s, chunk_.kind());
+        return s;
+      }
       absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
           service_->registry_->GetForTenant(chunk_.session_id(), tenant_);
       if (!session.ok()) {
@@ -211,7 +268,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       return absl::OkStatus();
     }
 
-    absl::StatusOr<ChunkRef> chunk = ChunkFromProto(chunk_);
+    absl::StatusOr<ChunkRef> chunk = ChunkFromProto(chunk_, service_->options_.limits);
     if (!chunk.ok()) {
       session_->RecordRejected();
       RejectChunk(chunk.status());
@@ -270,8 +327,13 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   v1::ObserveSummary summary_;
   const int64_t start_ns_;
   std::atomic<int64_t> last_read_ns_;
-  std::atomic<bool> idle_cancelled_{false};
   std::atomic<bool> settled_{false};
+  std::atomic<bool> finished_{false};  // CompleteStream ran: the status is on its way
+  std::atomic<bool> waiting_{false};   // queued for the in-flight budget, no read pending
+  std::mutex mu_;                      // held while a chunk is handled
+  bool idle_finished_ = false;         // guarded by mu_
+  int64_t reserved_ = 0;               // in-flight bytes held for the pending read
+  int64_t last_message_bytes_ = 0;
   std::string tenant_;
   grpc::ByteBuffer request_;
   RawTensorChunk raw_;
@@ -291,7 +353,7 @@ void CalibrationService::IdleWatchLoop() {
   while (!stopping_) {
     streams_cv_.wait_for(lock, period);
     const int64_t now = absl::GetCurrentTimeNanos();
-    for (ObserveReactor* stream : live_streams_) stream->CancelIfIdle(now, timeout_ns);
+    for (ObserveReactor* stream : live_streams_) stream->FinishIfIdle(now, timeout_ns);
   }
 }
 

@@ -1,40 +1,35 @@
 #include "server/proto_convert.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/formats/lightllm_format.h"
+#include "core/formats/utf8.h"
 
 namespace caliper {
 
-absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto) {
-  ModelConfig model;
+absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto,
+                                           const ModelLimits& limits) {
   if (!proto.hf_config_json().empty()) {
-    absl::StatusOr<ModelConfig> parsed = ParseHfConfig(proto.hf_config_json());
+    absl::StatusOr<ModelConfig> parsed = ParseHfConfig(proto.hf_config_json(), limits);
     if (!parsed.ok()) {
       return absl::Status(parsed.status().code(),
                           absl::StrCat("model.hf_config_json: ", parsed.status().message()));
     }
-    model = *std::move(parsed);
-  } else {
-    model.architecture = proto.architecture();
-    model.model_type = proto.model_type();
-    model.num_layers = proto.num_layers();
-    model.num_attention_heads = proto.num_attention_heads();
-    model.num_kv_heads =
-        proto.num_kv_heads() > 0 ? proto.num_kv_heads() : proto.num_attention_heads();
-    model.hidden_size = proto.hidden_size();
-    model.head_dim = proto.head_dim();
-    if (model.head_dim == 0 && model.num_attention_heads > 0 && model.hidden_size > 0) {
-      model.head_dim = model.hidden_size / model.num_attention_heads;
-    }
+    return parsed;
   }
-  if (absl::Status s = ValidateModelConfig(model); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("model: ", s.message()));
-  }
-  return model;
+  ModelFields fields;
+  fields.architecture = proto.architecture();
+  fields.model_type = proto.model_type();
+  fields.num_layers = proto.num_layers();
+  fields.num_attention_heads = proto.num_attention_heads();
+  fields.num_kv_heads = proto.num_kv_heads();
+  fields.head_dim = proto.head_dim();
+  fields.hidden_size = proto.hidden_size();
+  return ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.", limits);
 }
 
 v1::ModelDescription ModelToProto(const ModelConfig& model) {
@@ -49,8 +44,13 @@ v1::ModelDescription ModelToProto(const ModelConfig& model) {
   return proto;
 }
 
-absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto) {
+absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto, const Limits& limits) {
   Recipe recipe;
+  if (absl::Status s = CheckString("recipe.fused_groups", proto.fused_groups(),
+                                   "max_fused_groups_bytes", limits.max_fused_groups_bytes);
+      !s.ok()) {
+    return s;
+  }
   switch (proto.kv()) {
     case v1::KV_OFF:
       recipe.kv = KvMode::kOff;
@@ -154,8 +154,28 @@ v1::Session SessionToProto(const SessionStatus& status) {
   return proto;
 }
 
-absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto) {
+absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto, const Limits& limits) {
   ChunkRef chunk;
+  struct Text {
+    const char* field;
+    const std::string& value;
+    const char* limit_name;
+    size_t limit;
+  };
+  for (const Text& text :
+       {Text{"chunk.module", proto.module(), "max_module_bytes", limits.max_module_bytes},
+        Text{"chunk.producer_id", proto.producer_id(), "max_producer_id_bytes",
+             limits.max_producer_id_bytes},
+        Text{"chunk.dtype", proto.dtype(), "dtype_bytes", kMaxDtypeBytes}}) {
+    if (absl::Status s = CheckString(text.field, text.value, text.limit_name, text.limit);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (proto.shape_size() > kMaxShapeRank) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk.shape: ", proto.shape_size(),
+                                                   " dimensions, more than ", kMaxShapeRank));
+  }
   switch (proto.kind()) {
     case v1::KEY:
       chunk.kind = ChunkKind::kKey;
@@ -189,7 +209,18 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto) {
   return chunk;
 }
 
-Deployment DeploymentFromProto(const v1::Deployment& proto) {
+absl::StatusOr<Deployment> DeploymentFromProto(const v1::Deployment& proto,
+                                               const Limits& limits) {
+  if (absl::Status s = CheckLimit("deployment.tp_size", proto.tp_size(), "max_tp_size",
+                                  limits.max_tp_size);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckLimit("deployment.total_kv_heads", proto.total_kv_heads(),
+                                  "max_total_kv_heads", limits.max_total_kv_heads);
+      !s.ok()) {
+    return s;
+  }
   Deployment deployment;
   deployment.tp_size = proto.tp_size();
   deployment.total_kv_heads = proto.total_kv_heads();
@@ -197,13 +228,80 @@ Deployment DeploymentFromProto(const v1::Deployment& proto) {
   return deployment;
 }
 
+absl::StatusOr<std::vector<std::string>> FormatsFromProto(
+    const google::protobuf::RepeatedPtrField<std::string>& formats, const Limits& limits) {
+  std::vector<std::string> out;
+  for (int i = 0; i < formats.size(); ++i) {
+    const std::string field = absl::StrCat("formats[", i, "]");
+    if (absl::Status s = CheckString(field, formats[i], "format_bytes", kMaxFormatBytes); !s.ok()) {
+      return s;
+    }
+    if (std::find(out.begin(), out.end(), formats[i]) != out.end()) continue;
+    if (static_cast<int>(out.size()) == limits.max_formats) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": \"", formats[i], "\" would be distinct format ", out.size() + 1,
+          ", over the limit max_formats=", limits.max_formats));
+    }
+    out.push_back(formats[i]);
+  }
+  return out;
+}
+
+absl::StatusOr<AdaptArgs> AdaptFromProto(const v1::AdaptRequest& proto, const Limits& limits) {
+  if (absl::Status s = CheckLimit("lightllm_json", static_cast<int64_t>(proto.lightllm_json().size()),
+                                  "max_lightllm_json_bytes",
+                                  static_cast<int64_t>(limits.max_lightllm_json_bytes));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckLimit("total_kv_heads", proto.total_kv_heads(), "max_total_kv_heads",
+                                  limits.max_total_kv_heads);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckLimit("tp_size", proto.tp_size(), "max_tp_size", limits.max_tp_size);
+      !s.ok()) {
+    return s;
+  }
+  AdaptArgs args;
+  absl::StatusOr<LightLlmCalibration> calibration = ParseLightLlmCalibration(proto.lightllm_json());
+  if (!calibration.ok()) {
+    return absl::Status(calibration.status().code(),
+                        absl::StrCat("lightllm_json: ", calibration.status().message()));
+  }
+  // The adapted file has num_layers x 2 x total_heads entries: both counts are bounded.
+  if (absl::Status s = CheckLimit("lightllm_json.num_layers", calibration->num_layers,
+                                  "max_layers", limits.model.max_layers);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckLimit("lightllm_json.num_head", calibration->num_head,
+                                  "max_total_kv_heads", limits.max_total_kv_heads);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckUtf8("lightllm_json.architectures", calibration->architectures);
+      !s.ok()) {
+    return s;
+  }
+  args.calibration = *std::move(calibration);
+  if (proto.has_model()) {
+    absl::StatusOr<ModelConfig> model = ModelFromProto(proto.model(), limits.model);
+    if (!model.ok()) return model.status();
+    args.model = *std::move(model);
+  }
+  args.total_heads = proto.total_kv_heads();
+  args.tp_size = proto.tp_size();
+  return args;
+}
+
 Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto) {
   return proto == v1::MODELOPT ? Nvfp4Convention::kModelOpt
                                : Nvfp4Convention::kCompressedTensors;
 }
 
-absl::StatusOr<v1::ScalesResponse> ScalesToProto(
-    const SessionScales& scales, const google::protobuf::RepeatedPtrField<std::string>& formats) {
+absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
+                                                 const std::vector<std::string>& formats) {
   v1::ScalesResponse out;
   switch (scales.kv) {
     case KvMode::kOff:
@@ -252,9 +350,8 @@ absl::StatusOr<v1::ScalesResponse> ScalesToProto(
     if (module.input_scale) row->set_input_global_scale(*module.input_scale);
   }
   std::vector<ScaleWarning> warnings = scales.warnings;
-  const std::vector<std::string> wanted(formats.begin(), formats.end());
   absl::StatusOr<std::vector<RenderedFile>> files =
-      RenderSessionOutputs(scales, wanted, &warnings);
+      RenderSessionOutputs(scales, formats, &warnings);
   if (!files.ok()) return files.status();
   for (RenderedFile& file : *files) {
     v1::OutputFile* row = out.add_files();

@@ -3,33 +3,68 @@
 #ifndef CALIPER_SERVER_PROTO_CONVERT_H_
 #define CALIPER_SERVER_PROTO_CONVERT_H_
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "core/calibration/model_config.h"
+#include "core/formats/lightllm_format.h"
+#include "core/session/limits.h"
 #include "core/session/session.h"
 #include "proto/caliper.pb.h"
 
 namespace caliper {
 
-// hf_config_json, when set, takes precedence over the fields; the result is validated.
-absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto);
+// Every conversion from the wire checks what it moves against `limits` and UTF-8 first, so an
+// oversized or malformed value is refused here (naming the field, the value and the limit)
+// before anything is sized by it.
+
+// hf_config_json, when set, takes precedence over the fields; both go through ModelFromFields.
+absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto,
+                                           const ModelLimits& limits = ModelLimits());
 v1::ModelDescription ModelToProto(const ModelConfig& model);
 
-absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto);
+absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto, const Limits& limits = Limits());
 v1::Recipe RecipeToProto(const Recipe& recipe);
 
 v1::Session SessionToProto(const SessionStatus& status);
 
-// Builds the ChunkRef over the message's bytes (no copy). InvalidArgument for an unknown kind
-// or dtype, naming the field.
-absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto);
+inline constexpr int kMaxShapeRank = 8;
+inline constexpr size_t kMaxFormatBytes = 64;
 
-Deployment DeploymentFromProto(const v1::Deployment& proto);
+// Builds the ChunkRef over the message's bytes (no copy). InvalidArgument for an unknown kind
+// or dtype, an oversized or non-UTF-8 module / producer_id, naming the field.
+absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto,
+                                        const Limits& limits = Limits());
+
+// tp_size and total_kv_heads within max_tp_size / max_total_kv_heads.
+absl::StatusOr<Deployment> DeploymentFromProto(const v1::Deployment& proto,
+                                               const Limits& limits = Limits());
 Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto);
+
+// ScalesRequest.formats de-duplicated in order; more than max_formats distinct names or a name
+// longer than kMaxFormatBytes is refused naming formats[i].
+absl::StatusOr<std::vector<std::string>> FormatsFromProto(
+    const google::protobuf::RepeatedPtrField<std::string>& formats,
+    const Limits& limits = Limits());
+
+// An AdaptRequest, parsed and bounded: the file within max_lightllm_json_bytes, its num_layers
+// within max_layers and num_head, total_kv_heads within max_total_kv_heads, tp_size within
+// max_tp_size (the adapted file has num_layers x 2 x total_heads entries).
+struct AdaptArgs {
+  LightLlmCalibration calibration;
+  std::optional<ModelConfig> model;
+  int total_heads = 0;
+  int tp_size = 0;
+};
+absl::StatusOr<AdaptArgs> AdaptFromProto(const v1::AdaptRequest& proto,
+                                         const Limits& limits = Limits());
 
 // Renders `formats` through RenderSessionOutputs (empty: DefaultKvFormat when KV is on).
 // InvalidArgument naming formats[i] for an unknown format or one the session cannot produce.
 absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
-                                                 const google::protobuf::RepeatedPtrField<std::string>& formats);
+                                                 const std::vector<std::string>& formats);
 
 }  // namespace caliper
 

@@ -124,6 +124,15 @@ grpc::Status TokenAuthMetadataProcessor::Process(const InputMetadata& auth_metad
                                                  grpc::AuthContext* /*context*/,
                                                  OutputMetadata* /*consumed_auth_metadata*/,
                                                  OutputMetadata* /*response_metadata*/) {
+  // Health checking and reflection carry no tenant data: probes and tools (Kubernetes' gRPC
+  // probe, grpcurl) send no token, so they answer without one.
+  if (auto path = auth_metadata.find(":path"); path != auth_metadata.end()) {
+    const absl::string_view method(path->second.data(), path->second.size());
+    if (absl::StartsWith(method, "/grpc.health.v1.Health/") ||
+        absl::StartsWith(method, "/grpc.reflection.")) {
+      return grpc::Status::OK;
+    }
+  }
   auto it = auth_metadata.find(grpc::string_ref(kAuthorizationKey.data(), kAuthorizationKey.size()));
   absl::string_view value;
   if (it != auth_metadata.end()) value = absl::string_view(it->second.data(), it->second.size());

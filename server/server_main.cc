@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
+#include "core/session/limits.h"
 #include "server/caliper_server.h"
 #include "server/device.h"
 #include "server/event_log.h"
@@ -29,6 +30,51 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
 ABSL_FLAG(std::string, device, "auto", "Reduction backend: auto, cpu or cuda");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest tensor chunk accepted; larger ones end the stream with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_inflight_bytes, caliper::ServerOptions().max_inflight_bytes,
+          "Bytes of requests gRPC may hold across all streams and connections (its resource "
+          "quota; past it streams are reset with RESOURCE_EXHAUSTED); Observe reads wait while "
+          "half of it is taken. About a quarter of the pod's memory limit; 0: unbounded");
+ABSL_FLAG(int64_t, stream_lookahead_bytes, caliper::ServiceOptions().stream_lookahead_bytes,
+          "HTTP/2 window per Observe stream (bytes a client may send ahead of the server)");
+// Limits (core/session/limits.h has the defaults and why).
+ABSL_FLAG(int, max_layers, caliper::ModelLimits().max_layers, "Most layers a model may declare");
+ABSL_FLAG(int, max_attention_heads, caliper::ModelLimits().max_attention_heads,
+          "Most attention heads a model may declare");
+ABSL_FLAG(int, max_kv_heads, caliper::ModelLimits().max_kv_heads,
+          "Most KV heads a model may declare");
+ABSL_FLAG(int, max_head_dim, caliper::ModelLimits().max_head_dim, "Largest head_dim of a model");
+ABSL_FLAG(int, max_hidden_size, caliper::ModelLimits().max_hidden_size,
+          "Largest hidden_size of a model");
+ABSL_FLAG(int64_t, max_model_string_bytes,
+          static_cast<int64_t>(caliper::ModelLimits().max_model_string_bytes),
+          "Longest model architecture / model_type");
+ABSL_FLAG(int64_t, max_hf_config_json_bytes,
+          static_cast<int64_t>(caliper::ModelLimits().max_hf_config_json_bytes),
+          "Longest model.hf_config_json");
+ABSL_FLAG(int, max_tp_size, caliper::Limits().max_tp_size,
+          "Largest deployment TP size GetScales and Adapt accept");
+ABSL_FLAG(int, max_total_kv_heads, caliper::Limits().max_total_kv_heads,
+          "Most total KV heads (across ranks) GetScales and Adapt accept");
+ABSL_FLAG(int, max_formats, caliper::Limits().max_formats,
+          "Most distinct formats one GetScales may render (duplicates are dropped)");
+ABSL_FLAG(int64_t, max_batches_per_session, caliper::Limits().max_batches_per_session,
+          "Most (module, batch) activation statistics a session keeps");
+ABSL_FLAG(int, max_producers_per_session, caliper::Limits().max_producers_per_session,
+          "Most distinct producer ids a session tracks");
+ABSL_FLAG(int64_t, max_producer_id_bytes,
+          static_cast<int64_t>(caliper::Limits().max_producer_id_bytes), "Longest producer_id");
+ABSL_FLAG(int64_t, max_module_bytes, static_cast<int64_t>(caliper::Limits().max_module_bytes),
+          "Longest module name");
+ABSL_FLAG(int64_t, max_name_bytes, static_cast<int64_t>(caliper::Limits().max_name_bytes),
+          "Longest session name");
+ABSL_FLAG(int64_t, max_fused_groups_bytes,
+          static_cast<int64_t>(caliper::Limits().max_fused_groups_bytes),
+          "Longest recipe.fused_groups");
+ABSL_FLAG(int64_t, max_lightllm_json_bytes,
+          static_cast<int64_t>(caliper::Limits().max_lightllm_json_bytes),
+          "Longest Adapt lightllm_json");
+ABSL_FLAG(int, max_sessions, caliper::Limits().max_sessions,
+          "Sessions the server holds at once (all tenants)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long in-flight streams may run before they are cancelled");
 ABSL_FLAG(std::string, log_format, "text", "Log lines as text or json");
@@ -41,11 +87,11 @@ ABSL_FLAG(std::string, tokens_file, "",
           "sees only its tenant's sessions. Empty: one anonymous tenant");
 ABSL_FLAG(bool, allow_plaintext_tokens, false,
           "Accept --tokens_file without TLS (tokens travel in clear text: loopback/tests only)");
-ABSL_FLAG(int, max_sessions_per_tenant, 0, "Sessions a tenant may hold at once; 0: unbounded");
-ABSL_FLAG(int, max_concurrent_streams, 0, "Observe streams open at once; 0: unbounded");
-ABSL_FLAG(int, max_modules_per_session, 0,
-          "Distinct NVFP4 modules a session may track; 0: unbounded (layers are bounded by the "
-          "model)");
+ABSL_FLAG(int, max_sessions_per_tenant, 0,
+          "Sessions a tenant may hold at once; 0: only --max_sessions applies");
+ABSL_FLAG(int, max_concurrent_streams, 1024, "Observe streams open at once; 0: unbounded");
+ABSL_FLAG(int, max_modules_per_session, caliper::Limits().max_modules_per_session,
+          "Distinct NVFP4 modules a session may track (a 61-layer, 384-expert MoE has ~70k)");
 ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::ZeroDuration(),
           "Cancel an Observe stream that sends nothing for this long (accepted chunks stay); 0: "
           "never");
@@ -55,6 +101,11 @@ ABSL_FLAG(std::string, state_dir, "",
 ABSL_FLAG(absl::Duration, state_flush_interval, absl::Seconds(1),
           "Longest time between writes of a changed session's state (stream ends, "
           "CreateSession and Finalize also wait for a write)");
+
+namespace {
+// A byte-count flag; a negative value becomes 0, which ValidateLimits refuses by name.
+size_t ByteFlag(int64_t value) { return value < 0 ? 0 : static_cast<size_t>(value); }
+}  // namespace
 
 // --help lists the flags defined under server/ (Abseil's default filter wants a file named after
 // the binary, so it listed none); --helpfull adds Abseil's own.
@@ -108,6 +159,8 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.service.stream_lookahead_bytes = absl::GetFlag(FLAGS_stream_lookahead_bytes);
   options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.security.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -123,8 +176,27 @@ int main(int argc, char** argv) {
     options.service.authenticator =
         std::make_shared<const caliper::TokenAuthenticator>(*std::move(tokens));
   }
-  options.service.limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
-  options.service.limits.max_modules_per_session = absl::GetFlag(FLAGS_max_modules_per_session);
+  caliper::Limits& limits = options.service.limits;
+  limits.model.max_layers = absl::GetFlag(FLAGS_max_layers);
+  limits.model.max_attention_heads = absl::GetFlag(FLAGS_max_attention_heads);
+  limits.model.max_kv_heads = absl::GetFlag(FLAGS_max_kv_heads);
+  limits.model.max_head_dim = absl::GetFlag(FLAGS_max_head_dim);
+  limits.model.max_hidden_size = absl::GetFlag(FLAGS_max_hidden_size);
+  limits.model.max_model_string_bytes = ByteFlag(absl::GetFlag(FLAGS_max_model_string_bytes));
+  limits.model.max_hf_config_json_bytes = ByteFlag(absl::GetFlag(FLAGS_max_hf_config_json_bytes));
+  limits.max_tp_size = absl::GetFlag(FLAGS_max_tp_size);
+  limits.max_total_kv_heads = absl::GetFlag(FLAGS_max_total_kv_heads);
+  limits.max_formats = absl::GetFlag(FLAGS_max_formats);
+  limits.max_modules_per_session = absl::GetFlag(FLAGS_max_modules_per_session);
+  limits.max_batches_per_session = absl::GetFlag(FLAGS_max_batches_per_session);
+  limits.max_producers_per_session = absl::GetFlag(FLAGS_max_producers_per_session);
+  limits.max_producer_id_bytes = ByteFlag(absl::GetFlag(FLAGS_max_producer_id_bytes));
+  limits.max_module_bytes = ByteFlag(absl::GetFlag(FLAGS_max_module_bytes));
+  limits.max_name_bytes = ByteFlag(absl::GetFlag(FLAGS_max_name_bytes));
+  limits.max_fused_groups_bytes = ByteFlag(absl::GetFlag(FLAGS_max_fused_groups_bytes));
+  limits.max_lightllm_json_bytes = ByteFlag(absl::GetFlag(FLAGS_max_lightllm_json_bytes));
+  limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
   options.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);

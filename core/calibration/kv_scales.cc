@@ -10,20 +10,29 @@
 namespace caliper {
 namespace {
 
-// Scale for one entry, or 1.0 plus a warning when the statistic cannot give one.
+// Scale for one entry, or 1.0 plus a warning when the statistic cannot give one: never
+// observed, non-finite, zero, subnormal, or a quotient that is not a normal float (its
+// reciprocal, which engines multiply by, would overflow). The warning names the entry.
 float ScaleOrWarn(float absmax, bool observed, float qmax, std::string where,
                   std::vector<ScaleWarning>& warnings) {
   std::string reason;
+  const float scale = absmax / qmax;
   if (!observed) {
     reason = "never observed";
   } else if (!std::isfinite(absmax)) {
     reason = absl::StrCat("absmax is non-finite (", absmax, ")");
   } else if (absmax == 0.0f) {
     reason = "absmax is 0 (all values zero)";
+  } else if (!std::isnormal(absmax) || !std::isnormal(scale) || !std::isfinite(1.0f / scale)) {
+    reason = absl::StrCat("absmax ", absmax,
+                          " is too small for an FP8 scale (absmax / qmax = ",
+                          scale, " is not a normal float)");
   } else {
-    return absmax / qmax;
+    return scale;
   }
-  warnings.push_back({std::move(where), absl::StrCat(reason, "; scale set to 1.0")});
+  warnings.push_back({std::move(where),
+                      absl::StrCat(reason, "; scale set to 1.0 (compressed-tensors files: its "
+                                           "float32 eps floor)")});
   return 1.0f;
 }
 
@@ -85,6 +94,11 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
     }
   }
   return out;
+}
+
+float CompressedTensorsKvScale(float absmax, float scale) {
+  if (!std::isfinite(absmax)) return scale;
+  return absmax / Fp8Max(Fp8Flavor::kE4M3FN) < kFloat32Eps ? kFloat32Eps : scale;
 }
 
 absl::StatusOr<int> DeployedTotalKvHeads(int num_kv_heads, int tp_size) {

@@ -30,10 +30,19 @@ struct KvScales {
   std::vector<ScaleWarning> warnings;    // one per zero, non-finite or unobserved entry
 };
 
-// A zero, non-finite or never-observed absmax yields scale 1.0 (LightLLM's convention) and a
-// warning naming the entry. Per tensor takes the max over heads before dividing.
+// A zero, subnormal, non-finite or never-observed absmax (or one whose scale would not be a
+// normal float) yields scale 1.0 (LightLLM's convention) and a warning naming layer and head.
+// Per tensor takes the max over heads before dividing.
 KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularity granularity,
                           Fp8Flavor flavor);
+
+// torch.finfo(torch.float32).eps: compressed-tensors clamps every FP8 scale to at least this.
+inline constexpr float kFloat32Eps = 1.1920929e-07f;
+
+// One e4m3fn checkpoint scale in compressed-tensors' convention: eps where absmax / 448 is below
+// it (a zero or tiny absmax: what llm-compressor writes), else `scale` (the e4m3fn scale as
+// computed; also kept for a non-finite absmax, whose warned fallback it is).
+float CompressedTensorsKvScale(float absmax, float scale);
 
 // Total KV heads a deployment counts across ranks: T * max(H / T, 1).
 absl::StatusOr<int> DeployedTotalKvHeads(int num_kv_heads, int tp_size);

@@ -25,22 +25,120 @@ const json* FindKey(const json& root, const char* key) {
   return nullptr;
 }
 
-absl::StatusOr<int> PositiveInt(const json* value, const char* key) {
-  if (value == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: missing key \"", key, "\""));
-  }
-  if (!value->is_number_integer() || value->get<int64_t>() <= 0 ||
-      value->get<int64_t>() > (int64_t{1} << 30)) {
+// A present key must hold a positive integer (an explicit 0 is not "absent").
+absl::StatusOr<int64_t> PositiveInt(const json* value, const char* key) {
+  if (value == nullptr) return 0;
+  if (!value->is_number_integer() || value->get<int64_t>() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key,
                                                    "\" must be a positive integer, got ",
                                                    value->dump()));
   }
-  return static_cast<int>(value->get<int64_t>());
+  return value->get<int64_t>();
+}
+
+// ModelFromFields without the prefix on config.json errors (ModelFromFields adds it).
+absl::StatusOr<ModelConfig> BuildModel(const ModelFields& fields, bool json_names,
+                                       absl::string_view prefix, const ModelLimits& limits) {
+  auto name = [&](const char* model_name, const char* json_key) {
+    return json_names ? absl::StrCat("\"", json_key, "\"") : absl::StrCat(prefix, model_name);
+  };
+  const std::string layers = name("num_layers", "num_hidden_layers");
+  const std::string heads = name("num_attention_heads", "num_attention_heads");
+  const std::string kv_heads = name("num_kv_heads", "num_key_value_heads");
+  const std::string head_dim = name("head_dim", "head_dim");
+  const std::string hidden = name("hidden_size", "hidden_size");
+
+  for (const auto& [field, text] : {std::pair{name("architecture", "architectures"),
+                                              &fields.architecture},
+                                    std::pair{name("model_type", "model_type"), &fields.model_type}}) {
+    if (absl::Status s = CheckString(field, *text, "max_model_string_bytes",
+                                     limits.max_model_string_bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
+  struct Count {
+    const std::string* field;
+    int64_t value;
+    bool required;
+    const char* limit_name;
+    int64_t limit;
+  };
+  const Count counts[] = {
+      {&layers, fields.num_layers, true, "max_layers", limits.max_layers},
+      {&heads, fields.num_attention_heads, true, "max_attention_heads",
+       limits.max_attention_heads},
+      {&kv_heads, fields.num_kv_heads, false, "max_kv_heads", limits.max_kv_heads},
+      {&head_dim, fields.head_dim, false, "max_head_dim", limits.max_head_dim},
+      {&hidden, fields.hidden_size, false, "max_hidden_size", limits.max_hidden_size},
+  };
+  for (const Count& count : counts) {
+    if (count.required && count.value == 0) {
+      return absl::InvalidArgumentError(json_names ? absl::StrCat("missing key ", *count.field)
+                                                   : absl::StrCat(*count.field, ": required"));
+    }
+    if (count.value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(*count.field, ": must be positive, got ", count.value));
+    }
+    if (absl::Status s = CheckLimit(*count.field, count.value, count.limit_name, count.limit);
+        !s.ok()) {
+      return s;
+    }
+  }
+
+  ModelConfig config;
+  config.architecture = fields.architecture;
+  config.model_type = fields.model_type;
+  config.num_layers = static_cast<int>(fields.num_layers);
+  config.num_attention_heads = static_cast<int>(fields.num_attention_heads);
+  config.num_kv_heads = static_cast<int>(fields.num_kv_heads > 0 ? fields.num_kv_heads
+                                                                 : fields.num_attention_heads);
+  config.hidden_size = static_cast<int>(fields.hidden_size);
+  if (fields.head_dim > 0) {
+    config.head_dim = static_cast<int>(fields.head_dim);
+  } else if (fields.hidden_size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(head_dim, ": missing, and no ", hidden, " to derive it from"));
+  } else if (fields.hidden_size % fields.num_attention_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        hidden, ": ", fields.hidden_size, " is not a multiple of ", heads, " ",
+        fields.num_attention_heads, ", and ", head_dim, " is missing"));
+  } else {
+    config.head_dim = static_cast<int>(fields.hidden_size / fields.num_attention_heads);
+    if (absl::Status s = CheckLimit(head_dim, config.head_dim, "max_head_dim",
+                                    limits.max_head_dim);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (config.num_kv_heads > limits.max_kv_heads) {
+    return CheckLimit(kv_heads, config.num_kv_heads, "max_kv_heads", limits.max_kv_heads);
+  }
+  if (config.num_attention_heads % config.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kv_heads, ": ", config.num_kv_heads,
+                                                   " does not divide ", heads, " ",
+                                                   config.num_attention_heads));
+  }
+  return config;
 }
 
 }  // namespace
 
-absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text) {
+absl::StatusOr<ModelConfig> ModelFromFields(const ModelFields& fields, ModelFieldNames names,
+                                            absl::string_view prefix, const ModelLimits& limits) {
+  const bool json_names = names == ModelFieldNames::kConfigJson;
+  absl::StatusOr<ModelConfig> model = BuildModel(fields, json_names, prefix, limits);
+  if (model.ok() || !json_names) return model;
+  return absl::Status(model.status().code(), absl::StrCat(prefix, model.status().message()));
+}
+
+absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, const ModelLimits& limits) {
+  if (json_text.size() > limits.max_hf_config_json_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: ", json_text.size(), " bytes exceeds the limit max_hf_config_json_bytes=",
+        limits.max_hf_config_json_bytes));
+  }
   json root;
   try {
     root = json::parse(json_text.begin(), json_text.end());
@@ -50,8 +148,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text) {
   if (!root.is_object()) {
     return absl::InvalidArgumentError("config.json: top level must be a JSON object");
   }
-  ModelConfig config;
-
+  ModelFields fields;
   const json* architectures = FindKey(root, "architectures");
   if (architectures == nullptr) {
     return absl::InvalidArgumentError("config.json: missing key \"architectures\"");
@@ -60,81 +157,55 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text) {
     return absl::InvalidArgumentError(
         "config.json: \"architectures\" must be a non-empty list of strings");
   }
-  config.architecture = (*architectures)[0].get<std::string>();
+  fields.architecture = (*architectures)[0].get<std::string>();
   if (const json* model_type = FindKey(root, "model_type"); model_type && model_type->is_string()) {
-    config.model_type = model_type->get<std::string>();
+    fields.model_type = model_type->get<std::string>();
   }
-
-  auto layers = PositiveInt(FindKey(root, "num_hidden_layers"), "num_hidden_layers");
-  if (!layers.ok()) return layers.status();
-  config.num_layers = *layers;
-  auto heads = PositiveInt(FindKey(root, "num_attention_heads"), "num_attention_heads");
-  if (!heads.ok()) return heads.status();
-  config.num_attention_heads = *heads;
-
-  if (const json* kv = FindKey(root, "num_key_value_heads")) {
-    auto kv_heads = PositiveInt(kv, "num_key_value_heads");
-    if (!kv_heads.ok()) return kv_heads.status();
-    config.num_kv_heads = *kv_heads;
-  } else {
-    config.num_kv_heads = config.num_attention_heads;  // multi-head attention
+  struct Key {
+    const char* key;
+    int64_t* value;
+  };
+  for (Key key : {Key{"num_hidden_layers", &fields.num_layers},
+                  Key{"num_attention_heads", &fields.num_attention_heads},
+                  Key{"num_key_value_heads", &fields.num_kv_heads},
+                  Key{"head_dim", &fields.head_dim}, Key{"hidden_size", &fields.hidden_size}}) {
+    absl::StatusOr<int64_t> value = PositiveInt(FindKey(root, key.key), key.key);
+    if (!value.ok()) return value.status();
+    *key.value = *value;
   }
-
-  if (const json* hidden = FindKey(root, "hidden_size")) {
-    auto hidden_size = PositiveInt(hidden, "hidden_size");
-    if (!hidden_size.ok()) return hidden_size.status();
-    config.hidden_size = *hidden_size;
-  }
-  if (const json* head_dim = FindKey(root, "head_dim")) {
-    auto dim = PositiveInt(head_dim, "head_dim");
-    if (!dim.ok()) return dim.status();
-    config.head_dim = *dim;
-  } else if (config.hidden_size == 0) {
-    return absl::InvalidArgumentError(
-        "config.json: missing key \"head_dim\" (and no \"hidden_size\" to derive it from)");
-  } else if (config.hidden_size % config.num_attention_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: \"hidden_size\" ", config.hidden_size, " is not a multiple of \"num_attention_heads\" ",
-        config.num_attention_heads, ", and \"head_dim\" is absent"));
-  } else {
-    config.head_dim = config.hidden_size / config.num_attention_heads;
-  }
-
+  absl::StatusOr<ModelConfig> config =
+      ModelFromFields(fields, ModelFieldNames::kConfigJson, "config.json: ", limits);
+  if (!config.ok()) return config.status();
   // MoE by its expert count, never by model_type (Mixtral's is "mixtral").
   for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
     if (const json* experts = FindKey(root, key); experts && experts->is_number_integer() &&
                                                   experts->get<int64_t>() > 0) {
-      config.num_experts = static_cast<int>(std::min<int64_t>(experts->get<int64_t>(), 1 << 20));
+      config->num_experts = static_cast<int>(std::min<int64_t>(experts->get<int64_t>(), 1 << 20));
       break;
     }
   }
-  if (absl::Status valid = ValidateModelConfig(config); !valid.ok()) return valid;
   return config;
 }
 
-absl::Status ValidateModelConfig(const ModelConfig& config) {
-  if (config.num_layers <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_layers: must be positive, got ", config.num_layers));
-  }
-  if (config.num_attention_heads <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_attention_heads: must be positive, got ", config.num_attention_heads));
-  }
+absl::Status ValidateModelConfig(const ModelConfig& config, const ModelLimits& limits) {
+  ModelFields fields;
+  fields.architecture = config.architecture;
+  fields.model_type = config.model_type;
+  fields.num_layers = config.num_layers;
+  fields.num_attention_heads = config.num_attention_heads;
+  fields.num_kv_heads = config.num_kv_heads;
+  fields.head_dim = config.head_dim;
+  fields.hidden_size = config.hidden_size;
   if (config.num_kv_heads <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_kv_heads: must be positive, got ", config.num_kv_heads));
-  }
-  if (config.num_attention_heads % config.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_kv_heads: ", config.num_kv_heads, " does not divide num_attention_heads ",
-        config.num_attention_heads));
   }
   if (config.head_dim <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("head_dim: must be positive, got ", config.head_dim));
   }
-  return absl::OkStatus();
+  absl::StatusOr<ModelConfig> built = ModelFromFields(fields, ModelFieldNames::kModelConfig, "", limits);
+  return built.status();
 }
 
 }  // namespace caliper

@@ -1,11 +1,14 @@
-// The few facts about a model that calibration needs, read from a Hugging Face config.json.
+// The few facts about a model that calibration needs, from a Hugging Face config.json or from
+// the same fields given one by one (an RPC, a state file). One rule builds and validates both.
 #ifndef CALIPER_CORE_CALIBRATION_MODEL_CONFIG_H_
 #define CALIPER_CORE_CALIBRATION_MODEL_CONFIG_H_
 
+#include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/session/limits.h"
 
 namespace caliper {
 
@@ -20,12 +23,32 @@ struct ModelConfig {
   int num_experts = 0;          // num_local_experts / num_experts / n_routed_experts; 0: dense
 };
 
-// Parses config.json text. Text configs nested under "text_config" (multimodal models) are
-// used when the top level lacks the fields. Errors name the missing or invalid key.
-absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text);
+// The fields as a caller has them; 0 means "absent". Errors name them with `prefix` and either
+// the config.json keys ("num_hidden_layers") or the ModelConfig names ("num_layers").
+struct ModelFields {
+  std::string architecture, model_type;
+  int64_t num_layers = 0, num_attention_heads = 0, num_kv_heads = 0, head_dim = 0,
+          hidden_size = 0;
+};
+enum class ModelFieldNames { kConfigJson, kModelConfig };
 
-// Validates a config built by hand (e.g. from an RPC): positive counts, heads divisible.
-absl::Status ValidateModelConfig(const ModelConfig& config);
+// The one rule: counts positive and within `limits`; num_kv_heads absent -> num_attention_heads;
+// head_dim absent -> hidden_size / num_attention_heads, refused unless hidden_size is present
+// and a multiple; num_kv_heads divides num_attention_heads; strings UTF-8 within the limit.
+absl::StatusOr<ModelConfig> ModelFromFields(const ModelFields& fields,
+                                            ModelFieldNames names = ModelFieldNames::kModelConfig,
+                                            absl::string_view prefix = "",
+                                            const ModelLimits& limits = ModelLimits());
+
+// Parses config.json text into ModelFields, then ModelFromFields. Text configs nested under
+// "text_config" (multimodal models) are used when the top level lacks the fields. Errors start
+// with "config.json: " and name the missing or invalid key.
+absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text,
+                                          const ModelLimits& limits = ModelLimits());
+
+// Validates a config built by hand: ModelFromFields of its fields must give it back unchanged.
+absl::Status ValidateModelConfig(const ModelConfig& config,
+                                 const ModelLimits& limits = ModelLimits());
 
 }  // namespace caliper
 

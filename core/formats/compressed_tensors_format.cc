@@ -48,8 +48,13 @@ absl::StatusOr<std::string> CompressedTensorsScalesFile(const RenderInputs& inpu
     if (per_head) shape = {kv.num_kv_heads, 1, 1};
     for (size_t l = 0; l < kv.k.size(); ++l) {
       for (bool key : {true, false}) {
+        std::vector<float> row = CheckpointKvRow(kv, key, l);
+        const auto& absmax = key ? kv.k_absmax : kv.v_absmax;
+        for (size_t h = 0; l < absmax.size() && h < absmax[l].size() && h < row.size(); ++h) {
+          row[h] = CompressedTensorsKvScale(absmax[l][h], row[h]);
+        }
         absl::Status s = writer.Add(absl::StrCat(LayerPrefix(inputs, l), key ? "k" : "v", "_scale"),
-                                    "F32", shape, FloatBytes(CheckpointKvRow(kv, key, l)));
+                                    "F32", shape, FloatBytes(row));
         if (!s.ok()) return s;
       }
     }

@@ -18,11 +18,19 @@ void ProducerLedger::Restore(const ProducerSequences& durable) {
   }
 }
 
-absl::StatusOr<ProducerLedger::Stream> ProducerLedger::OpenStream(absl::string_view producer_id) {
+absl::StatusOr<ProducerLedger::Stream> ProducerLedger::OpenStream(absl::string_view producer_id,
+                                                                  size_t max_producers) {
   if (producer_id.empty()) return absl::InvalidArgumentError("producer_id: empty");
   std::lock_guard<std::mutex> lock(mu_);
   auto it = producers_.find(producer_id);
-  if (it == producers_.end()) it = producers_.emplace(std::string(producer_id), Producer{}).first;
+  if (it == producers_.end()) {
+    if (producers_.size() >= max_producers) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "producer '", producer_id, "' would be producer ", producers_.size() + 1,
+          " of this session, over the limit max_producers_per_session=", max_producers));
+    }
+    it = producers_.emplace(std::string(producer_id), Producer{}).first;
+  }
   it->second.epoch = next_epoch_++;
   it->second.stream_last = 0;
   return Stream{std::string(producer_id), it->second.epoch};

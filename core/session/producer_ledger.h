@@ -42,7 +42,10 @@ class ProducerLedger {
 
   // Registers a new stream for `producer_id` and fences any earlier one.
   // InvalidArgument for an empty id.
-  absl::StatusOr<Stream> OpenStream(absl::string_view producer_id);
+  // A producer beyond `max_producers` known ones is ResourceExhausted naming
+  // max_producers_per_session.
+  absl::StatusOr<Stream> OpenStream(absl::string_view producer_id,
+                                    size_t max_producers = SIZE_MAX);
 
   // Classifies `sequence` on `stream` (the stream rule plus the producer rule above).
   // InvalidArgument for sequence 0 (that chunk's fault); FailedPrecondition for a gap or a

@@ -39,21 +39,29 @@ absl::string_view ChunkKindName(ChunkKind kind) {
 }
 
 CalibrationSession::CalibrationSession(ModelConfig model, Recipe recipe, std::string id,
-                                       std::string name, std::string tenant)
+                                       std::string name, std::string tenant,
+                                       const Limits& limits)
     : model_(std::move(model)),
       recipe_(std::move(recipe)),
       id_(std::move(id)),
       name_(std::move(name)),
       tenant_(std::move(tenant)),
-      created_unix_ms_(NowUnixMs()) {
+      created_unix_ms_(NowUnixMs()),
+      limits_(limits) {
   if (recipe_.kv != KvMode::kOff) {
     kv_layers_.assign(model_.num_layers, KvLayerObserver(model_.num_kv_heads));
   }
 }
 
 absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
-    ModelConfig model, Recipe recipe, std::string id, std::string name, std::string tenant) {
-  if (absl::Status s = ValidateModelConfig(model); !s.ok()) return s;
+    ModelConfig model, Recipe recipe, std::string id, std::string name, std::string tenant,
+    const Limits& limits) {
+  // Before anything is sized by the model: kv_layers_ is num_layers x num_kv_heads.
+  if (absl::Status s = ValidateModelConfig(model, limits.model); !s.ok()) return s;
+  if (absl::Status s = CheckString("name", name, "max_name_bytes", limits.max_name_bytes);
+      !s.ok()) {
+    return s;
+  }
   if (!(recipe.averaging_constant > 0.0 && recipe.averaging_constant <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recipe.averaging_constant: must be in (0, 1], got ", recipe.averaging_constant));
@@ -69,7 +77,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
   }
   return std::unique_ptr<CalibrationSession>(
       new CalibrationSession(std::move(model), std::move(recipe), std::move(id), std::move(name),
-                             std::move(tenant)));
+                             std::move(tenant), limits));
 }
 
 absl::Status CalibrationSession::CheckOpen() const {
@@ -156,7 +164,13 @@ StreamObserveResult CalibrationSession::Observe(const ChunkRef& chunk, Reduction
 absl::StatusOr<ProducerLedger::Stream> CalibrationSession::OpenProducerStream(
     absl::string_view producer_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<ProducerLedger::Stream> stream = ledger_.OpenStream(producer_id);
+  if (absl::Status s = CheckString("chunk.producer_id", producer_id, "max_producer_id_bytes",
+                                   limits_.max_producer_id_bytes);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<ProducerLedger::Stream> stream = ledger_.OpenStream(
+      producer_id, static_cast<size_t>(limits_.max_producers_per_session));
   if (!stream.ok()) {
     return absl::Status(stream.status().code(),
                         absl::StrCat("chunk.producer_id: ", stream.status().message()));
@@ -247,13 +261,24 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
     ++skipped_warmup_chunks_;
     return ObserveOutcome::kSkippedWarmup;
   }
-  if (!IsKv(chunk.kind) && max_modules_ > 0 &&
-      static_cast<int>(modules_.size()) >= max_modules_ &&
-      modules_.find(std::string(chunk.module)) == modules_.end()) {
-    ++rejected_chunks_;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "chunk.module: \"", chunk.module, "\" would be module ", modules_.size() + 1,
-        " of this session, over its limit (max_modules_per_session=", max_modules_, ")"));
+  if (!IsKv(chunk.kind)) {
+    auto module = modules_.find(chunk.module);
+    if (module == modules_.end() &&
+        static_cast<int64_t>(modules_.size()) >= limits_.max_modules_per_session) {
+      ++rejected_chunks_;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "chunk.module: \"", chunk.module, "\" would be module ", modules_.size() + 1,
+          " of this session, over the limit max_modules_per_session=",
+          limits_.max_modules_per_session));
+    }
+    if (chunk.kind == ChunkKind::kInput && batch_entries_ >= limits_.max_batches_per_session &&
+        (module == modules_.end() || module->second.input.batches.count(chunk.batch) == 0)) {
+      ++rejected_chunks_;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "chunk.batch: ", chunk.batch, " of \"", chunk.module, "\" would be activation entry ",
+          batch_entries_ + 1, " of this session, over the limit max_batches_per_session=",
+          limits_.max_batches_per_session));
+    }
   }
   switch (chunk.kind) {
     case ChunkKind::kKey:
@@ -263,9 +288,13 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
     case ChunkKind::kWeight:
       modules_[std::string(chunk.module)].weight.Accumulate(*stats.range);
       break;
-    case ChunkKind::kInput:
-      modules_[std::string(chunk.module)].input.Accumulate(chunk.batch, *stats.range);
+    case ChunkKind::kInput: {
+      ActivationObserver& input = modules_[std::string(chunk.module)].input;
+      const size_t before = input.batches.size();
+      input.Accumulate(chunk.batch, *stats.range);
+      batch_entries_ += static_cast<int64_t>(input.batches.size() - before);
       break;
+    }
   }
   ++accepted_chunks_;
   accepted_bytes_ += static_cast<int64_t>(chunk.data.size());

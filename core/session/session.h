@@ -27,6 +27,7 @@
 #include "core/calibration/nvfp4.h"
 #include "core/calibration/observers.h"
 #include "core/session/deployment.h"
+#include "core/session/limits.h"
 #include "core/session/producer_ledger.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/tensor_view.h"
@@ -112,6 +113,7 @@ struct SessionSnapshot {
   std::string bytes;            // self-describing: Restore() rebuilds the session from it
   ProducerSequences producers;  // ledger counts the bytes cover
   uint64_t version = 0;         // ChangeCount() when taken
+  bool finalized = false;       // the bytes hold a finalized session
 };
 
 struct LayerProgressInfo {
@@ -142,13 +144,12 @@ absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
 
 class CalibrationSession {
  public:
-  // InvalidArgument (naming the field) for an invalid model or recipe.
-  // `tenant` owns the session ("" is the anonymous tenant of a server without tokens).
-  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Create(ModelConfig model,
-                                                                    Recipe recipe,
-                                                                    std::string id = "",
-                                                                    std::string name = "",
-                                                                    std::string tenant = "");
+  // InvalidArgument (naming the field) for an invalid model or recipe, or one beyond `limits`.
+  // `tenant` owns the session ("" is the anonymous tenant of a server without tokens). The
+  // session keeps `limits` for what chunks may add (modules, batches, producers).
+  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Create(
+      ModelConfig model, Recipe recipe, std::string id = "", std::string name = "",
+      std::string tenant = "", const Limits& limits = Limits());
 
   // Validates and reduces one chunk, then folds it in. On any error the chunk is rejected whole
   // and no statistic changes. Errors: InvalidArgument (layer out of range, empty module, kind not
@@ -178,6 +179,9 @@ class CalibrationSession {
   SessionSnapshot Snapshot() const;
   void MarkDurable(const SessionSnapshot& written);
   uint64_t DurableChangeCount() const;
+  // Finalized, and a durable snapshot says so (restored finalized, or MarkDurable of a snapshot
+  // taken after Finalize): scales are served only then when state is persisted.
+  bool FinalizationDurable() const;
   // Where a producer resumes when acknowledgements wait for durability: after its last durable
   // sequence (later ones it sent are re-sent and counted as duplicates).
   uint64_t DurableResumeFrom(absl::string_view producer_id) const {
@@ -186,7 +190,9 @@ class CalibrationSession {
   // Rebuilds a session from Snapshot().bytes: same id, tenant, counters, observers and ledger
   // (all durable); a finalized one is finalized again (deterministic). InvalidArgument naming
   // the field for bytes that do not decode or do not fit the model.
-  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Restore(absl::string_view bytes);
+  // Every count and string is checked against `limits` before anything is sized by it.
+  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Restore(
+      absl::string_view bytes, const Limits& limits = Limits());
 
   // Freezes the session and computes the deployment-independent results. Idempotent.
   absl::Status Finalize();
@@ -203,10 +209,7 @@ class CalibrationSession {
   const std::string& tenant() const { return tenant_; }
   int64_t created_unix_ms() const { return created_unix_ms_; }
 
-  // Bounds the distinct modules a session tracks (0: unbounded); a chunk naming one more module
-  // is rejected with ResourceExhausted naming max_modules_per_session. Layers are bounded by
-  // the model. Set before the session is shared.
-  void set_max_modules(int max_modules) { max_modules_ = max_modules; }
+  const Limits& limits() const { return limits_; }
 
   // Called by the registry on delete: later chunks from streams still open get NotFound.
   void MarkDeleted() { deleted_.store(true); }
@@ -214,7 +217,7 @@ class CalibrationSession {
 
  private:
   CalibrationSession(ModelConfig model, Recipe recipe, std::string id, std::string name,
-                     std::string tenant);
+                     std::string tenant, const Limits& limits);
 
   struct ModuleState {
     MinMaxObserver weight;
@@ -238,18 +241,20 @@ class CalibrationSession {
   const Recipe recipe_;
   const std::string id_, name_, tenant_;
   int64_t created_unix_ms_;  // set once, by the constructor or Restore
-  int max_modules_ = 0;
+  Limits limits_;  // modules, (module, batch) entries and producers a chunk may add
   std::atomic<bool> deleted_{false};
 
   mutable std::mutex mu_;
   SessionState state_ = SessionState::kOpen;
   std::vector<KvLayerObserver> kv_layers_;       // [num_layers] when kv is on
-  std::map<std::string, ModuleState> modules_;   // by module name
+  std::map<std::string, ModuleState, std::less<>> modules_;  // by module name
+  int64_t batch_entries_ = 0;  // sum over modules_ of input.batches.size()
   int64_t accepted_chunks_ = 0, accepted_bytes_ = 0;
   int64_t rejected_chunks_ = 0, skipped_warmup_chunks_ = 0;
   int64_t duplicate_chunks_ = 0;
   ProducerLedger ledger_;  // Accept runs under mu_ with the fold it guards
   uint64_t durable_change_count_ = 0;
+  bool durable_finalized_ = false;
   // Set by Finalize.
   std::optional<KvScales> final_kv_;
   std::map<std::string, ModuleAmax> final_amax_;

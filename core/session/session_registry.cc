@@ -25,15 +25,20 @@ std::string SessionRegistry::NewId() {
 
 absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::CreateForTenant(
     ModelConfig model, Recipe recipe, std::string name, std::string tenant,
-    const SessionLimits& limits) {
+    const Limits& limits) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<int64_t>(sessions_.size()) >= limits.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sessions: the server holds ", sessions_.size(), ", the limit max_sessions=",
+        limits.max_sessions, "; delete finished sessions first"));
+  }
   if (limits.max_sessions_per_tenant > 0) {
     int owned = 0;
     for (const auto& [id, session] : sessions_) owned += session->tenant() == tenant ? 1 : 0;
     if (owned >= limits.max_sessions_per_tenant) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "tenant \"", tenant.empty() ? "anonymous" : tenant, "\" already has ", owned,
-          " sessions, its limit (max_sessions_per_tenant=", limits.max_sessions_per_tenant, ")",
+          " sessions, the limit max_sessions_per_tenant=", limits.max_sessions_per_tenant,
           "; delete finished sessions first"));
     }
   }
@@ -42,9 +47,8 @@ absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::CreateForTe
     id = NewId();
   } while (sessions_.count(id) > 0);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> session = CalibrationSession::Create(
-      std::move(model), std::move(recipe), id, std::move(name), std::move(tenant));
+      std::move(model), std::move(recipe), id, std::move(name), std::move(tenant), limits);
   if (!session.ok()) return session.status();
-  (*session)->set_max_modules(limits.max_modules_per_session);
   std::shared_ptr<CalibrationSession> shared = std::move(*session);
   sessions_.emplace(id, shared);
   return shared;

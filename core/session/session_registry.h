@@ -14,23 +14,18 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/calibration/model_config.h"
+#include "core/session/limits.h"
 #include "core/session/session.h"
 
 namespace caliper {
 
-// Per-tenant bounds applied by SessionRegistry::CreateForTenant (0: unbounded).
-struct SessionLimits {
-  int max_sessions_per_tenant = 0;
-  int max_modules_per_session = 0;
-};
-
 class SessionRegistry {
  public:
-  // InvalidArgument for an invalid model or recipe; ResourceExhausted naming
-  // limits.max_sessions_per_tenant when the tenant is at its limit.
+  // InvalidArgument for an invalid model or recipe (or one beyond `limits`); ResourceExhausted
+  // naming max_sessions or max_sessions_per_tenant when the server or the tenant is full.
   absl::StatusOr<std::shared_ptr<CalibrationSession>> CreateForTenant(
       ModelConfig model, Recipe recipe, std::string name, std::string tenant,
-      const SessionLimits& limits = {});
+      const Limits& limits = Limits());
   // NotFound naming the id (also for another tenant's session).
   absl::StatusOr<std::shared_ptr<CalibrationSession>> GetForTenant(
       absl::string_view id, absl::string_view tenant) const;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/formats/utf8.h"
 
 namespace caliper {
 namespace {
@@ -179,9 +180,12 @@ absl::StatusOr<double> StateDecoder::GetF64(absl::string_view field) {
 absl::StatusOr<std::string> StateDecoder::GetString(absl::string_view field) {
   absl::StatusOr<uint32_t> size = GetCount(field, 1);
   if (!size.ok()) return size.status();
-  std::string out(in_.substr(pos_, *size));
+  const absl::string_view text = in_.substr(pos_, *size);
+  // Every string in a state file is text a reply will carry: invalid UTF-8 would make those
+  // replies undecodable for clients, so the file is refused instead.
+  if (absl::Status s = CheckUtf8(field, text); !s.ok()) return s;
   pos_ += *size;
-  return out;
+  return std::string(text);
 }
 
 absl::StatusOr<uint32_t> StateDecoder::GetCount(absl::string_view field, size_t min_item_bytes) {

@@ -59,7 +59,7 @@ class StateDecoder {
   absl::StatusOr<int64_t> GetI64(absl::string_view field);
   absl::StatusOr<float> GetF32(absl::string_view field);
   absl::StatusOr<double> GetF64(absl::string_view field);
-  absl::StatusOr<std::string> GetString(absl::string_view field);
+  absl::StatusOr<std::string> GetString(absl::string_view field);  // UTF-8 text only
   // A u32 count of items of at least `min_item_bytes` each, checked against the bytes left.
   absl::StatusOr<uint32_t> GetCount(absl::string_view field, size_t min_item_bytes);
 

@@ -153,6 +153,12 @@ void CalibrationSession::MarkDurable(const SessionSnapshot& written) {
   std::lock_guard<std::mutex> lock(mu_);
   ledger_.MarkDurable(written.producers);
   durable_change_count_ = std::max(durable_change_count_, written.version);
+  durable_finalized_ = durable_finalized_ || written.finalized;
+}
+
+bool CalibrationSession::FinalizationDurable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == SessionState::kFinalized && durable_finalized_;
 }
 
 SessionSnapshot CalibrationSession::Snapshot() const {
@@ -184,12 +190,13 @@ SessionSnapshot CalibrationSession::Snapshot() const {
   snapshot.producers = ledger_.Snapshot();
   out.PutProducerSequences(snapshot.producers);
   snapshot.version = ChangeCountLocked();
+  snapshot.finalized = state_ == SessionState::kFinalized;
   snapshot.bytes = out.Release();
   return snapshot;
 }
 
 absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
-    absl::string_view bytes) {
+    absl::string_view bytes, const Limits& limits) {
   StateDecoder in(bytes);
   absl::StatusOr<uint8_t> tag = in.GetU8("session.tag");
   if (!tag.ok()) return tag.status();
@@ -206,10 +213,19 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
   absl::StatusOr<std::string> id = in.GetString("session.id");
   if (!id.ok()) return id.status();
   if (id->empty()) return absl::InvalidArgumentError("session.id: empty");
+  if (absl::Status s = CheckString("session.id", *id, "session_id_bytes", kMaxSessionIdBytes);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::string> name = in.GetString("session.name");
   if (!name.ok()) return name.status();
   absl::StatusOr<std::string> tenant = in.GetString("session.tenant");
   if (!tenant.ok()) return tenant.status();
+  if (absl::Status s = CheckString("session.tenant", *tenant, "max_name_bytes",
+                                   limits.max_name_bytes);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<int64_t> created = in.GetI64("session.created_unix_ms");
   if (!created.ok()) return created.status();
   absl::StatusOr<ModelConfig> model = GetModel(in);
@@ -218,7 +234,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
   if (!recipe.ok()) return recipe.status();
   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
       Create(*std::move(model), *std::move(recipe), *std::move(id), *std::move(name),
-             *std::move(tenant));
+             *std::move(tenant), limits);
   if (!session.ok()) return session.status();
   CalibrationSession& s = **session;
   s.created_unix_ms_ = *created;
@@ -264,10 +280,20 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
 
   absl::StatusOr<uint32_t> modules = in.GetCount("session.modules", 4);
   if (!modules.ok()) return modules.status();
+  if (absl::Status s = CheckLimit("session.modules", *modules, "max_modules_per_session",
+                                  limits.max_modules_per_session);
+      !s.ok()) {
+    return s;
+  }
   for (uint32_t i = 0; i < *modules; ++i) {
     const std::string field = absl::StrCat("session.modules[", i, "]");
     absl::StatusOr<std::string> module_name = in.GetString(absl::StrCat(field, ".name"));
     if (!module_name.ok()) return module_name.status();
+    if (absl::Status s = CheckString(absl::StrCat(field, ".name"), *module_name,
+                                     "max_module_bytes", limits.max_module_bytes);
+        !s.ok()) {
+      return s;
+    }
     if (module_name->empty() || (!s.modules_.empty() && *module_name <= s.modules_.rbegin()->first)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".name: empty, duplicate or unsorted"));
@@ -276,11 +302,29 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
     if (!weight.ok()) return weight.status();
     absl::StatusOr<ActivationObserver> input = in.GetActivation(absl::StrCat(field, ".input"));
     if (!input.ok()) return input.status();
+    s.batch_entries_ += static_cast<int64_t>(input->batches.size());
+    if (absl::Status b = CheckLimit(absl::StrCat(field, ".input.batches"), s.batch_entries_,
+                                    "max_batches_per_session", limits.max_batches_per_session);
+        !b.ok()) {
+      return b;
+    }
     s.modules_[*module_name] = ModuleState{*std::move(weight), *std::move(input)};
   }
 
   absl::StatusOr<ProducerSequences> producers = in.GetProducerSequences("session.producers");
   if (!producers.ok()) return producers.status();
+  if (absl::Status p = CheckLimit("session.producers", static_cast<int64_t>(producers->size()),
+                                  "max_producers_per_session", limits.max_producers_per_session);
+      !p.ok()) {
+    return p;
+  }
+  for (const auto& [producer, sequence] : *producers) {
+    if (absl::Status p = CheckString("session.producers.producer_id", producer,
+                                     "max_producer_id_bytes", limits.max_producer_id_bytes);
+        !p.ok()) {
+      return p;
+    }
+  }
   if (absl::Status end = in.ExpectEnd("session"); !end.ok()) return end;
 
   s.ledger_.Restore(*producers);
@@ -288,6 +332,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
     if (absl::Status f = s.Finalize(); !f.ok()) return f;
   }
   s.durable_change_count_ = s.ChangeCountLocked();
+  s.durable_finalized_ = *finalized == 1;
   return session;
 }
 

@@ -1,5 +1,6 @@
 #include "core/state/session_store.h"
 
+#include <new>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -31,7 +32,7 @@ absl::Status SessionStore::Remove(absl::string_view id) {
   return RemoveStateFile(PathOf(id), env_);
 }
 
-SessionStore::Loaded SessionStore::LoadAll() {
+SessionStore::Loaded SessionStore::LoadAll(const Limits& limits) {
   Loaded loaded;
   absl::StatusOr<std::vector<std::string>> names = ListStateFiles(dir_, kSessionFileSuffix, env_);
   if (!names.ok()) {
@@ -47,7 +48,12 @@ SessionStore::Loaded SessionStore::LoadAll() {
     if (!payload.ok()) {
       session = payload.status();
     } else {
-      session = CalibrationSession::Restore(*payload);
+      try {
+        session = CalibrationSession::Restore(*payload, limits);
+      } catch (const std::bad_alloc&) {
+        session = absl::ResourceExhaustedError(
+            "out of memory restoring this state file (lower limits than when it was written?)");
+      }
       if (session.ok() && (*session)->id() != expected_id) {
         session = absl::InvalidArgumentError(
             absl::StrCat("session.id: \"", (*session)->id(), "\" does not match the file name"));

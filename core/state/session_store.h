@@ -39,7 +39,9 @@ class SessionStore {
     // a file is renamed to "<name>.corrupt": kept for inspection, never loaded as numbers.
     std::vector<absl::Status> errors;
   };
-  Loaded LoadAll();
+  // Each file is restored under `limits`; one that exceeds them (or runs out of memory) is set
+  // aside like a corrupt one.
+  Loaded LoadAll(const Limits& limits = Limits());
 
   absl::Status Write(absl::string_view id, absl::string_view payload);
   absl::Status Remove(absl::string_view id);  // OK when there is no file

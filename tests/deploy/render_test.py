@@ -176,20 +176,18 @@ def check_overlay(name, text, objs):
         check(selector.get("app.kubernetes.io/variant") == variant,
               f"{p} {what} selector {selector} lacks the variant label")
 
-    # Probes: Kubernetes' native gRPC probe on the gRPC port (grpc.health.v1). It speaks
-    # plaintext only, so with TLS the probes check that the gRPC port accepts connections.
-    tls = "CALIPER_TLS_CERT" in flags
-    kind = "tcpSocket" if tls else "grpc"
+    # Probes: HTTP GET /healthz on the metrics port (answers with TLS and tokens on).
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         pr = c.get(probe)
         if check(pr is not None, f"{p} {probe} missing"):
-            check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {kind},
-                  f"{p} {probe} must be a {kind} probe only")
-            check(pr.get(kind, {}).get("port") == grpc_port,
-                  f"{p} {probe} probes port {pr.get(kind, {}).get('port')}, not {grpc_port}")
-            if not tls:
-                check(pr.get("grpc", {}).get("service", "") == "",
-                      f"{p} {probe} should check the server's overall health (service \"\")")
+            check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"httpGet"},
+                  f"{p} {probe} must be an httpGet probe only")
+            get = pr.get("httpGet", {})
+            check(get.get("path") == "/healthz", f"{p} {probe} path {get.get('path')}")
+            check(get.get("port") in ("metrics", metrics_port),
+                  f"{p} {probe} probes port {get.get('port')}, not the metrics port")
+    check(int(flags.get("CALIPER_MAX_INFLIGHT_BYTES", "0")) > 0, f"{p} bad max_inflight_bytes")
+    tls = "CALIPER_TLS_CERT" in flags
 
     # Graceful termination longer than the drain.
     drain = seconds(flags["CALIPER_DRAIN_TIMEOUT"])
@@ -323,6 +321,14 @@ def run_server_with(server, c, flags, timeout=20):
                 break
         check(started, f"server did not start with the rendered args {args}:\n" + "\n".join(lines))
         if started:
+            # The probes' endpoint answers on the metrics port, without TLS or a token.
+            m = re.search(r"\(metrics ([0-9.]+:\d+)", lines[-1])
+            if check(m is not None, f"no metrics address in {lines[-1]!r}"):
+                import urllib.request
+                with urllib.request.urlopen(f"http://{m.group(1)}/healthz", timeout=10) as r:
+                    body = r.read().decode()
+                    check(r.status == 200 and "caliper_up 1" in body,
+                          f"GET /healthz: {r.status} {body!r}")
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=seconds(flags["CALIPER_DRAIN_TIMEOUT"]) + 10)
             check(rc == 0, f"server exited {rc} after SIGTERM")

@@ -8,6 +8,12 @@
 
 #include "gtest/gtest.h"
 #include "tests/fuzz/fuzz_targets.h"
+#ifdef CALIPER_FUZZ_REQUEST_TARGETS
+#include "tests/fuzz/request_fuzz_targets.h"
+#define CALIPER_FUZZ_TABLE kRequestTargets
+#else
+#define CALIPER_FUZZ_TABLE kTargets
+#endif
 
 namespace caliper::fuzz {
 namespace {
@@ -52,7 +58,7 @@ TEST_P(FuzzReplayTest, SeedsAndRegressionsRunClean) {
   EXPECT_EQ(target.fn(nullptr, 0), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTargets, FuzzReplayTest, ::testing::ValuesIn(kTargets),
+INSTANTIATE_TEST_SUITE_P(AllTargets, FuzzReplayTest, ::testing::ValuesIn(CALIPER_FUZZ_TABLE),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -216,7 +216,7 @@ TEST_F(TenancyLimitsTest, SessionsPerTenantLimit) {
   ASSERT_TRUE(Create(kTokenA, &id).ok());
   grpc::Status s = Create(kTokenA, &id);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(s.error_message(), HasSubstr("max_sessions_per_tenant=2"));
+  EXPECT_THAT(s.error_message(), HasSubstr("the limit max_sessions_per_tenant=2"));
   EXPECT_TRUE(Create(kTokenB, &id).ok());  // per tenant, not global
 }
 
@@ -237,7 +237,7 @@ TEST_F(TenancyLimitsTest, ModulesPerSessionLimitRejectsTheChunkOnly) {
   ASSERT_EQ(summary.errors_size(), 1);
   EXPECT_EQ(summary.errors(0).code(), "RESOURCE_EXHAUSTED");
   EXPECT_EQ(summary.errors(0).sequence(), 3u);
-  EXPECT_THAT(summary.errors(0).message(), HasSubstr("max_modules_per_session=2"));
+  EXPECT_THAT(summary.errors(0).message(), HasSubstr("the limit max_modules_per_session=2"));
   EXPECT_EQ(server_->registry().GetForTenant(id, "").value()->Status().modules_with_weights, 2);
 }
 
@@ -280,7 +280,9 @@ TEST_F(TenancyLimitsTest, IdleStreamIsCancelledAndKeepsAcceptedChunks) {
   absl::SleepFor(absl::Seconds(1));  // idle: no message for 5x the timeout
   writer->WritesDone();
   grpc::Status s = writer->Finish();
-  EXPECT_FALSE(s.ok());
+  // The reason reaches the client (it once saw only CANCELLED "Cancelled on the server side").
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("stream_idle_timeout=200ms"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(server_->registry().GetForTenant(id, "").value()->Status().accepted_chunks, 1);
   // A stream that keeps sending within the timeout is not cancelled.
@@ -365,6 +367,157 @@ TEST_F(TenancyLimitsTest, ResentChunksAreDuplicatesAndResumeSaysWhereToGoOn) {
     EXPECT_EQ(got.kv_layers(0).k_absmax(h), want.kv_layers(0).k_absmax(h));
     EXPECT_GT(got.kv_layers(0).k_absmax(h), 0.0f);
   }
+}
+
+// One small request once asked for gigabytes (GetScales tp_size 2^20, total_kv_heads 2^26,
+// Adapt total_heads 2^26, 100,000 repeated formats, CreateSession num_layers 10^8 and 2*10^6,
+// 20,000 layers x 2,048 KV heads): each is refused up front, naming the field, value and limit.
+TEST_F(TenancyLimitsTest, OversizedRequestsAreRefusedNamingFieldValueAndLimit) {
+  StartServer(ServerOptions{}, /*with_tokens=*/false);
+  std::string id;
+  ASSERT_TRUE(Create("", &id).ok());
+  v1::FinalizeRequest finalize;
+  finalize.set_session_id(id);
+  v1::Session session;
+  {
+    auto ctx = As("");
+    ASSERT_TRUE(stub_->Finalize(ctx.get(), finalize, &session).ok());
+  }
+  auto scales = [&](const v1::ScalesRequest& request) {
+    v1::ScalesResponse response;
+    return stub_->GetScales(As("").get(), request, &response);
+  };
+  v1::ScalesRequest request;
+  request.set_session_id(id);
+  request.mutable_deployment()->set_tp_size(1 << 20);
+  grpc::Status s = scales(request);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "deployment.tp_size: 1048576 exceeds the limit max_tp_size=1024");
+  request.mutable_deployment()->set_tp_size(0);
+  request.mutable_deployment()->set_total_kv_heads(1 << 26);
+  s = scales(request);
+  EXPECT_EQ(s.error_message(),
+            "deployment.total_kv_heads: 67108864 exceeds the limit max_total_kv_heads=1024");
+  request.mutable_deployment()->set_total_kv_heads(0);
+  for (int i = 0; i < 100000; ++i) request.add_formats("lightllm");
+  s = scales(request);  // duplicates are dropped: one format, rendered once
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  for (const char* format : {"compressed-tensors", "modelopt", "vllm-legacy", "a", "b", "c", "d",
+                             "e"}) {
+    request.add_formats(format);
+  }
+  s = scales(request);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("over the limit max_formats=8"));
+
+  v1::AdaptRequest adapt;
+  adapt.set_lightllm_json("{}");
+  adapt.set_total_kv_heads(1 << 26);
+  v1::AdaptResponse adapted;
+  s = stub_->Adapt(As("").get(), adapt, &adapted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "total_kv_heads: 67108864 exceeds the limit max_total_kv_heads=1024");
+
+  struct Model {
+    int layers, kv_heads;
+    const char* message;
+  };
+  for (const Model& m : {Model{100'000'000, 2, "model.num_layers: 100000000 exceeds the limit max_layers=256"},
+                         Model{2'000'000, 2, "model.num_layers: 2000000 exceeds the limit max_layers=256"},
+                         Model{20'000, 2048, "model.num_layers: 20000 exceeds the limit max_layers=256"},
+                         Model{200, 2048, "model.num_kv_heads: 2048 exceeds the limit max_kv_heads=256"}}) {
+    v1::CreateSessionRequest create;
+    create.mutable_model()->set_architecture("A");
+    create.mutable_model()->set_num_layers(m.layers);
+    create.mutable_model()->set_num_attention_heads(m.kv_heads);
+    create.mutable_model()->set_num_kv_heads(m.kv_heads);
+    create.mutable_model()->set_head_dim(128);
+    create.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
+    s = stub_->CreateSession(As("").get(), create, &session);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), m.message);
+  }
+}
+
+// The proto fields once truncated hidden_size / heads (100 / 8 -> head_dim 12) where
+// hf_config_json refused the same model: both now go through one rule.
+TEST_F(TenancyLimitsTest, ModelFieldsFollowTheConfigJsonRule) {
+  StartServer(ServerOptions{}, /*with_tokens=*/false);
+  v1::CreateSessionRequest create;
+  create.mutable_model()->set_architecture("A");
+  create.mutable_model()->set_num_layers(2);
+  create.mutable_model()->set_num_attention_heads(8);
+  create.mutable_model()->set_hidden_size(100);
+  create.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
+  v1::Session session;
+  grpc::Status s = stub_->CreateSession(As("").get(), create, &session);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("model.hidden_size: 100 is not a multiple of"));
+  create.mutable_model()->set_hf_config_json(
+      R"({"architectures": ["A"], "num_hidden_layers": 2, "num_attention_heads": 8,
+          "hidden_size": 100})");
+  s = stub_->CreateSession(As("").get(), create, &session);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("\"hidden_size\": 100 is not a multiple of"));
+}
+
+// 128 streams with distinct 4 MiB producer ids once kept ~600 MiB (and a 128 MB state file):
+// ids are bounded in length, producers in number, both refused with the limit named.
+TEST_F(TenancyLimitsTest, ProducerIdsAreBoundedInLengthAndNumber) {
+  ServerOptions options;
+  options.service.limits.max_producers_per_session = 2;
+  StartServer(options, /*with_tokens=*/false);
+  std::string id;
+  ASSERT_TRUE(Create("", &id).ok());
+  v1::ObserveSummary summary;
+  v1::TensorChunk chunk = KeyChunk(id, 1);
+  chunk.set_producer_id(std::string(4 << 20, 'p'));
+  grpc::Status s = Stream("", {chunk}, &summary);
+  EXPECT_TRUE(s.ok()) << s.error_message();  // a bad chunk is answered in-band
+  ASSERT_EQ(summary.errors_size(), 1);
+  EXPECT_EQ(summary.errors(0).message(),
+            "chunk.producer_id: 4194304 bytes exceeds the limit max_producer_id_bytes=256");
+  for (const char* producer : {"host/a", "host/b"}) {
+    chunk.set_producer_id(producer);
+    ASSERT_TRUE(Stream("", {chunk}, &summary).ok());
+  }
+  chunk.set_producer_id("host/c");
+  s = Stream("", {chunk}, &summary);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("over the limit max_producers_per_session=2"));
+  v1::ResumeRequest resume;
+  resume.set_session_id(id);
+  resume.set_producer_id(std::string(300, 'p'));
+  v1::ResumeResponse next;
+  s = stub_->Resume(As("").get(), resume, &next);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_producer_id_bytes=256"));
+}
+
+// A fenced producer's old stream learns why it ended.
+TEST_F(TenancyLimitsTest, FencedStreamCarriesItsReason) {
+  StartServer(ServerOptions{}, /*with_tokens=*/false);
+  std::string id;
+  ASSERT_TRUE(Create("", &id).ok());
+  v1::TensorChunk chunk = KeyChunk(id, 1);
+  chunk.set_producer_id("host/a");
+  grpc::ClientContext old_ctx;
+  v1::ObserveSummary old_summary;
+  auto old_stream = stub_->Observe(&old_ctx, &old_summary);
+  ASSERT_TRUE(old_stream->Write(chunk));
+  std::shared_ptr<CalibrationSession> session = server_->registry().GetForTenant(id, "").value();
+  for (int i = 0; i < 400 && session->Status().accepted_chunks < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  chunk.set_sequence(2);
+  v1::ObserveSummary summary;
+  ASSERT_TRUE(Stream("", {chunk}, &summary).ok());  // the same producer reconnects
+  chunk.set_sequence(3);
+  old_stream->Write(chunk);
+  old_stream->WritesDone();
+  grpc::Status s = old_stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("chunk.sequence"));
 }
 
 }  // namespace

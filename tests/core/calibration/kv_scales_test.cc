@@ -71,6 +71,37 @@ TEST(KvScalesTest, ZeroNonFiniteAndUnobservedFallBackWithWarnings) {
   EXPECT_THAT(s.warnings[3].message, HasSubstr("never observed"));
 }
 
+// All-1.4e-45 data once gave k_scale 0 and 1e-40 gave 2.2e-43 (1/scale = inf), silently.
+TEST(KvScalesTest, SubnormalAbsmaxFallsBackPerEngineWithWarning) {
+  std::vector<KvLayerObserver> layers = {Layer({1.4e-45f, 1e-40f, 1e-30f}, {448, 0, 1e-38f})};
+  KvScales s = FinalizeKvScales(layers, KvGranularity::kPerHead, Fp8Flavor::kE4M3FN);
+  // LightLLM convention (the session's scales): 1.0 for every entry that gives no normal scale;
+  // 1e-38 is normal but 1e-38 / 448 is subnormal.
+  EXPECT_THAT(s.k[0], ElementsAre(1.0f, 1.0f, 1e-30f / 448.0f));
+  EXPECT_THAT(s.v[0], ElementsAre(1.0f, 1.0f, 1.0f));
+  ASSERT_EQ(s.warnings.size(), 4u);
+  EXPECT_EQ(s.warnings[0].where, "layer 0 K head 0");
+  EXPECT_THAT(s.warnings[0].message, HasSubstr("too small for an FP8 scale"));
+  EXPECT_EQ(s.warnings[1].where, "layer 0 K head 1");
+  EXPECT_EQ(s.warnings[2].where, "layer 0 V head 1");
+  EXPECT_THAT(s.warnings[2].message, HasSubstr("absmax is 0"));
+  EXPECT_EQ(s.warnings[3].where, "layer 0 V head 2");
+  for (const std::vector<float>& row : {s.k[0], s.v[0]}) {
+    for (float scale : row) {
+      EXPECT_TRUE(std::isnormal(scale)) << scale;
+      EXPECT_TRUE(std::isfinite(1.0f / scale)) << scale;
+    }
+  }
+  // compressed-tensors clamps to float32 eps instead; a non-finite absmax keeps the fallback.
+  EXPECT_EQ(CompressedTensorsKvScale(1.4e-45f, 1.0f), kFloat32Eps);
+  EXPECT_EQ(CompressedTensorsKvScale(0.0f, 1.0f), kFloat32Eps);
+  EXPECT_EQ(CompressedTensorsKvScale(448.0f, 1.0f), 1.0f);
+  EXPECT_EQ(CompressedTensorsKvScale(1e-30f, 1e-30f / 448.0f), kFloat32Eps);
+  EXPECT_EQ(CompressedTensorsKvScale(4.48f, 0.01f), 0.01f);  // the computed scale, unchanged
+  EXPECT_EQ(CompressedTensorsKvScale(INFINITY, 1.0f), 1.0f);
+  EXPECT_EQ(kFloat32Eps, std::nextafter(1.0f, 2.0f) - 1.0f);
+}
+
 TEST(KvScalesTest, PerTensorWarnsOnDeadLayerAndPartialCoverage) {
   KvLayerObserver dead = Layer({0, 0}, {2, 4});
   dead.v_tokens[1] = 0;

@@ -74,7 +74,7 @@ TEST(ModelConfigTest, ErrorsNameTheKey) {
        "\"hidden_size\""},
       {R"({"architectures": ["A"], "num_hidden_layers": 2, "num_attention_heads": 8,
            "num_key_value_heads": 3, "head_dim": 64})",
-       "num_kv_heads"},
+       "num_key_value_heads"},
       {R"({"architectures": ["A"], )", "malformed JSON"},
       {R"([1])", "JSON object"},
   };
@@ -102,6 +102,69 @@ TEST(ModelConfigTest, ValidateHandBuiltConfig) {
   config.head_dim = 64;
   config.num_layers = 0;
   EXPECT_THAT(std::string(ValidateModelConfig(config).message()), HasSubstr("num_layers"));
+}
+
+// The RPC fields once truncated hidden_size / heads (100 / 8 -> 12) where config.json refused.
+TEST(ModelConfigTest, FieldsAndConfigJsonFollowOneRule) {
+  ModelFields fields;
+  fields.architecture = "A";
+  fields.num_layers = 2;
+  fields.num_attention_heads = 8;
+  fields.hidden_size = 100;
+  absl::StatusOr<ModelConfig> from_fields = ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.");
+  ASSERT_FALSE(from_fields.ok());
+  EXPECT_EQ(from_fields.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(from_fields.status().message()),
+              HasSubstr("model.hidden_size: 100 is not a multiple of model.num_attention_heads 8"));
+  EXPECT_FALSE(ParseHfConfig(R"({"architectures": ["A"], "num_hidden_layers": 2,
+      "num_attention_heads": 8, "hidden_size": 100})").ok());
+  fields.hidden_size = 96;
+  from_fields = ModelFromFields(fields);
+  ASSERT_TRUE(from_fields.ok()) << from_fields.status();
+  EXPECT_EQ(from_fields->head_dim, 12);
+  EXPECT_EQ(from_fields->num_kv_heads, 8);
+  absl::StatusOr<ModelConfig> from_json = ParseHfConfig(R"({"architectures": ["A"],
+      "num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 96})");
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  EXPECT_EQ(from_json->head_dim, from_fields->head_dim);
+}
+
+TEST(ModelConfigTest, LimitsNameFieldValueAndLimit) {
+  ModelFields fields;
+  fields.architecture = "A";
+  fields.num_layers = 2'000'000;
+  fields.num_attention_heads = 2048;
+  fields.num_kv_heads = 2048;
+  fields.head_dim = 128;
+  absl::StatusOr<ModelConfig> model = ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.");
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().message(), "model.num_layers: 2000000 exceeds the limit max_layers=256");
+  fields.num_layers = 256;
+  model = ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.");
+  EXPECT_EQ(model.status().message(), "model.num_kv_heads: 2048 exceeds the limit max_kv_heads=256");
+  fields.num_kv_heads = 256;
+  fields.head_dim = 4096;
+  model = ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.");
+  EXPECT_EQ(model.status().message(), "model.head_dim: 4096 exceeds the limit max_head_dim=1024");
+  fields.head_dim = 1024;
+  EXPECT_TRUE(ModelFromFields(fields).ok());  // the largest default model is accepted
+  ModelLimits bigger;
+  bigger.max_layers = 4096;
+  fields.num_layers = 4096;
+  EXPECT_TRUE(ModelFromFields(fields, ModelFieldNames::kModelConfig, "", bigger).ok());
+  fields.architecture = std::string("\xff\xfe", 2);
+  model = ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.", bigger);
+  EXPECT_EQ(model.status().message(), "model.architecture: invalid UTF-8 at byte 0");
+  fields.architecture = std::string(300, 'a');
+  model = ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.", bigger);
+  EXPECT_THAT(std::string(model.status().message()), HasSubstr("max_model_string_bytes=256"));
+
+  auto json = ParseHfConfig(R"({"architectures": ["A"], "num_hidden_layers": 1073741824,
+      "num_attention_heads": 8, "head_dim": 64})");
+  EXPECT_EQ(json.status().message(),
+            "config.json: \"num_hidden_layers\": 1073741824 exceeds the limit max_layers=256");
+  EXPECT_THAT(std::string(ParseHfConfig(std::string(2 << 20, ' ')).status().message()),
+              HasSubstr("max_hf_config_json_bytes"));
 }
 
 }  // namespace

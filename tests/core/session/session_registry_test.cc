@@ -62,7 +62,7 @@ TEST(SessionRegistryTest, AnotherTenantsSessionLooksMissing) {
 
 TEST(SessionRegistryTest, LimitsBoundSessionsPerTenantAndModules) {
   SessionRegistry registry;
-  SessionLimits limits;
+  Limits limits;
   limits.max_sessions_per_tenant = 1;
   limits.max_modules_per_session = 3;
   ASSERT_TRUE(registry.CreateForTenant(TinyModel(), KvOnly(), "", "alpha", limits).ok());
@@ -71,6 +71,11 @@ TEST(SessionRegistryTest, LimitsBoundSessionsPerTenantAndModules) {
   EXPECT_THAT(over.message(), HasSubstr("max_sessions_per_tenant"));
   // Another tenant has its own count.
   EXPECT_TRUE(registry.CreateForTenant(TinyModel(), KvOnly(), "", "beta", limits).ok());
+  // And the server as a whole has one too.
+  limits.max_sessions = 2;
+  over = registry.CreateForTenant(TinyModel(), KvOnly(), "", "gamma", limits).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), HasSubstr("the limit max_sessions=2"));
 }
 
 TEST(SessionRegistryTest, InsertRefusesATakenId) {

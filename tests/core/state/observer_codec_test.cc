@@ -132,10 +132,14 @@ TEST(ObserverCodecTest, ActivationRoundTripKeepsEveryBatchAndResult) {
 TEST(ObserverCodecTest, ProducerSequencesRoundTrip) {
   ProducerSequences seqs{{"", 0},
                          {"rank-0", 17},
-                         {std::string("bin\0\xff", 5), std::numeric_limits<uint64_t>::max()}};
+                         {std::string("bin\0h\xc3\xa9", 7), std::numeric_limits<uint64_t>::max()}};
   auto back = DecodeProducerSequences(EncodeProducerSequences(seqs));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, seqs);
+  // State strings are text: invalid UTF-8 is refused (replies carrying it could not be decoded).
+  ProducerSequences binary{{std::string("bin\xff", 4), 1}};
+  EXPECT_EQ(DecodeProducerSequences(EncodeProducerSequences(binary)).status().message(),
+            "producers[0].producer_id: invalid UTF-8 at byte 3");
 }
 
 TEST(ObserverCodecTest, EveryTruncationFailsNamingAField) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor/reduction_backend.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/session_test_util.h"
@@ -211,6 +212,48 @@ TEST_F(SessionStateTest, EveryTruncationAndCorruptFieldIsAnErrorNotACrash) {
               HasSubstr("session.version: unsupported version 9"));
 }
 
+// Crafted state files (valid framing) once aborted start-up (num_layers 2^30: bad_alloc),
+// cost 2.4 GiB (10^7) or loaded invalid UTF-8 that made replies undecodable: all refused up
+// front, naming the field and the limit, before anything is sized by them.
+TEST_F(SessionStateTest, CraftedCountsAndStringsAreRefusedBeforeAllocating) {
+  std::unique_ptr<CalibrationSession> s = NewSession();
+  const std::string bytes = s->Snapshot().bytes;
+  // Layout: tag, version, id, name, tenant (u32 length + bytes each), created (i64),
+  // architecture, model_type, then num_layers (i64).
+  auto string_at = [&](size_t offset) {
+    uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + i])) << (8 * i);
+    return offset + 4 + n;
+  };
+  size_t offset = 2;
+  offset = string_at(offset);  // id
+  const size_t name_offset = offset;
+  offset = string_at(offset);  // name
+  offset = string_at(offset);  // tenant
+  offset += 8;                 // created_unix_ms
+  offset = string_at(offset);  // architecture
+  offset = string_at(offset);  // model_type
+  for (int64_t layers : {int64_t{1} << 30, int64_t{10'000'000}}) {
+    std::string crafted = bytes;
+    for (int i = 0; i < 8; ++i) crafted[offset + i] = static_cast<char>((layers >> (8 * i)) & 0xff);
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(crafted);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(),
+              absl::StrCat("num_layers: ", layers, " exceeds the limit max_layers=256"));
+  }
+  std::string bad_name = bytes;
+  bad_name[name_offset + 4] = static_cast<char>(0xff);  // first byte of "name"
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(bad_name);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "session.name: invalid UTF-8 at byte 0");
+  // A server started with smaller limits than the file needs refuses it as well.
+  Limits small;
+  small.model.max_layers = 1;
+  EXPECT_THAT(CalibrationSession::Restore(bytes, small).status().message(),
+              HasSubstr("exceeds the limit max_layers=1"));
+}
+
 class SessionStoreTest : public SessionStateTest {
  protected:
   TempDir dir_;
@@ -327,12 +370,19 @@ TEST_F(SessionStoreTest, FailedWriteIsReportedAndNotAcknowledged) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(status.message(), HasSubstr("injected fsync failure"));
   EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 1u);
+  // A finalization whose write failed is not durable, so no scales may be served from it.
+  ASSERT_TRUE((*s)->Finalize().ok());
+  std::promise<absl::Status> finalized;
+  persister.WhenDurable(*s, [&](absl::Status st) { finalized.set_value(st); });
+  EXPECT_EQ(finalized.get_future().get().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE((*s)->FinalizationDurable());
   // The disk recovers: the next wait succeeds.
   env.fail_sync = false;
   std::promise<absl::Status> again;
   persister.WhenDurable(*s, [&](absl::Status st) { again.set_value(st); });
   EXPECT_TRUE(again.get_future().get().ok());
   EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 6u);
+  EXPECT_TRUE((*s)->FinalizationDurable());
 }
 
 TEST_F(SessionStoreTest, DeletedSessionIsRemovedAndNeverWrittenBack) {

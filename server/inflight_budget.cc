@@ -1,0 +1,46 @@
+#include "server/inflight_budget.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+namespace caliper {
+
+bool InflightBudget::Acquire(int64_t bytes, std::function<void()> ready) {
+  bytes = Clamp(std::max<int64_t>(bytes, 0));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (waiters_.empty() && in_use_ + bytes <= capacity_) {
+    in_use_ += bytes;
+    peak_ = std::max(peak_, in_use_);
+    return true;
+  }
+  waiters_.push_back({bytes, std::move(ready)});
+  return false;
+}
+
+void InflightBudget::Release(int64_t bytes) {
+  std::vector<std::function<void()>> granted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_use_ -= Clamp(std::max<int64_t>(bytes, 0));
+    while (!waiters_.empty() && in_use_ + waiters_.front().bytes <= capacity_) {
+      in_use_ += waiters_.front().bytes;
+      peak_ = std::max(peak_, in_use_);
+      granted.push_back(std::move(waiters_.front().ready));
+      waiters_.pop_front();
+    }
+  }
+  for (std::function<void()>& ready : granted) ready();  // outside the lock: they StartRead
+}
+
+int64_t InflightBudget::in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_;
+}
+
+int64_t InflightBudget::peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+}  // namespace caliper

@@ -1,0 +1,47 @@
+// Bytes of Observe chunks that streams may have asked gRPC to read at once, across all streams
+// and connections. A stream reserves before each StartRead (its previous chunk's size, or
+// max_message_bytes for its first) and releases once the chunk is reduced; a stream that does not
+// fit waits, so its HTTP/2 window stays closed and the client is held back instead of buffered.
+// gRPC's resource quota (--max_inflight_bytes) is the hard cap behind it for a client that lies
+// about its next chunk's size. Thread-safe; waiters are served in arrival order.
+#ifndef CALIPER_SERVER_INFLIGHT_BUDGET_H_
+#define CALIPER_SERVER_INFLIGHT_BUDGET_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+
+namespace caliper {
+
+class InflightBudget {
+ public:
+  explicit InflightBudget(int64_t capacity) : capacity_(capacity) {}
+
+  // Reserves `bytes` (clamped to the capacity, so one oversized read can always proceed alone)
+  // and returns true, or queues `ready` to run (on a releasing thread) once they fit and
+  // returns false. The caller must Release what it reserved.
+  bool Acquire(int64_t bytes, std::function<void()> ready);
+  void Release(int64_t bytes);
+
+  int64_t capacity() const { return capacity_; }
+  int64_t in_use() const;
+  int64_t peak() const;  // highest in_use() seen
+  // Clamps as Acquire does: what a caller reserving `bytes` must later release.
+  int64_t Clamp(int64_t bytes) const { return bytes < capacity_ ? bytes : capacity_; }
+
+ private:
+  struct Waiter {
+    int64_t bytes;
+    std::function<void()> ready;
+  };
+  const int64_t capacity_;
+  mutable std::mutex mu_;
+  int64_t in_use_ = 0;
+  int64_t peak_ = 0;
+  std::deque<Waiter> waiters_;
+};
+
+}  // namespace caliper
+
+#endif  // CALIPER_SERVER_INFLIGHT_BUDGET_H_
