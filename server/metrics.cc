@@ -44,6 +44,21 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
   bytes_kv_ = &bytes.Add({{"kind", "kv"}});
   bytes_weight_ = &bytes.Add({{"kind", "weight"}});
   bytes_activation_ = &bytes.Add({{"kind", "activation"}});
+  auto& statistic_bytes = prometheus::BuildCounter()
+                              .Name("caliper_statistics_bytes_total")
+                              .Help("Bytes of producer-side statistics accepted (statistics "
+                                    "mode), by target kind.")
+                              .Register(*registry_);
+  auto& statistic_tensor_bytes = prometheus::BuildCounter()
+                                     .Name("caliper_statistics_tensor_bytes_total")
+                                     .Help("Bytes of the tensors accepted statistics stand for, "
+                                           "by target kind.")
+                                     .Register(*registry_);
+  const char* kinds[] = {"kv", "weight", "activation"};
+  for (int i = 0; i < 3; ++i) {
+    statistic_bytes_[i] = &statistic_bytes.Add({{"kind", kinds[i]}});
+    statistic_tensor_bytes_[i] = &statistic_tensor_bytes.Add({{"kind", kinds[i]}});
+  }
   auto& chunks = prometheus::BuildCounter()
                      .Name("caliper_ingested_chunks_total")
                      .Help("Tensor chunks accepted into sessions, by target kind.")
@@ -134,6 +149,13 @@ void ServerMetrics::ChunkAccepted(ChunkKind kind, int64_t bytes) {
       chunks_activation_->Increment();
       break;
   }
+}
+
+void ServerMetrics::StatisticsAccepted(ChunkKind kind, int64_t statistic_bytes,
+                                       int64_t tensor_bytes) {
+  const int i = kind == ChunkKind::kWeight ? 1 : kind == ChunkKind::kInput ? 2 : 0;
+  statistic_bytes_[i]->Increment(static_cast<double>(statistic_bytes));
+  statistic_tensor_bytes_[i]->Increment(static_cast<double>(tensor_bytes));
 }
 
 void ServerMetrics::ChunkRejected(const absl::Status& status) {

@@ -26,6 +26,9 @@ class ServerMetrics {
   explicit ServerMetrics(absl::string_view backend);
 
   void ChunkAccepted(ChunkKind kind, int64_t bytes);
+  // A statistics-mode chunk (also counted by ChunkAccepted, with its 0 data bytes): the bytes of
+  // its statistic and of the tensor it stands for, by kind.
+  void StatisticsAccepted(ChunkKind kind, int64_t statistic_bytes, int64_t tensor_bytes);
   // Reason label from the rejection's status code.
   void ChunkRejected(const absl::Status& status);
   // A re-sent chunk already counted (exactly-once): acknowledged, not a rejection.
@@ -44,6 +47,8 @@ class ServerMetrics {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Counter* statistic_bytes_[3];  // kv, weight, activation
+  prometheus::Counter* statistic_tensor_bytes_[3];
   prometheus::Counter* bytes_kv_;
   prometheus::Counter* bytes_weight_;
   prometheus::Counter* bytes_activation_;

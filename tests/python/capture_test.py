@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
+import transformers
 
 import caliper
 import caliper.hooks
@@ -19,7 +20,7 @@ from conftest import (Recorder, run_cli, scales_doc, tiny_model, write_dumps, wr
 
 RECIPE = caliper.Recipe(kv="per_head", nvfp4_weights=True, nvfp4_activations=True)
 SAMPLES = 4
-MODES = ("raw",)  # statistics: once the server takes TensorChunk.statistics
+MODES = ("raw", "statistics")
 
 
 def samples(vocab, n=SAMPLES, seed=0, seq=(12, 20)):
@@ -134,3 +135,48 @@ def test_kill9_restart_mid_capture_is_exact(make_server, tmp_path, mode):
         scales_doc(tmp_path / "reference" / "scales.json")
     assert (tmp_path / "killed" / "compressed_tensors_scales.safetensors").read_bytes() == \
         (tmp_path / "reference" / "compressed_tensors_scales.safetensors").read_bytes()
+
+
+def test_caliper_capture_cli(server, tmp_path):
+    """caliper-capture on a saved tiny Llama gives the scales of the hooks on the same samples."""
+    import subprocess
+    import sys
+    model, config = tiny_model("llama", seed=7)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    data = samples(config["vocab_size"], seed=7)
+    ids_file = tmp_path / "ids.json"
+    ids_file.write_text(json.dumps([d[0].tolist() for d in data]))
+    exe = pathlib.Path(sys.executable).parent / "caliper-capture"
+    args = [str(exe), f"--server={server.address}", f"--model={model_dir}",
+            f"--token-ids={ids_file}", "--kv=per_head", "--nvfp4",
+            "--format=compressed-tensors", "--model-device=cpu"]
+    out = subprocess.run(args + [f"--out={tmp_path / 'cap'}"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "wrote" in out.stdout and "statistics mode" in out.stdout
+    session_id = out.stdout.split()[1]
+    # The reference: the hooks in raw mode on the same model (loaded as caliper-capture loads
+    # it: eager attention) and samples.
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype="auto", attn_implementation="eager").eval()
+    capture(server.address, loaded, config, data, "raw", tmp_path, "ref")
+    assert scales_doc(tmp_path / "cap" / "scales.json") == scales_doc(tmp_path / "ref" / "scales.json")
+    # Re-running into the same session (a crashed capture restarted) adds nothing.
+    client = caliper.Client(server.address)
+    before = client.get_session(session_id)
+    again = subprocess.run([str(exe), f"--server={server.address}", f"--model={model_dir}",
+                            f"--token-ids={ids_file}", f"--session={session_id}",
+                            f"--out={tmp_path / 'cap2'}", "--nvfp4", "--model-device=cpu"],
+                           capture_output=True, text=True)
+    # The session is finalized: a resumed producer sends nothing, so finalize and scales work.
+    assert again.returncode == 0, again.stderr
+    assert client.get_session(session_id).accepted_chunks == before.accepted_chunks
+    # Usage errors: exit 2, one line, nothing written.
+    bad = subprocess.run([str(exe), f"--server={server.address}", f"--model={model_dir}",
+                          f"--token-ids={ids_file}", "--kv=sideways", f"--out={tmp_path / 'x'}"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--kv" in bad.stderr and not (tmp_path / "x").exists()
+    bad = subprocess.run([str(exe), f"--server={server.address}", f"--model={tmp_path}",
+                          f"--token-ids={ids_file}", f"--out={tmp_path / 'x'}"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "config.json" in bad.stderr
