@@ -69,18 +69,18 @@ def bench_wire(addr, metrics):
         s.close()
     import urllib.request
     text = urllib.request.urlopen(f"http://{metrics}/metrics").read().decode()
-    def metric(name):
-        m = re.search(rf'^{name}{{kind="kv"}} (\S+)$', text, re.M)
-        return float(m.group(1)) if m else float("nan")
+    def metric(name):  # K and V together
+        found = re.findall(rf'^{name}{{kind="(?:key|value)"}} (\S+)$', text, re.M)
+        return sum(map(float, found)) if found else float("nan")
     raw_wire, tensor = out["raw"]
     st_wire, st_tensor = out["statistics"]
     print(f"wire bytes, K/V only, 4 samples x 512 tokens, 4 layers, 8 KV heads x 128, BF16:")
     print(f"  raw mode        {raw_wire:>12} B on the wire for {tensor} tensor bytes")
     print(f"  statistics mode {st_wire:>12} B on the wire for {st_tensor} tensor bytes")
     print(f"  ratio statistics/raw wire bytes = {st_wire / raw_wire:.3e}  (goal <= 1e-3)")
-    print(f"  server metrics: caliper_statistics_bytes_total{{kv}} = "
+    print(f"  server metrics: caliper_statistics_bytes_total{{key,value}} = "
           f"{metric('caliper_statistics_bytes_total'):.0f}, "
-          f"caliper_statistics_tensor_bytes_total{{kv}} = "
+          f"caliper_statistics_tensor_bytes_total{{key,value}} = "
           f"{metric('caliper_statistics_tensor_bytes_total'):.0f} -> "
           f"{metric('caliper_statistics_bytes_total') / metric('caliper_statistics_tensor_bytes_total'):.3e}")
     return st_wire / raw_wire
