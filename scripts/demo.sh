@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's run command: installs deps, builds, generates a small Llama-like model with TP=2
 # dumps, starts caliper-server on a free loopback port, calibrates over gRPC (FP8 KV per head and
-# NVFP4), fetches the same session for a TP=8 deployment, and shows outputs and /metrics.
+# NVFP4), fetches the same session for a TP=8 deployment, runs caliper-capture on a tiny random
+# Llama (Python client, statistics mode), and shows outputs and /metrics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -91,8 +92,28 @@ for w in scales["warnings"][:5]:
 PY
 
 echo
-echo "== 7. /metrics (caliper_ series) from http://$METRICS/metrics"
-curl -fsS "http://$METRICS/metrics" | grep '^caliper_' | grep -v '_bucket{' | head -40
+echo "== 7. caliper-capture: a tiny random Llama (built from a config, no downloads) calibrated live"
+PYENV=$(scripts/python-client-env.sh "$BIN/python-env")
+"$PYENV/bin/python" - "$OUT/capture-model" <<'PY'
+import json, sys, torch, transformers
+torch.manual_seed(0)
+cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                               vocab_size=512, max_position_embeddings=512)
+cfg.architectures = ["LlamaForCausalLM"]
+model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+model.save_pretrained(sys.argv[1])
+ids = [torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(i)).tolist()
+       for i in range(8)]
+json.dump(ids, open(sys.argv[1] + "/calibration_ids.json", "w"))
+PY
+"$PYENV/bin/caliper-capture" --server="$ADDR" --model="$OUT/capture-model" \
+  --token-ids="$OUT/capture-model/calibration_ids.json" --kv=per-head --nvfp4 \
+  --format=compressed-tensors --model-device=cpu --name=demo-capture --out="$OUT/capture"
 
 echo
-echo "outputs: $OUT/tp2 (deployment TP=2) and $OUT/tp8 (TP=8); server log: $SERVER_LOG"
+echo "== 8. /metrics (caliper_ series) from http://$METRICS/metrics"
+curl -fsS "http://$METRICS/metrics" | grep '^caliper_' | grep -v '_bucket{' | awk 'NR <= 60'
+
+echo
+echo "outputs: $OUT/tp2 (deployment TP=2), $OUT/tp8 (TP=8), $OUT/capture (caliper-capture); server log: $SERVER_LOG"

@@ -66,8 +66,20 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
                       .Help("Chunks of warm-up batches (recipe warmup_batches): acknowledged and "
                             "counted, not observed; by target kind.")
                       .Register(*registry_);
+  auto& statistic_bytes = prometheus::BuildCounter()
+                              .Name("caliper_statistics_bytes_total")
+                              .Help("Bytes of producer-side statistics accepted (statistics "
+                                    "mode), by target kind.")
+                              .Register(*registry_);
+  auto& statistic_tensor_bytes = prometheus::BuildCounter()
+                                     .Name("caliper_statistics_tensor_bytes_total")
+                                     .Help("Bytes of the tensors accepted statistics stand for, "
+                                           "by target kind.")
+                                     .Register(*registry_);
   for (int k = 0; k < 4; ++k) {
     const std::string kind(kKindLabels[k]);
+    statistic_bytes_[k] = &statistic_bytes.Add({{"kind", kind}});
+    statistic_tensor_bytes_[k] = &statistic_tensor_bytes.Add({{"kind", kind}});
     bytes_[k] = &bytes.Add({{"kind", kind}});
     chunks_[k] = &chunks.Add({{"kind", kind}});
     skipped_warmup_[k] = &skipped.Add({{"kind", kind}});
@@ -147,6 +159,12 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
 void ServerMetrics::ChunkAccepted(ChunkKind kind, int64_t bytes) {
   bytes_[static_cast<int>(kind)]->Increment(static_cast<double>(bytes));
   chunks_[static_cast<int>(kind)]->Increment();
+}
+
+void ServerMetrics::StatisticsAccepted(ChunkKind kind, int64_t statistic_bytes,
+                                       int64_t tensor_bytes) {
+  statistic_bytes_[static_cast<int>(kind)]->Increment(static_cast<double>(statistic_bytes));
+  statistic_tensor_bytes_[static_cast<int>(kind)]->Increment(static_cast<double>(tensor_bytes));
 }
 
 void ServerMetrics::ChunkSkippedWarmup(ChunkKind kind) {

@@ -30,6 +30,9 @@ class ServerMetrics {
   explicit ServerMetrics(absl::string_view backend);
 
   void ChunkAccepted(ChunkKind kind, int64_t bytes);
+  // A statistics-mode chunk (also counted by ChunkAccepted, with its 0 data bytes): the bytes of
+  // its statistic and of the tensor it stands for, by kind.
+  void StatisticsAccepted(ChunkKind kind, int64_t statistic_bytes, int64_t tensor_bytes);
   // A chunk below the recipe's warm-up batches: acknowledged and counted, not observed.
   void ChunkSkippedWarmup(ChunkKind kind);
   // Reason label from the rejection's status code; `kind` as the chunk declared it.
@@ -54,6 +57,8 @@ class ServerMetrics {
   prometheus::Counter* bytes_[4];
   prometheus::Counter* chunks_[4];
   prometheus::Counter* skipped_warmup_[4];
+  prometheus::Counter* statistic_bytes_[4];
+  prometheus::Counter* statistic_tensor_bytes_[4];
   // By reason, then kind label.
   std::map<std::pair<std::string, std::string>, prometheus::Counter*, std::less<>> rejected_;
   prometheus::Counter* duplicates_;

@@ -308,6 +308,11 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         summary_.set_accepted_bytes(summary_.accepted_bytes() +
                                      static_cast<int64_t>(chunk->data.size()));
         service_->metrics_->ChunkAccepted(chunk->kind, static_cast<int64_t>(chunk->data.size()));
+        if (chunk->statistics.has_value()) {
+          service_->metrics_->StatisticsAccepted(
+              chunk->kind, static_cast<int64_t>(chunk_.statistics().ByteSizeLong()),
+              StatisticsTensorBytes(chunk->dtype, chunk->shape));
+        }
         break;
       case ObserveOutcome::kSkippedWarmup:
         summary_.set_skipped_warmup_chunks(summary_.skipped_warmup_chunks() + 1);

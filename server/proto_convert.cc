@@ -206,6 +206,13 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto, const Limi
   chunk.producer_id = proto.producer_id();
   chunk.data = absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(proto.data().data()),
                                          proto.data().size());
+  if (proto.has_statistics()) {
+    ChunkStatistics& statistics = chunk.statistics.emplace();
+    statistics.absmax.assign(proto.statistics().absmax().begin(),
+                             proto.statistics().absmax().end());
+    if (proto.statistics().has_min()) statistics.min = proto.statistics().min();
+    if (proto.statistics().has_max()) statistics.max = proto.statistics().max();
+  }
   return chunk;
 }
 

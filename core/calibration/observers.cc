@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace caliper {
 
@@ -29,9 +30,8 @@ int OriginalKvHead(int num_kv_heads, TpPlacement placement, int local) {
   return placement.tp_rank * (num_kv_heads / placement.tp_size) + local;
 }
 
-absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
-                                           TpPlacement placement, int num_kv_heads,
-                                           int head_dim, ReductionBackend& backend) {
+absl::StatusOr<int> KvChunkLocalHeads(const std::vector<int64_t>& shape, TpPlacement placement,
+                                      int num_kv_heads, int head_dim) {
   auto local_heads = LocalKvHeads(num_kv_heads, placement.tp_size);
   if (!local_heads.ok()) return local_heads.status();
   if (placement.tp_rank < 0 || placement.tp_rank >= placement.tp_size) {
@@ -42,7 +42,7 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
     return absl::InvalidArgumentError(absl::StrCat("head_dim: must be positive, got ", head_dim));
   }
   const int h = *local_heads;
-  const std::vector<int64_t>& shape = tensor.shape();
+  const std::string shape_string = absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
   const std::string expected =
       absl::StrCat("expected [tokens, ", h, ", ", head_dim, "] or [tokens, ", int64_t{h} * head_dim,
                    "] (heads_local ", h, " = max(num_kv_heads ", num_kv_heads, " / tp_size ",
@@ -50,22 +50,33 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
   if (shape.size() == 3) {
     if (shape[1] != h) {
       return absl::InvalidArgumentError(absl::StrCat("chunk.shape[1]: got ", shape[1], " in ",
-                                                     tensor.ShapeString(), ", ", expected));
+                                                     shape_string, ", ", expected));
     }
     if (shape[2] != head_dim) {
       return absl::InvalidArgumentError(absl::StrCat("chunk.shape[2]: got ", shape[2], " in ",
-                                                     tensor.ShapeString(), ", ", expected));
+                                                     shape_string, ", ", expected));
     }
   } else if (shape.size() == 2) {
     if (shape[1] != int64_t{h} * head_dim) {
       return absl::InvalidArgumentError(absl::StrCat("chunk.shape[1]: got ", shape[1], " in ",
-                                                     tensor.ShapeString(), ", ", expected));
+                                                     shape_string, ", ", expected));
     }
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk.shape: got ", tensor.ShapeString(), ", ", expected));
+        absl::StrCat("chunk.shape: got ", shape_string, ", ", expected));
   }
 
+  return h;
+}
+
+absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
+                                           TpPlacement placement, int num_kv_heads,
+                                           int head_dim, ReductionBackend& backend) {
+  absl::StatusOr<int> local_heads =
+      KvChunkLocalHeads(tensor.shape(), placement, num_kv_heads, head_dim);
+  if (!local_heads.ok()) return local_heads.status();
+  const int h = *local_heads;
+  const std::vector<int64_t>& shape = tensor.shape();
   KvChunkStats stats;
   stats.kind = kind;
   stats.tokens = shape[0];

@@ -44,6 +44,11 @@ struct KvChunkStats {
   int64_t tokens = 0;
 };
 
+// Local heads h of a K/V chunk of `shape` ([tokens, h, head_dim] or [tokens, h * head_dim])
+// from `placement`; InvalidArgument naming the field (chunk.shape[i], tp_rank) otherwise.
+absl::StatusOr<int> KvChunkLocalHeads(const std::vector<int64_t>& shape, TpPlacement placement,
+                                      int num_kv_heads, int head_dim);
+
 // Reduces a K or V chunk of shape [tokens, heads_local, head_dim] or
 // [tokens, heads_local * head_dim] produced by `placement`. A tensor in pieces is reduced run by
 // run (rows split across pieces are copied alone); the result equals the contiguous one bit for bit.

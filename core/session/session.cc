@@ -223,13 +223,33 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
     }
   }
   if (absl::Status s = ValidateChunk(chunk); !s.ok()) return reject(s);
-  absl::StatusOr<PiecewiseTensor> view =
-      PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
-  if (!view.ok()) return reject(view.status());
-
   const bool warmup = chunk.kind != ChunkKind::kWeight && chunk.batch < recipe_.warmup_batches;
   ChunkStats stats;
-  if (!warmup) {
+  if (chunk.statistics.has_value()) {
+    // Statistics mode: checked as strictly as raw data, then folded by the same observers.
+    if (chunk.data.size() > 0) {
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "chunk.statistics: set together with chunk.data (", chunk.data.size(),
+          " bytes); send one of them")));
+    }
+    if (IsKv(chunk.kind)) {
+      absl::StatusOr<KvChunkStats> kv = KvStatsFromStatistics(
+          chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, chunk.shape,
+          *chunk.statistics, chunk.placement, model_.num_kv_heads, model_.head_dim);
+      if (!kv.ok()) return reject(kv.status());
+      if (!warmup) stats.kv = *std::move(kv);
+    } else {
+      absl::StatusOr<RangeStats> range = RangeFromStatistics(chunk.shape, *chunk.statistics);
+      if (!range.ok()) return reject(range.status());
+      if (!warmup) stats.range = *range;
+    }
+  }
+  absl::StatusOr<PiecewiseTensor> view =
+      chunk.statistics.has_value()
+          ? absl::StatusOr<PiecewiseTensor>(absl::FailedPreconditionError("statistics"))
+          : PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
+  if (!chunk.statistics.has_value() && !view.ok()) return reject(view.status());
+  if (!warmup && !chunk.statistics.has_value()) {
     // The expensive part: runs without the session lock.
     if (IsKv(chunk.kind)) {
       absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(

@@ -25,6 +25,7 @@
 #include "core/formats/lightllm_format.h"
 #include "core/calibration/model_config.h"
 #include "core/calibration/nvfp4.h"
+#include "core/calibration/chunk_statistics.h"
 #include "core/calibration/observers.h"
 #include "core/session/deployment.h"
 #include "core/session/limits.h"
@@ -65,6 +66,8 @@ struct ChunkRef {
   uint64_t sequence = 0;      // per-stream; echoed in errors
   absl::string_view producer_id;  // exactly-once dedupe key (ProducerLedger)
   ByteSpans data;
+  // Statistics mode (core/calibration/chunk_statistics.h): set instead of data.
+  std::optional<ChunkStatistics> statistics;
 };
 
 // kDuplicate: a producer re-sent a sequence already counted (exactly-once); acknowledge, ignore.

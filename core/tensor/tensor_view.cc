@@ -14,6 +14,20 @@ namespace {
 // The element count of `shape` if `size` bytes of `dtype` fill it exactly.
 absl::StatusOr<int64_t> CheckedElements(DType dtype, const std::vector<int64_t>& shape,
                                         size_t size, absl::string_view field) {
+  absl::StatusOr<int64_t> elements = ShapeElements(shape, field);
+  if (!elements.ok()) return elements.status();
+  const uint64_t expected = static_cast<uint64_t>(*elements) * ItemSize(dtype);
+  if (size != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".data: ", size, " bytes, but shape [", absl::StrJoin(shape, ", "), "] of ",
+        DTypeName(dtype), " needs ", expected));
+  }
+  return *elements;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ShapeElements(const std::vector<int64_t>& shape, absl::string_view field) {
   if (shape.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".shape: must have at least one dimension"));
   }
@@ -28,16 +42,8 @@ absl::StatusOr<int64_t> CheckedElements(DType dtype, const std::vector<int64_t>&
     }
     elements *= shape[i];
   }
-  const uint64_t expected = static_cast<uint64_t>(elements) * ItemSize(dtype);
-  if (size != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".data: ", size, " bytes, but shape [", absl::StrJoin(shape, ", "), "] of ",
-        DTypeName(dtype), " needs ", expected));
-  }
   return elements;
 }
-
-}  // namespace
 
 absl::StatusOr<TensorView> TensorView::Create(DType dtype, std::vector<int64_t> shape,
                                               absl::Span<const uint8_t> bytes,

@@ -99,6 +99,10 @@ class PiecewiseTensor {
   ByteSpans bytes_;
 };
 
+// The element count of `shape` (at least one dimension, none negative, no overflow);
+// InvalidArgument naming `field`.shape otherwise.
+absl::StatusOr<int64_t> ShapeElements(const std::vector<int64_t>& shape, absl::string_view field);
+
 }  // namespace caliper
 
 #endif  // CALIPER_CORE_TENSOR_TENSOR_VIEW_H_

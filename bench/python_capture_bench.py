@@ -1,0 +1,185 @@
+"""Python client benchmarks, each a ratio to a baseline measured in the same run.
+
+  1. wire bytes: statistics vs raw mode for the same K/V (head_dim 128), and the statistics
+     bytes per tensor byte they stand for (goal <= 1e-3 for K/V);
+  2. capture overhead: forward time with the hooks (statistics mode) / without (goal <= 1.10,
+     CPU), interleaved runs, median;
+  3. end to end: caliper-capture vs llm-compressor's oneshot on the same model, samples and
+     recipe (FP8 KV per head + NVFP4), wall time of each as a fresh process.
+usage: python bench/python_capture_bench.py --build build [--only wire,overhead,e2e]
+(the python env of tests/python/run_pytest.sh: build/python-env/bin/python).
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import statistics as stats
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import transformers
+
+import caliper
+import caliper.hooks
+
+
+def start_server(build: pathlib.Path, tmp: pathlib.Path):
+    log = tmp / "server.log"
+    proc = subprocess.Popen([str(build / "server" / "caliper-server"), "--listen=127.0.0.1:0",
+                             "--metrics_listen=127.0.0.1:0", "--device=cpu"],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    for _ in range(200):
+        m = re.search(r"listening on (\S+) \(metrics (\S+),", log.read_text())
+        if m:
+            return proc, m.group(1), m.group(2)
+        time.sleep(0.05)
+    raise RuntimeError(log.read_text())
+
+
+def llama(hidden, layers, heads, kv_heads, head_dim, inter, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=inter,
+                                   num_hidden_layers=layers, num_attention_heads=heads,
+                                   num_key_value_heads=kv_heads, head_dim=head_dim,
+                                   vocab_size=1024, max_position_embeddings=4096)
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg._attn_implementation = "eager"
+    return transformers.LlamaForCausalLM(cfg).eval(), json.loads(cfg.to_json_string())
+
+
+def bench_wire(addr, metrics):
+    model, config = llama(512, 4, 8, 8, 128, 1024)
+    model = model.to(torch.bfloat16)
+    ids = [torch.randint(0, 1024, (1, 512)) for _ in range(4)]
+    out = {}
+    for mode in ("raw", "statistics"):
+        c = caliper.Client(addr)
+        s = c.create_session(config, caliper.Recipe(kv="per_head"), mode=mode)
+        h = caliper.hooks.attach(model, s)
+        with torch.no_grad():
+            for x in ids:
+                model(x, use_cache=False)
+        h.detach()
+        s.finalize()
+        out[mode] = (s.wire_bytes, s.tensor_bytes)
+        s.close()
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{metrics}/metrics").read().decode()
+    def metric(name):  # K and V together
+        found = re.findall(rf'^{name}{{kind="(?:key|value)"}} (\S+)$', text, re.M)
+        return sum(map(float, found)) if found else float("nan")
+    raw_wire, tensor = out["raw"]
+    st_wire, st_tensor = out["statistics"]
+    print(f"wire bytes, K/V only, 4 samples x 512 tokens, 4 layers, 8 KV heads x 128, BF16:")
+    print(f"  raw mode        {raw_wire:>12} B on the wire for {tensor} tensor bytes")
+    print(f"  statistics mode {st_wire:>12} B on the wire for {st_tensor} tensor bytes")
+    print(f"  ratio statistics/raw wire bytes = {st_wire / raw_wire:.3e}  (goal <= 1e-3)")
+    print(f"  server metrics: caliper_statistics_bytes_total{{key,value}} = "
+          f"{metric('caliper_statistics_bytes_total'):.0f}, "
+          f"caliper_statistics_tensor_bytes_total{{key,value}} = "
+          f"{metric('caliper_statistics_tensor_bytes_total'):.0f} -> "
+          f"{metric('caliper_statistics_bytes_total') / metric('caliper_statistics_tensor_bytes_total'):.3e}")
+    return st_wire / raw_wire
+
+
+def bench_overhead(addr, reps=7):
+    torch.set_num_threads(1)
+    model, config = llama(1024, 4, 16, 8, 64, 2816)
+    x = torch.randint(0, 1024, (1, 256))
+    c = caliper.Client(addr)
+    s = c.create_session(config, caliper.Recipe(kv="per_head", nvfp4_weights=True,
+                                                nvfp4_activations=True), mode="statistics")
+    h = caliper.hooks.attach(model, s)
+    with torch.no_grad():
+        model(x, use_cache=False)  # warm-up
+        base, hooked = [], []
+        for _ in range(reps):
+            h.enabled = False
+            t = time.perf_counter(); model(x, use_cache=False); base.append(time.perf_counter() - t)
+            h.enabled = True
+            t = time.perf_counter(); model(x, use_cache=False); hooked.append(time.perf_counter() - t)
+    h.detach()
+    s.flush()
+    ratio = stats.median(hooked) / stats.median(base)
+    print(f"capture overhead, statistics mode, CPU 1 thread, Llama 4 layers hidden 1024, 256 tokens,"
+          f" K/V + all Linear inputs:")
+    print(f"  forward without hooks {stats.median(base) * 1e3:.1f} ms, with hooks "
+          f"{stats.median(hooked) * 1e3:.1f} ms (median of {reps}); ratio {ratio:.3f} (goal <= 1.10)")
+    s.close()
+    return ratio
+
+
+ONESHOT = r'''
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+from llmcompressor import oneshot
+from llmcompressor.modifiers.quantization import QuantizationModifier
+model_dir, ids_file, out = sys.argv[1:4]
+ids = json.load(open(ids_file))
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids]})
+recipe = QuantizationModifier(targets="Linear", scheme="NVFP4", ignore=["lm_head"],
+    kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "attn_head", "dynamic": False,
+                     "symmetric": True})
+oneshot(model=model, dataset=ds, recipe=recipe, num_calibration_samples=len(ids),
+        max_seq_length=max(map(len, ids)), pipeline="basic")
+model.save_pretrained(out, save_compressed=True)
+print(f"oneshot {time.perf_counter() - t0:.2f}")
+'''
+
+
+def bench_e2e(addr, tmp, samples=16, seq=256):
+    model, config = llama(1024, 4, 16, 8, 64, 2816)
+    model = model.to(torch.bfloat16)
+    model_dir = tmp / "model"
+    model.save_pretrained(model_dir)
+    ids = [torch.randint(0, 1024, (seq,)).tolist() for _ in range(samples)]
+    (tmp / "ids.json").write_text(json.dumps(ids))
+    exe = pathlib.Path(sys.executable).parent / "caliper-capture"
+    t = time.perf_counter()
+    r = subprocess.run([str(exe), f"--server={addr}", f"--model={model_dir}",
+                        f"--token-ids={tmp / 'ids.json'}", "--kv=per-head", "--nvfp4",
+                        "--model-device=cpu", f"--out={tmp / 'capture'}"], capture_output=True,
+                       text=True)
+    capture_s = time.perf_counter() - t
+    assert r.returncode == 0, r.stderr
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", ONESHOT, str(model_dir), str(tmp / "ids.json"),
+                        str(tmp / "oneshot")], capture_output=True, text=True)
+    oneshot_s = time.perf_counter() - t
+    if r.returncode != 0:
+        print(r.stderr[-3000:])
+        raise SystemExit("oneshot failed")
+    print(f"end to end, {samples} samples x {seq} tokens, Llama 4 layers hidden 1024 BF16, "
+          f"FP8 KV per head + NVFP4, CPU (fresh processes, model load included):")
+    print(f"  caliper-capture {capture_s:.2f} s, llm-compressor oneshot {oneshot_s:.2f} s; "
+          f"ratio {capture_s / oneshot_s:.3f}")
+    return capture_s / oneshot_s
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", default="build")
+    p.add_argument("--only", default="wire,overhead,e2e")
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = pathlib.Path(d)
+        proc, addr, metrics = start_server(pathlib.Path(a.build), tmp)
+        try:
+            for name in a.only.split(","):
+                {"wire": lambda: bench_wire(addr, metrics), "overhead": lambda: bench_overhead(addr),
+                 "e2e": lambda: bench_e2e(addr, tmp)}[name]()
+        finally:
+            proc.terminate()
+            proc.wait()
+
+
+if __name__ == "__main__":
+    main()

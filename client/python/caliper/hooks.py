@@ -1,0 +1,205 @@
+"""Capture hooks for Hugging Face transformers models.
+
+attach(model, session) streams, for every forward pass of `model` (one forward = one batch):
+  - K and V of every attention layer after RoPE, exactly as the KV cache receives them
+    ([batch, kv_heads, seq, head_dim], before GQA repetition): an attention function registered
+    with transformers wraps the model's own one and sees the key/value states it is handed
+    (run the model with use_cache=False: with a cache, attention sees past tokens again);
+  - the input of every NVFP4 target Linear, named as in the checkpoint (forward pre-hooks);
+    MoE experts stored as fused 3-D parameters (transformers 5) are observed per expert, with
+    the tokens the router sent to it, as expert E's gate/up (w1/w3) and down (w2) projections;
+  - each target weight once, at attach time.
+Routers (`mlp.gate`, `block_sparse_moe.gate`, `shared_expert_gate`) and lm_head are never targets.
+What is streamed follows the session's recipe (K/V when kv is on, inputs and weights with NVFP4).
+"""
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+ROUTER_NAME = re.compile(r"(^|\.)(gate|router|shared_expert_gate)$")
+
+# Checkpoint names of fused experts' projections: (gate, up, down), and a rename of the block.
+_EXPERT_NAMES = {
+    "mixtral": (("w1", "w3", "w2"), (".mlp.experts", ".block_sparse_moe.experts")),
+}
+_DEFAULT_EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), None)
+
+
+def is_target_linear(name: str, module: nn.Module) -> bool:
+    if not isinstance(module, nn.Linear):
+        return False
+    last = name.rsplit(".", 1)[-1]
+    return last != "lm_head" and not ROUTER_NAME.search(name) and "embed" not in last
+
+
+def _is_fused_experts(module: nn.Module) -> bool:
+    return (isinstance(getattr(module, "gate_up_proj", None), torch.Tensor)
+            and isinstance(getattr(module, "down_proj", None), torch.Tensor)
+            and module.gate_up_proj.dim() == 3)
+
+
+def expert_names(model_type: str, experts_path: str) -> Callable[[int], Tuple[str, str, str]]:
+    (gate, up, down), rename = _EXPERT_NAMES.get(model_type, _DEFAULT_EXPERT_NAMES)
+    base = experts_path
+    if rename is not None and base.endswith(rename[0]):
+        base = base[: -len(rename[0])] + rename[1]
+    return lambda e: (f"{base}.{e}.{gate}", f"{base}.{e}.{up}", f"{base}.{e}.{down}")
+
+
+def _expert_weights(module: nn.Module, e: int):
+    gate_up = module.gate_up_proj[e]
+    down = module.down_proj[e]
+    if getattr(module, "is_transposed", False):
+        gate_up, down = gate_up.t(), down.t()
+    half = gate_up.shape[0] // 2
+    return gate_up[:half], gate_up[half:], down
+
+
+class Handle:
+    """What attach() installed; detach() removes all of it (idempotent)."""
+
+    def __init__(self):
+        self._removers: List[Callable[[], None]] = []
+        self.batch = 0            # the forward pass being captured
+        self.forwards = 0         # forward passes captured so far
+        self.enabled = True       # False: forwards run without capture
+        self.kv_layers: List[int] = []
+        self.input_modules: List[str] = []
+        self.weight_modules: List[str] = []
+        self.errors: List[BaseException] = []
+
+    def detach(self) -> None:
+        while self._removers:
+            self._removers.pop()()
+
+
+_REGISTRY_LOCK = threading.Lock()
+_CAPTURES: Dict[int, Tuple[Any, Handle]] = {}  # id(attention module) -> (session, handle)
+
+
+def _original_attention(name: str, module: nn.Module):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    if name == "eager" or name is None:
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _make_attention(original: str):
+    def caliper_attention(module, query, key, value, attention_mask, **kwargs):
+        entry = _CAPTURES.get(id(module))
+        if entry is not None:
+            session, handle = entry
+            if handle.enabled:
+                session.observe_kv(module.layer_idx, key, value, batch=handle.batch)
+        return _original_attention(original, module)(module, query, key, value, attention_mask,
+                                                     **kwargs)
+    return caliper_attention
+
+
+def attach(model: nn.Module, session, kv: bool = True, inputs: bool = True,
+           weights: bool = True, *, first_batch: int = 0) -> Handle:
+    """Installs the capture hooks on `model` for `session` (see the module docstring)."""
+    from transformers.modeling_utils import AttentionInterface
+
+    recipe = session.proto.recipe
+    from ._pb import caliper_pb2 as pb
+    kv = kv and recipe.kv != pb.KV_OFF
+    inputs = inputs and recipe.nvfp4_activations
+    weights = weights and recipe.nvfp4_weights
+    handle = Handle()
+    handle.batch = first_batch
+    model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
+
+    # One forward of the whole model = one batch.
+
+    def after(_module, _args, _output):
+        if handle.enabled:
+            handle.forwards += 1
+            handle.batch += 1
+
+    h = model.register_forward_hook(after)
+    handle._removers.append(h.remove)
+
+    if kv:
+        configs = {}
+        for _, module in model.named_modules():
+            if hasattr(module, "layer_idx") and hasattr(module, "k_proj") and hasattr(
+                    module, "config"):
+                configs[id(module.config)] = module.config
+                with _REGISTRY_LOCK:
+                    _CAPTURES[id(module)] = (session, handle)
+                handle.kv_layers.append(module.layer_idx)
+                handle._removers.append(lambda key=id(module): _CAPTURES.pop(key, None))
+        for config in configs.values():
+            original = config._attn_implementation or "eager"
+            if original.startswith("caliper_"):
+                raise RuntimeError("attach: the model already has caliper hooks; detach them")
+            name = f"caliper_{original}"
+            AttentionInterface.register(name, _make_attention(original))
+            config._attn_implementation_internal = name
+
+            def restore(config=config, original=original):
+                config._attn_implementation_internal = original
+            handle._removers.append(restore)
+        if not handle.kv_layers:
+            raise RuntimeError("attach: no attention layer with layer_idx and k_proj found")
+
+    for name, module in model.named_modules():
+        if is_target_linear(name, module):
+            if weights:
+                session.observe_weight(name, module.weight.detach())
+                handle.weight_modules.append(name)
+            if inputs:
+                def pre(_m, args, name=name):
+                    if handle.enabled:
+                        session.observe_input(name, args[0], batch=handle.batch)
+                hook = module.register_forward_pre_hook(pre)
+                handle._removers.append(hook.remove)
+                handle.input_modules.append(name)
+        elif _is_fused_experts(module) and (inputs or weights):
+            names = expert_names(model_type, name)
+            if weights:
+                for e in range(module.gate_up_proj.shape[0]):
+                    gate_w, up_w, down_w = _expert_weights(module, e)
+                    for n, w in zip(names(e), (gate_w, up_w, down_w)):
+                        session.observe_weight(n, w.detach())
+                        handle.weight_modules.append(n)
+            if inputs:
+                hook = module.register_forward_pre_hook(_expert_inputs_hook(session, handle,
+                                                                            module, names))
+                handle._removers.append(hook.remove)
+                for e in range(module.gate_up_proj.shape[0]):
+                    handle.input_modules += list(names(e))
+    return handle
+
+
+def _expert_inputs_hook(session, handle: Handle, module: nn.Module, names):
+    """Inputs of each routed expert: its tokens (gate/up) and act(gate) * up (down), computed as
+    the experts' eager forward computes them."""
+    def pre(_m, args, kwargs=None):
+        if not handle.enabled:
+            return
+        hidden, top_k_index = args[0], args[1]
+        with torch.no_grad():
+            num_experts = module.gate_up_proj.shape[0]
+            mask = torch.nn.functional.one_hot(top_k_index, num_classes=num_experts)
+            mask = mask.permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+            for (e,) in hit.tolist():
+                _, token_idx = torch.where(mask[e])
+                current = hidden[token_idx]
+                gate_name, up_name, down_name = names(e)
+                session.observe_input(gate_name, current, batch=handle.batch)
+                session.observe_input(up_name, current, batch=handle.batch)
+                gate_up = module.gate_up_proj[e]
+                if getattr(module, "is_transposed", False):
+                    gate_up = gate_up.t()
+                gate, up = nn.functional.linear(current, gate_up).chunk(2, dim=-1)
+                session.observe_input(down_name, module.act_fn(gate) * up, batch=handle.batch)
+    return pre

@@ -1,0 +1,182 @@
+"""Capture hooks on tiny random transformers models against a real caliper-server: the scales
+equal `caliper calibrate` on dumps of the same tensors and what torch computes on them;
+statistics mode equals raw mode bit for bit; kill -9 + restart of a --state_dir server in the
+middle of a capture still gives the exact scales."""
+import json
+import os
+import pathlib
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import caliper
+import caliper.hooks
+from caliper import outputs
+from conftest import (Recorder, run_cli, scales_doc, tiny_model, write_dumps, write_weights)
+
+RECIPE = caliper.Recipe(kv="per_head", nvfp4_weights=True, nvfp4_activations=True)
+SAMPLES = 4
+MODES = ("raw", "statistics")
+
+
+def samples(vocab, n=SAMPLES, seed=0, seq=(12, 20)):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (1, int(torch.randint(seq[0], seq[1], (1,), generator=g))),
+                          generator=g) for _ in range(n)]
+
+
+def run(model, data):
+    with torch.no_grad():
+        for ids in data:
+            model(ids, use_cache=False)
+
+
+def capture(address, model, config, data, mode, tmp, name, **session_kw):
+    client = caliper.Client(address)
+    session = client.create_session(config, RECIPE, mode=mode, name=name, **session_kw)
+    handle = caliper.hooks.attach(model, session)
+    run(model, data)
+    handle.detach()
+    session.finalize()
+    session.scales(tp=1, out=tmp / name, formats=["compressed-tensors"])
+    return session, handle
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "mixtral", "qwen3_moe"])
+def test_hooks_equal_calibrate_and_torch(server, tmp_path, kind):
+    model, config = tiny_model(kind)
+    data = samples(config["vocab_size"])
+    # What the hooks hand over, recorded, and written as `caliper calibrate` dumps.
+    rec = Recorder(RECIPE.to_proto())
+    h = caliper.hooks.attach(model, rec)
+    run(model, data)
+    h.detach()
+    assert h.forwards == SAMPLES and sorted(set(l for l, *_ in rec.kv)) == [0, 1]
+    if kind in ("mixtral", "qwen3_moe"):
+        experts = [m for m in rec.weights if ".experts." in m]
+        assert len(experts) == 2 * 4 * 3, experts
+        assert not any(m.endswith(".gate") for m in rec.weights)
+        if kind == "mixtral":
+            assert "model.layers.0.block_sparse_moe.experts.3.w2" in rec.weights
+        else:
+            assert "model.layers.1.mlp.experts.0.up_proj" in rec.weights
+    assert "lm_head" not in rec.weights
+    write_dumps(rec, tmp_path / "dumps")
+    write_weights(rec, tmp_path / "ckpt")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    run_cli("calibrate", f"--server={server.address}", f"--model={tmp_path / 'config.json'}",
+            f"--tensors={tmp_path / 'dumps'}", f"--weights={tmp_path / 'ckpt'}", "--nvfp4",
+            "--kv=per_head", "--format=compressed-tensors", f"--out={tmp_path / 'cli'}")
+    expected = scales_doc(tmp_path / "cli" / "scales.json")
+
+    for mode in MODES:
+        capture(server.address, model, config, data, mode, tmp_path, mode)
+        got = scales_doc(tmp_path / mode / "scales.json")
+        assert got == expected, mode
+        for f in ("kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
+            assert (tmp_path / mode / f).read_bytes() == (tmp_path / "cli" / f).read_bytes()
+
+    # And what torch computes directly on the captured tensors.
+    for layer in expected["kv_cache"]["layers"]:
+        ks = torch.stack([k.abs().amax(dim=(0, 2, 3)) for l, _, k, _ in rec.kv
+                          if l == layer["layer"]]).amax(0)
+        assert layer["k_absmax"] == [outputs.short_float(x) for x in ks.tolist()]
+    mods = expected["nvfp4"]["modules"]
+    for m, w in rec.weights.items():
+        assert mods[m]["weight_amax"] == outputs.short_float(w.abs().max().item()) or \
+            mods[m]["fused_group"], m
+    for m in {m for m, _, _ in rec.inputs}:
+        amax = max(x.abs().max().item() for mm, _, x in rec.inputs if mm == m)
+        assert mods[m]["input_amax"] == outputs.short_float(amax), m
+
+
+def test_bf16_model_statistics_equal_raw(server, tmp_path):
+    model, config = tiny_model("llama", dtype="bfloat16", seed=3)
+    data = samples(config["vocab_size"], seed=3)
+    capture(server.address, model, config, data, "raw", tmp_path, "raw")
+    capture(server.address, model, config, data, "statistics", tmp_path, "stats")
+    for f in ("scales.json", "kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
+        a, b = (tmp_path / "raw" / f), (tmp_path / "stats" / f)
+        if f == "scales.json":
+            assert scales_doc(a) == scales_doc(b)
+        else:
+            assert a.read_bytes() == b.read_bytes(), f
+
+
+@pytest.mark.parametrize("mode", ["raw", "statistics"])
+def test_kill9_restart_mid_capture_is_exact(make_server, tmp_path, mode):
+    model, config = tiny_model("llama", seed=5)
+    data = samples(config["vocab_size"], n=12, seed=5, seq=(40, 60))
+    reference = make_server()
+    capture(reference.address, model, config, data, mode, tmp_path, "reference")
+    reference.stop()
+
+    srv = make_server(state_dir=str(tmp_path / "state"))
+    client = caliper.Client(srv.address)
+    # Small streams, so several are acknowledged (durable) before the kill.
+    session = client.create_session(config, RECIPE, mode=mode, retain_bytes=64 << 10,
+                                    chunk_bytes=16 << 10)
+    handle = caliper.hooks.attach(model, session)
+    with torch.no_grad():
+        for i, ids in enumerate(data):
+            model(ids, use_cache=False)
+            if i in (3, 8):
+                time.sleep(0.3)
+                srv.kill9()
+                srv.start()
+    handle.detach()
+    session.finalize()
+    session.scales(tp=1, out=tmp_path / "killed", formats=["compressed-tensors"])
+    assert scales_doc(tmp_path / "killed" / "scales.json") == \
+        scales_doc(tmp_path / "reference" / "scales.json")
+    assert (tmp_path / "killed" / "compressed_tensors_scales.safetensors").read_bytes() == \
+        (tmp_path / "reference" / "compressed_tensors_scales.safetensors").read_bytes()
+
+
+def test_caliper_capture_cli(server, tmp_path):
+    """caliper-capture on a saved tiny Llama gives the scales of the hooks on the same samples."""
+    import subprocess
+    import sys
+    model, config = tiny_model("llama", seed=7)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    data = samples(config["vocab_size"], seed=7)
+    ids_file = tmp_path / "ids.json"
+    ids_file.write_text(json.dumps([d[0].tolist() for d in data]))
+    exe = pathlib.Path(sys.executable).parent / "caliper-capture"
+    args = [str(exe), f"--server={server.address}", f"--model={model_dir}",
+            f"--token-ids={ids_file}", "--kv=per_head", "--nvfp4",
+            "--format=compressed-tensors", "--model-device=cpu"]
+    out = subprocess.run(args + [f"--out={tmp_path / 'cap'}"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "wrote" in out.stdout and "statistics mode" in out.stdout
+    session_id = out.stdout.split()[1]
+    # The reference: the hooks in raw mode on the same model (loaded as caliper-capture loads
+    # it: eager attention) and samples.
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype="auto", attn_implementation="eager").eval()
+    capture(server.address, loaded, config, data, "raw", tmp_path, "ref")
+    assert scales_doc(tmp_path / "cap" / "scales.json") == scales_doc(tmp_path / "ref" / "scales.json")
+    # Re-running into the same session (a crashed capture restarted) adds nothing.
+    client = caliper.Client(server.address)
+    before = client.get_session(session_id)
+    again = subprocess.run([str(exe), f"--server={server.address}", f"--model={model_dir}",
+                            f"--token-ids={ids_file}", f"--session={session_id}",
+                            f"--out={tmp_path / 'cap2'}", "--nvfp4", "--model-device=cpu"],
+                           capture_output=True, text=True)
+    # The session is finalized: a resumed producer sends nothing, so finalize and scales work.
+    assert again.returncode == 0, again.stderr
+    assert client.get_session(session_id).accepted_chunks == before.accepted_chunks
+    # Usage errors: exit 2, one line, nothing written.
+    bad = subprocess.run([str(exe), f"--server={server.address}", f"--model={model_dir}",
+                          f"--token-ids={ids_file}", "--kv=sideways", f"--out={tmp_path / 'x'}"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--kv" in bad.stderr and not (tmp_path / "x").exists()
+    bad = subprocess.run([str(exe), f"--server={server.address}", f"--model={tmp_path}",
+                          f"--token-ids={ids_file}", f"--out={tmp_path / 'x'}"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "config.json" in bad.stderr

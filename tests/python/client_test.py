@@ -1,0 +1,223 @@
+"""caliper.Client / Session against a real caliper-server: the files `caliper scales` writes,
+byte for byte; tensors in every accepted layout; bad tensors refused with the argument and the
+field named while the session keeps what it had; in-band rejections; tokens; sessions."""
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+import caliper
+from caliper import outputs
+from conftest import run_cli, scales_doc
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
+          "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 256,
+          "head_dim": 32, "intermediate_size": 512}
+MODULES = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+           "model.layers.0.self_attn.v_proj", "model.layers.1.mlp.down_proj"]
+
+
+def recipe(**kw):
+    base = dict(kv="per_head", nvfp4_weights=True, nvfp4_activations=True)
+    base.update(kw)
+    return caliper.Recipe(**base)
+
+
+def feed(session, rng, batches=3, dtype=torch.bfloat16):
+    for b in range(batches):
+        for layer in range(2):
+            k = torch.from_numpy(rng.standard_normal((1, 4, 40, 32)).astype(np.float32)).to(dtype)
+            v = torch.from_numpy(rng.standard_normal((1, 4, 40, 32)).astype(np.float32)).to(dtype)
+            k[0, 1] *= 7  # an outlier head
+            session.observe_kv(layer, k, v, batch=b)
+        for m in MODULES:
+            session.observe_input(m, torch.from_numpy(
+                rng.standard_normal((1, 40, 256)).astype(np.float32)).to(dtype), batch=b)
+    for m in MODULES:
+        session.observe_weight(m, torch.from_numpy(
+            rng.standard_normal((128, 256)).astype(np.float32) * 0.05).to(dtype))
+
+
+@pytest.mark.parametrize("mode", ["raw", "statistics"])
+def test_scales_files_equal_caliper_scales(server, tmp_path, mode):
+    client = caliper.Client(server.address)
+    session = client.create_session(CONFIG, recipe(), name="files", mode=mode)
+    feed(session, np.random.default_rng(1))
+    session.finalize()
+    formats = ["compressed-tensors", "modelopt", "vllm-legacy"]
+    for tp, rank, convention in ((1, None, "compressed-tensors"), (8, 3, "modelopt")):
+        py_dir, cli_dir = tmp_path / f"py{tp}", tmp_path / f"cli{tp}"
+        result = session.scales(tp=tp, rank=rank, formats=formats, convention=convention,
+                                out=py_dir)
+        args = ["scales", f"--server={server.address}", f"--session={session.id}",
+                f"--out={cli_dir}", f"--tp={tp}", f"--convention={convention}"]
+        args += [f"--format={f}" for f in formats]
+        if rank is not None:
+            args.append(f"--rank={rank}")
+        run_cli(*args)
+        names = sorted(p.name for p in cli_dir.iterdir())
+        assert names == sorted(p.name for p in py_dir.iterdir())
+        for name in names:
+            assert (py_dir / name).read_bytes() == (cli_dir / name).read_bytes(), name
+        assert result.written.scales_json == str(py_dir / "scales.json")
+        assert result.tp_size == tp
+
+
+def test_layouts_give_identical_scales(server, tmp_path):
+    """[b,h,s,d], [tokens,h,d], [tokens,h*d], numpy and torch: one result."""
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal((2, 4, 24, 32)).astype(np.float32)
+    v = rng.standard_normal((2, 4, 24, 32)).astype(np.float32)
+    k3 = k.transpose(0, 2, 1, 3).reshape(-1, 4, 32)
+    v3 = v.transpose(0, 2, 1, 3).reshape(-1, 4, 32)
+    client = caliper.Client(server.address)
+    docs = []
+    for i, (kk, vv) in enumerate([(torch.from_numpy(k), torch.from_numpy(v)), (k3, v3),
+                                  (k3.reshape(-1, 128), v3.reshape(-1, 128)),
+                                  (torch.from_numpy(k3), v3)]):
+        s = client.create_session(CONFIG, caliper.Recipe(kv="per_head"), mode="raw")
+        s.observe_kv(0, kk, vv, batch=0)
+        s.finalize()
+        s.scales(out=tmp_path / str(i))
+        docs.append(scales_doc(tmp_path / str(i) / "scales.json"))
+    assert all(d == docs[0] for d in docs)
+    layer0 = docs[0]["kv_cache"]["layers"][0]
+    expect_k = np.abs(k).max(axis=(0, 2, 3))
+    assert layer0["k_absmax"] == [outputs.short_float(x) for x in expect_k]
+
+
+def test_bad_tensors_raise_and_session_keeps_what_it_had(server, tmp_path):
+    client = caliper.Client(server.address)
+    session = client.create_session(CONFIG, recipe(), mode="raw")
+    good = torch.ones(1, 4, 8, 32)
+    session.observe_kv(0, good, good, batch=0)
+    session.flush()
+    before = session.refresh()
+    cases = [
+        (lambda: session.observe_kv(0, good.double(), good, batch=1), "observe_kv: key.dtype"),
+        (lambda: session.observe_kv(0, good, torch.ones(1, 3, 8, 32), batch=1),
+         "observe_kv: value.shape"),
+        (lambda: session.observe_kv(0, good, torch.ones(8, 4, 31), batch=1),
+         "observe_kv: value.shape"),
+        (lambda: session.observe_kv(0, torch.ones(8, 100), good, batch=1), "observe_kv: key.shape"),
+        (lambda: session.observe_kv(5, good, good, batch=1), "observe_kv: layer 5"),
+        (lambda: session.observe_kv(0, good, good, batch=-1), "observe_kv: batch"),
+        (lambda: session.observe_kv(0, good, good, batch=1, tp_rank=2, tp_size=2), "tp_rank"),
+        (lambda: session.observe_kv(0, [[1.0]], good, batch=1), "observe_kv: key"),
+        (lambda: session.observe_weight("m", torch.ones(2, 2, 2)), "observe_weight: w.shape"),
+        (lambda: session.observe_weight("", torch.ones(2, 2)), "observe_weight: module"),
+        (lambda: session.observe_input("m", np.ones((2, 2), np.int32), batch=0),
+         "observe_input: x.dtype"),
+    ]
+    for call, expected in cases:
+        with pytest.raises(caliper.TensorError) as info:
+            call()
+        assert expected in str(info.value)
+    session.flush()
+    after = session.refresh()
+    assert after.accepted_chunks == before.accepted_chunks
+    assert after.rejected_chunks == before.rejected_chunks == 0
+
+
+def test_statistics_mode_refuses_nan_before_sending(server):
+    client = caliper.Client(server.address)
+    session = client.create_session(CONFIG, recipe(), mode="statistics")
+    bad = torch.ones(1, 4, 8, 32)
+    bad[0, 2, 3, 1] = float("nan")
+    with pytest.raises(caliper.TensorError, match="observe_kv: value: NaN or Inf in kv head 2"):
+        session.observe_kv(0, torch.ones(1, 4, 8, 32), bad, batch=0)
+    with pytest.raises(caliper.TensorError, match="observe_weight: w: NaN or Inf"):
+        session.observe_weight(MODULES[0], torch.full((4, 4), float("inf")))
+    session.flush()
+    assert session.refresh().accepted_chunks == 0
+
+
+def test_in_band_rejection_names_tensor_and_server_message(server):
+    client = caliper.Client(server.address)
+    session = client.create_session(CONFIG, recipe(), mode="raw")
+    good = torch.ones(1, 4, 8, 32)
+    bad = good.clone()
+    bad[0, 0, 0, 0] = float("inf")
+    session.observe_kv(1, good, bad, batch=0)
+    session.observe_input(MODULES[0], torch.ones(2, 256), batch=0)
+    with pytest.raises(caliper.RejectedChunksError) as info:
+        session.flush()
+    text = str(info.value)
+    assert "layer 1 value rows 0..8 batch 0" in text and "INVALID_ARGUMENT" in text
+    assert "NaN/Inf" in text or "non-finite" in text or "Inf" in text
+    status = session.refresh()
+    assert status.accepted_chunks == 2 and status.rejected_chunks == 1
+    session.flush()  # reported once
+
+
+def test_unknown_session_is_a_stream_error(server):
+    client = caliper.Client(server.address)
+    session = client.create_session(CONFIG, recipe(), mode="raw")
+    client.delete_session(session.id)
+    with pytest.raises(Exception) as info:
+        session.observe_kv(0, torch.ones(1, 4, 8, 32), torch.ones(1, 4, 8, 32), batch=0)
+        session.flush()
+    assert "NOT_FOUND" in str(info.value)
+
+
+def test_small_queue_and_many_chunks(server, tmp_path):
+    """Backpressure: a queue and retain bound far below the data still delivers all of it."""
+    client = caliper.Client(server.address)
+    s = client.create_session(CONFIG, caliper.Recipe(kv="per_tensor"), mode="raw",
+                              chunk_bytes=4096, queue_bytes=16384, retain_bytes=32768)
+    rng = np.random.default_rng(3)
+    peak = 0.0
+    for b in range(10):
+        k = rng.standard_normal((64, 4, 32)).astype(np.float32)
+        peak = max(peak, float(np.abs(k).max()))
+        s.observe_kv(0, k, k, batch=b)
+        assert s.producer(0).queued_bytes <= 16384 + 32768 + 8192
+    s.finalize()
+    r = s.scales()
+    assert r.kv_layers[0].k_absmax[0] == np.float32(peak)
+    assert s.proto.accepted_chunks == 10 * 2 * (64 * 4 * 32 * 4 // 4096)
+
+
+def test_sessions_list_get_delete(server):
+    client = caliper.Client(server.address)
+    a = client.create_session(CONFIG, recipe(), name="a")
+    ids = [s.id for s in client.list_sessions()]
+    assert a.id in ids
+    assert client.get_session(a.id).name == "a"
+    again = client.session(a.id)
+    assert again.model.num_kv_heads == 4
+    a.delete()
+    assert a.id not in [s.id for s in client.list_sessions()]
+
+
+def test_token_from_environment(make_server, tmp_path, monkeypatch):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("team-a secret-a-0123456789\n")
+    srv = make_server(extra=[f"--tokens_file={tokens}", "--allow_plaintext_tokens"])
+    monkeypatch.delenv("CALIPER_TOKEN", raising=False)
+    import grpc
+    with pytest.raises(grpc.RpcError) as info:
+        caliper.Client(srv.address, attempts=1).list_sessions()
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    monkeypatch.setenv("CALIPER_TOKEN", "secret-a-0123456789\n")
+    assert caliper.Client(srv.address).list_sessions() == []
+    assert caliper.Client(srv.address, token="secret-a-0123456789").list_sessions() == []
+
+
+@pytest.mark.parametrize("value,text", [
+    (0.0123, "0.0123"), (448.0, "448.0"), (1e-05, "1e-05"), (0.0001, "0.0001"),
+    (1.5e-07, "1.5e-07"), (123456.789, "123456.789"), (1e15, "1e+15"), (2.5e15, "2.5e+15"),
+    (999999999999999.0, "999999999999999.0"), (-0.0, "-0.0"), (6.0, "6.0"), (-3.25, "-3.25"),
+    (1e100, "1e+100"), (0.1, "0.1")])
+def test_json_numbers_as_nlohmann(value, text):
+    assert outputs.dump_json(value) == text
+
+
+def test_json_layout_as_nlohmann():
+    doc = {"a": [], "b": {}, "c": [1, 2.5, None, True], "d": {"e": "x\"y\n\u0001é"}}
+    assert outputs.dump_json(doc) == (
+        '{\n  "a": [],\n  "b": {},\n  "c": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n'
+        '  "d": {\n    "e": "x\\"y\\n\\u0001é"\n  }\n}')
