@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/tensor/magnitude_histogram.h"
 #include "cuda/histogram_kernels.h"
+#include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
 
 namespace caliper {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/histogram_kernels.h"
+#include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
 
 namespace {
