@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace caliper {
 namespace {
 
@@ -166,6 +168,40 @@ Fp8Quality MeasureFp8Quality(const MagnitudeHistogram& hist, double scale, Fp8Fl
   q.mse = err / total;
   q.sqnr_db = err > 0 ? 10.0 * std::log10(signal / err) : std::numeric_limits<double>::infinity();
   return q;
+}
+
+double HistogramClip(const MagnitudeHistogram& hist, bool mse, double percentile,
+                     Fp8Flavor flavor) {
+  return mse ? MseClip(hist, flavor) : PercentileClip(hist, percentile);
+}
+
+void ApplyKvHistogramObserver(absl::Span<const KvLayerObserver> layers, KvObserverKind kind,
+                              double percentile, KvScales* scales) {
+  const bool mse = kind == KvObserverKind::kMse;
+  const double qmax = Fp8Max(scales->flavor);
+  for (size_t l = 0; l < layers.size() && l < scales->k.size(); ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<MagnitudeHistogram>& hists = kv == 0 ? layers[l].k_hist : layers[l].v_hist;
+      std::vector<float>& out = kv == 0 ? scales->k[l] : scales->v[l];
+      if (hists.empty()) {
+        scales->warnings.push_back(
+            {absl::StrCat("layer ", l, " ", kv == 0 ? "K" : "V"),
+             "no histogram was kept for this layer; the scale is the absmax one"});
+        continue;
+      }
+      auto set = [&](size_t i, const MagnitudeHistogram& hist) {
+        const double t = HistogramClip(hist, mse, percentile, scales->flavor);
+        if (t > 0 && i < out.size()) out[i] = static_cast<float>(t / qmax);
+      };
+      if (scales->granularity == KvGranularity::kPerHead) {
+        for (size_t h = 0; h < hists.size(); ++h) set(h, hists[h]);
+      } else {
+        MagnitudeHistogram merged;
+        for (const MagnitudeHistogram& hist : hists) merged.Merge(hist);
+        set(0, merged);
+      }
+    }
+  }
 }
 
 }  // namespace caliper

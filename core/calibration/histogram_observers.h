@@ -6,7 +6,9 @@
 #ifndef CALIPER_CORE_CALIBRATION_HISTOGRAM_OBSERVERS_H_
 #define CALIPER_CORE_CALIBRATION_HISTOGRAM_OBSERVERS_H_
 
+#include "absl/types/span.h"
 #include "core/calibration/kv_scales.h"
+#include "core/calibration/observers.h"
 #include "core/tensor/magnitude_histogram.h"
 
 namespace caliper {
@@ -32,6 +34,17 @@ struct Fp8Quality {
 };
 // Quality of quantizing the histogram's values to FP8 with dequantization multiplier `scale`.
 Fp8Quality MeasureFp8Quality(const MagnitudeHistogram& hist, double scale, Fp8Flavor flavor);
+
+// Clip point of a histogram observer: PercentileClip or MseClip (percentile used by the former).
+double HistogramClip(const MagnitudeHistogram& hist, bool mse, double percentile,
+                     Fp8Flavor flavor);
+
+// Replaces the scales FinalizeKvScales chose (absmax entries are kept) by `kind`'s clip point /
+// qmax, per head or, per tensor, from the heads' merged histogram. kind must be kPercentile or
+// kMse. An entry whose histogram is empty or all zero keeps its scale (and FinalizeKvScales'
+// warning); a layer with no histograms at all gets a warning saying the max was used.
+void ApplyKvHistogramObserver(absl::Span<const KvLayerObserver> layers, KvObserverKind kind,
+                              double percentile, KvScales* scales);
 
 }  // namespace caliper
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/calibration/histogram_observers.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
@@ -57,6 +58,18 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
   if (!(recipe.averaging_constant > 0.0 && recipe.averaging_constant <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recipe.averaging_constant: must be in (0, 1], got ", recipe.averaging_constant));
+  }
+  for (auto [name, value] : {std::pair<const char*, double>{"kv_percentile", recipe.kv_percentile},
+                              {"activation_percentile", recipe.activation_percentile}}) {
+    if (!(value > 0.0 && value <= 100.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe.", name, ": must be in (0, 100], got ", value));
+    }
+  }
+  if (recipe.kv_observer == KvObserverKind::kMinMax) {
+    return absl::InvalidArgumentError(
+        "recipe.kv_observer: minmax (moving average) is not available in this build; use "
+        "static_minmax, percentile:P or mse");
   }
   if (recipe.warmup_batches < 0) {
     return absl::InvalidArgumentError(
@@ -203,13 +216,18 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(
     if (IsKv(chunk.kind)) {
       absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(
           chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, *view, chunk.placement,
-          model_.num_kv_heads, model_.head_dim, backend);
+          model_.num_kv_heads, model_.head_dim, backend, recipe_.NeedsHistograms());
       if (!kv.ok()) return reject(kv.status());
       stats.kv = *std::move(kv);
     } else {
       absl::StatusOr<RangeStats> range = ReduceRange(*view, backend, "chunk");
       if (!range.ok()) return reject(range.status());
       stats.range = *range;
+      if (chunk.kind == ChunkKind::kInput && recipe_.NeedsHistograms()) {
+        absl::StatusOr<MagnitudeHistogram> hist = ReduceHistogram(*view, backend, "chunk");
+        if (!hist.ok()) return reject(hist.status());
+        stats.hist = *std::move(hist);
+      }
     }
   }
 
@@ -248,6 +266,7 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(
       break;
     case ChunkKind::kInput:
       modules_[std::string(chunk.module)].input.Accumulate(chunk.batch, *stats.range);
+      if (stats.hist.has_value()) modules_[std::string(chunk.module)].input_hist.Merge(*stats.hist);
       break;
   }
   ++accepted_chunks_;
@@ -273,6 +292,10 @@ absl::Status CalibrationSession::Finalize() {
                                  recipe_.kv == KvMode::kPerHead ? KvGranularity::kPerHead
                                                                 : KvGranularity::kPerTensor,
                                  recipe_.fp8_flavor);
+    if (IsHistogramObserver(recipe_.kv_observer)) {
+      ApplyKvHistogramObserver(kv_layers_, recipe_.kv_observer, recipe_.kv_percentile,
+                               &*final_kv_);
+    }
   }
   final_amax_.clear();
   for (const auto& [name, state] : modules_) {
@@ -291,6 +314,13 @@ absl::Status CalibrationSession::Finalize() {
       if (!state.input.batches.empty()) {
         amax.input_amax =
             state.input.AbsMax(recipe_.activation_observer, recipe_.averaging_constant);
+        if (IsHistogramObserver(recipe_.activation_observer)) {
+          // NVFP4 block scales are E4M3FN whatever the KV flavor (docs/observers.md).
+          const double clip = HistogramClip(
+              state.input_hist, recipe_.activation_observer == ActivationObserverKind::kMse,
+              recipe_.activation_percentile, Fp8Flavor::kE4M3FN);
+          if (clip > 0) amax.input_amax = static_cast<float>(clip);
+        }
       } else {
         final_warnings_.push_back(
             {absl::StrCat(name, " input"),

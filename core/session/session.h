@@ -46,6 +46,17 @@ struct Recipe {
   double averaging_constant = 0.01;  // c of the kMinMax moving average, in (0, 1]
   FusedGroupTable fused_groups = FusedGroupTable::Default();
   int64_t warmup_batches = 0;  // K/V/input chunks with batch < this are skipped (weights never)
+  KvObserverKind kv_observer = KvObserverKind::kStaticMinMax;
+  double kv_percentile = 99.99;          // P of kv_observer kPercentile, in (0, 100]
+  double activation_percentile = 99.99;  // P of activation_observer kPercentile, in (0, 100]
+  bool histograms = false;  // keep |x| histograms (for the report) whatever the observers
+
+  // Histograms are kept (and computed in the reduction pass) only when this is true, so
+  // absmax-only sessions keep the absmax path's speed.
+  bool NeedsHistograms() const {
+    return histograms || IsHistogramObserver(kv_observer) ||
+           IsHistogramObserver(activation_observer);
+  }
 };
 
 enum class ChunkKind { kKey, kValue, kWeight, kInput };
@@ -205,11 +216,13 @@ class CalibrationSession {
   struct ModuleState {
     MinMaxObserver weight;
     ActivationObserver input;
+    MagnitudeHistogram input_hist;  // kept when the recipe NeedsHistograms()
   };
   // Reduction result of one chunk, computed without the lock.
   struct ChunkStats {
     std::optional<KvChunkStats> kv;
     std::optional<RangeStats> range;
+    std::optional<MagnitudeHistogram> hist;  // input chunks of histogram recipes
   };
 
   uint64_t ChangeCountLocked() const;
