@@ -166,6 +166,7 @@ Fp8Quality MeasureFp8Quality(const MagnitudeHistogram& hist, double scale, Fp8Fl
   const double err = TotalError(pieces, hist, scale, flavor);
   q.fraction_clipped = hist.CountAbove(scale * Fp8Max(flavor)) / total;
   q.mse = err / total;
+  q.mean_square = signal / total;
   q.sqnr_db = err > 0 ? 10.0 * std::log10(signal / err) : std::numeric_limits<double>::infinity();
   return q;
 }

@@ -31,6 +31,7 @@ struct Fp8Quality {
   double fraction_clipped = 0;  // share of values with |x| > scale * qmax
   double mse = 0;               // mean squared error per value
   double sqnr_db = 0;           // 10 log10(E[x^2] / mse); +inf when mse is 0
+  double mean_square = 0;       // E[x^2]
 };
 // Quality of quantizing the histogram's values to FP8 with dequantization multiplier `scale`.
 Fp8Quality MeasureFp8Quality(const MagnitudeHistogram& hist, double scale, Fp8Flavor flavor);

@@ -418,6 +418,22 @@ absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
   return RenderOutputs(wanted, inputs, warnings);
 }
 
+absl::StatusOr<SessionObservations> CalibrationSession::Observations() const {
+  SessionObservations out;
+  out.id = id_;
+  out.name = name_;
+  out.model = model_;
+  out.recipe = recipe_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (deleted_.load()) return absl::NotFoundError(absl::StrCat("session ", id_, " was deleted"));
+  out.state = state_;
+  out.kv_layers = kv_layers_;
+  for (const auto& [name, module] : modules_) {
+    out.modules[name] = SessionObservations::Module{module.weight, module.input, module.input_hist};
+  }
+  return out;
+}
+
 SessionStatus CalibrationSession::Status() const {
   SessionStatus s;
   s.id = id_;

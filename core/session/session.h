@@ -104,6 +104,21 @@ struct SessionScales {
 
 enum class SessionState { kOpen, kFinalized };
 
+// A consistent copy of a session's observer state, for reports (core/session/session_report.h).
+struct SessionObservations {
+  std::string id, name;
+  SessionState state = SessionState::kOpen;
+  ModelConfig model;
+  Recipe recipe;
+  std::vector<KvLayerObserver> kv_layers;  // [num_layers] when kv is on
+  struct Module {
+    MinMaxObserver weight;
+    ActivationObserver input;
+    MagnitudeHistogram input_hist;
+  };
+  std::map<std::string, Module> modules;
+};
+
 // A consistent copy of a session's persistent state (core/session_store.h writes it). After the
 // bytes are durable, pass the snapshot to MarkDurable so acknowledgements may cover it.
 struct SessionSnapshot {
@@ -194,6 +209,8 @@ class CalibrationSession {
                                        Nvfp4Convention convention) const;
 
   SessionStatus Status() const;
+  // Copies the observers under the lock (O(layers x heads x bins)); NotFound once deleted.
+  absl::StatusOr<SessionObservations> Observations() const;
   const std::string& id() const { return id_; }
   const ModelConfig& model() const { return model_; }
   const Recipe& recipe() const { return recipe_; }
