@@ -76,4 +76,9 @@ absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64
   return absl::OkStatus();
 }
 
+absl::Status ReductionBackend::PackNvfp4(const TensorView& weight, const Nvfp4PackParams& params,
+                                         absl::Span<uint8_t> packed, absl::Span<uint8_t> scales) {
+  return PackNvfp4Reference(weight, params, packed, scales);
+}
+
 }  // namespace caliper

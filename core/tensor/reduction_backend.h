@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "core/tensor/magnitude_histogram.h"
+#include "core/tensor/nvfp4_pack.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
@@ -55,6 +56,11 @@ class ReductionBackend {
                                               int64_t head_dim, absl::Span<float> absmax,
                                               absl::Span<MagnitudeHistogram> hists,
                                               int64_t* nonfinite);
+  // NVFP4 packing of a [rows, cols] weight (core/tensor/nvfp4_pack.h): the same bytes as
+  // PackNvfp4Reference, the same errors (arguments, non-finite weights). The default runs the
+  // reference on the calling thread.
+  virtual absl::Status PackNvfp4(const TensorView& weight, const Nvfp4PackParams& params,
+                                 absl::Span<uint8_t> packed, absl::Span<uint8_t> scales);
 };
 
 // The argument checks every AbsMaxPerHead implementation makes first (positive sizes, no
