@@ -16,6 +16,7 @@
 #include "core/session/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/session_test_util.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
 #include "tests/support/state_test_util.h"
@@ -254,16 +255,8 @@ TEST_F(ServiceTest, ScalesOverTheWireEqualCoreOnTheSameTensors) {
   ASSERT_TRUE(Scales(id, 4, &wire, 3).ok());
 
   // The same tensors through core directly.
-  ModelConfig model;
-  model.architecture = "LlamaForCausalLM";
-  model.model_type = "llama";
-  model.num_layers = kLayers;
-  model.num_attention_heads = 4;
-  model.num_kv_heads = kHeads;
-  model.head_dim = kHeadDim;
-  model.hidden_size = 16;
-  Recipe recipe;
-  recipe.nvfp4_weights = recipe.nvfp4_activations = true;
+  const ModelConfig model = testing::LlamaTestModel(kLayers, kHeads, kHeadDim, 4);
+  const Recipe recipe = testing::AllOnRecipe();
   auto direct = *CalibrationSession::Create(model, recipe);
   auto backend = MakeCpuBackend(1);
   for (const auto& c : chunks) ASSERT_TRUE(direct->Observe(RefOf(c), *backend).ok());

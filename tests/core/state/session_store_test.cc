@@ -13,6 +13,7 @@
 #include "core/tensor/reduction_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/session_test_util.h"
 #include "tests/support/state_test_util.h"
 
 namespace caliper {
@@ -29,23 +30,10 @@ constexpr int kLayers = 3;
 constexpr int kHeads = 4;
 constexpr int kHeadDim = 8;
 
-ModelConfig Model() {
-  ModelConfig m;
-  m.architecture = "LlamaForCausalLM";
-  m.model_type = "llama";
-  m.num_layers = kLayers;
-  m.num_attention_heads = 8;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kHeadDim;
-  m.hidden_size = 64;
-  return m;
-}
+ModelConfig Model() { return testing::LlamaTestModel(kLayers, kHeads, kHeadDim, 8); }
 
 Recipe EverythingOn() {
-  Recipe r;
-  r.kv = KvMode::kPerHead;
-  r.nvfp4_weights = true;
-  r.nvfp4_activations = true;
+  Recipe r = testing::AllOnRecipe();
   r.activation_observer = ActivationObserverKind::kMinMax;  // order-dependent: per-batch state
   r.averaging_constant = 0.25;
   r.warmup_batches = 1;
@@ -132,8 +120,8 @@ class SessionStateTest : public ::testing::Test {
     absl::StatusOr<ProducerLedger::Stream> handle = s.OpenProducerStream(producer);
     ASSERT_TRUE(handle.ok());
     for (size_t i = from; i < to; ++i) {
-      absl::StatusOr<ObserveOutcome> r = s.Observe(Ref(stream[i], i + 1, producer), *backend_, &*handle);
-      ASSERT_TRUE(r.ok()) << r.status();
+      StreamObserveResult r = s.Observe(Ref(stream[i], i + 1, producer), *backend_, &*handle);
+      ASSERT_TRUE(r.status.ok()) << r.status;
     }
   }
   std::unique_ptr<ReductionBackend> backend_ = MakeCpuBackend(1);
@@ -184,9 +172,9 @@ TEST_F(SessionStateTest, ResentChunksAfterRestoreAreDuplicates) {
   absl::StatusOr<ProducerLedger::Stream> handle = (*r)->OpenProducerStream("rank0");
   ASSERT_TRUE(handle.ok());
   for (size_t i = 4; i < a.size(); ++i) {
-    absl::StatusOr<ObserveOutcome> outcome = (*r)->Observe(Ref(a[i], i + 1, "rank0"), *backend_, &*handle);
-    ASSERT_TRUE(outcome.ok()) << outcome.status();
-    EXPECT_EQ(*outcome == ObserveOutcome::kDuplicate, i < 8) << i;
+    StreamObserveResult outcome = (*r)->Observe(Ref(a[i], i + 1, "rank0"), *backend_, &*handle);
+    ASSERT_TRUE(outcome.status.ok()) << outcome.status;
+    EXPECT_EQ(outcome.outcome == ObserveOutcome::kDuplicate, i < 8) << i;
   }
   std::unique_ptr<CalibrationSession> uninterrupted = NewSession();
   Feed(*uninterrupted, a, 0, a.size(), "rank0");
