@@ -118,6 +118,27 @@ void BM_AbsMaxPerHead(benchmark::State& state) {
   state.SetLabel(std::string(DTypeName(dtype)));
 }
 
+// The one-pass absmax + histogram (sessions whose recipe asks for histograms); compare its
+// ratio_to_read_bw with BM_AbsMaxPerHead's in the same run.
+void BM_AbsMaxHistogramPerHead(benchmark::State& state) {
+  const auto dtype = static_cast<DType>(state.range(0));
+  const std::vector<uint8_t>& b = Buffer(dtype);
+  const int64_t tokens = kBufferBytes / ItemSize(dtype) / (kHeads * kHeadDim);
+  auto view = TensorView::Create(dtype, {tokens, kHeads, kHeadDim}, b);
+  auto backend = MakeCpuBackend(static_cast<int>(state.range(1)));
+  std::vector<float> out(kHeads);
+  std::vector<MagnitudeHistogram> hists(kHeads);
+  int64_t bad = 0;
+  RunPaired(state, b, [&] {
+    if (!backend->AbsMaxHistogramPerHead(*view, kHeads, kHeadDim, absl::MakeSpan(out),
+                                         absl::MakeSpan(hists), &bad).ok()) {
+      state.SkipWithError("AbsMaxHistogramPerHead failed");
+    }
+    benchmark::DoNotOptimize(hists.data());
+  });
+  state.SetLabel(std::string(DTypeName(dtype)));
+}
+
 void BM_Range(benchmark::State& state) {
   const auto dtype = static_cast<DType>(state.range(0));
   const std::vector<uint8_t>& b = Buffer(dtype);
@@ -141,6 +162,7 @@ void DTypesAndThreads(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_SingleThreadReadBandwidth)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
 BENCHMARK(BM_AbsMaxPerHead)->Apply(DTypesAndThreads);
+BENCHMARK(BM_AbsMaxHistogramPerHead)->Apply(DTypesAndThreads);
 BENCHMARK(BM_Range)->Apply(DTypesAndThreads);
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli_args.h"
@@ -111,6 +113,24 @@ std::string Describe(const PlannedChunk& chunk) {
   return out;
 }
 
+// "static_minmax", "minmax", "mse" or "percentile:P" with P in (0, 100].
+struct ObserverSpec {
+  std::string name;
+  double percentile = 0;
+};
+absl::StatusOr<ObserverSpec> ParseObserver(absl::string_view flag, const std::string& value) {
+  if (value == "static_minmax" || value == "minmax" || value == "mse") return ObserverSpec{value};
+  if (absl::StartsWith(value, "percentile:")) {
+    double p = 0;
+    if (absl::SimpleAtod(value.substr(11), &p) && p > 0 && p <= 100) {
+      return ObserverSpec{"percentile", p};
+    }
+  }
+  return UsageError(absl::StrCat("--", flag, ": \"", value,
+                                 "\" is not static_minmax, minmax, mse or percentile:P with P in "
+                                 "(0, 100]"));
+}
+
 // Step 1: the recipe from the flags (values already checked against their choices).
 absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
   v1::Recipe recipe;
@@ -121,8 +141,32 @@ absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
   if (weights && !nvfp4) return UsageError("--weights needs --nvfp4");
   recipe.set_nvfp4_activations(nvfp4);
   recipe.set_nvfp4_weights(nvfp4 && weights);
-  recipe.set_activation_observer(*flags.Get("observer") == "minmax" ? v1::MINMAX
-                                                                     : v1::STATIC_MINMAX);
+  absl::StatusOr<ObserverSpec> observer = ParseObserver("observer", *flags.Get("observer"));
+  if (!observer.ok()) return observer.status();
+  if (observer->name == "minmax") {
+    recipe.set_activation_observer(v1::MINMAX);
+  } else if (observer->name == "mse") {
+    recipe.set_activation_observer(v1::MSE);
+  } else if (observer->name == "percentile") {
+    recipe.set_activation_observer(v1::PERCENTILE);
+    recipe.set_activation_percentile(observer->percentile);
+  } else {
+    recipe.set_activation_observer(v1::STATIC_MINMAX);
+  }
+  absl::StatusOr<ObserverSpec> kv_observer =
+      ParseObserver("kv-observer", *flags.Get("kv-observer"));
+  if (!kv_observer.ok()) return kv_observer.status();
+  if (kv_observer->name == "minmax") {
+    recipe.set_kv_observer(v1::KV_OBSERVER_MINMAX);
+  } else if (kv_observer->name == "mse") {
+    recipe.set_kv_observer(v1::KV_OBSERVER_MSE);
+  } else if (kv_observer->name == "percentile") {
+    recipe.set_kv_observer(v1::KV_OBSERVER_PERCENTILE);
+    recipe.set_kv_percentile(kv_observer->percentile);
+  } else {
+    recipe.set_kv_observer(v1::KV_OBSERVER_STATIC_MINMAX);
+  }
+  recipe.set_histograms(flags.Has("histograms"));
   if (!nvfp4 && recipe.kv() == v1::KV_OFF) {
     return UsageError("nothing to calibrate: --kv=off without --nvfp4");
   }
@@ -405,8 +449,14 @@ const CommandSpec& CalibrateCommand() {
           {.name = "weights", .value_name = "DIR",
            .help = "HF checkpoint for NVFP4 weight scales (needs --nvfp4)"},
           {.name = "observer", .value_name = "NAME",
-           .help = "NVFP4 activation observer (llm-compressor's names)",
-           .default_value = "static_minmax", .choices = {"static_minmax", "minmax"}},
+           .help = "NVFP4 input observer: static_minmax, minmax, percentile:P or mse "
+                   "(llm-compressor's names; docs/observers.md)",
+           .default_value = "static_minmax"},
+          {.name = "kv-observer", .value_name = "NAME",
+           .help = "FP8 KV observer: static_minmax, percentile:P or mse (docs/observers.md)",
+           .default_value = "static_minmax"},
+          {.name = "histograms",
+           .help = "keep |x| histograms for `caliper report` (implied by percentile and mse)"},
           {.name = "warmup", .value_name = "N", .help = "skip forward passes (batches) below N",
            .default_value = "0"},
           {.name = "tp", .value_name = "T",

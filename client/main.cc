@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       &cli::CalibrateCommand(),
       &cli::ScalesCommand(),
       &cli::SessionsCommand(),
+      &cli::ReportCommand(),
 #endif
   };
 #ifdef CALIPER_HAVE_GRPC_COMMANDS

@@ -15,6 +15,7 @@ namespace caliper::cli {
 const CommandSpec& CalibrateCommand();
 const CommandSpec& ScalesCommand();
 const CommandSpec& SessionsCommand();
+const CommandSpec& ReportCommand();
 
 // Adapt via the server's stateless Adapt RPC: `lightllm_json` in, the adapted file text out.
 // total_kv_heads > 0, or model_config_json with tp_size > 0. Errors as commands return them

@@ -8,12 +8,19 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/tensor/magnitude_histogram.h"
+#include "cuda/histogram_kernels.h"
 #include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
 #include "cuda/nvfp4_pack.h"
 
 namespace caliper {
 namespace {
+
+static_assert(cuda::kHistSlots == MagnitudeHistogram::kSlots &&
+                  cuda::kHistBias == MagnitudeHistogram::kBias &&
+                  cuda::kHistMantissaBits == MagnitudeHistogram::kMantissaBits,
+              "the CUDA histogram bins must be core's MagnitudeHistogram bins");
 
 // The one place a kernel-layer error becomes an absl::Status.
 absl::Status ToStatus(const cuda::Error& e) {
@@ -104,6 +111,31 @@ class CudaBackend : public ReductionBackend {
       return absl::InvalidArgumentError(absl::StrCat("weight.data: ", bad,
                                                      " non-finite values (NaN/Inf) in ",
                                                      t.ShapeString(), "; cannot quantize"));
+  absl::Status AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
+                                      absl::Span<float> absmax,
+                                      absl::Span<MagnitudeHistogram> hists,
+                                      int64_t* nonfinite) override {
+    if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, absmax, nonfinite);
+        !args.ok()) {
+      return args;
+    }
+    if (static_cast<int64_t>(hists.size()) != num_heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hists: has ", hists.size(), " entries for ", num_heads, " heads"));
+    }
+    std::vector<uint64_t> counts(num_heads * MagnitudeHistogram::kSlots);
+    std::vector<uint64_t> max_count(num_heads);
+    Lease lease(*this);
+    absl::Status s = ToStatus(lease.reducer->AbsMaxHistogramPerHead(
+        t.data(), ToElementType(t.dtype()), t.num_elements(), num_heads, head_dim, absmax.data(),
+        counts.data(), max_count.data(), nonfinite));
+    if (!s.ok()) return s;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      hists[h] = MagnitudeHistogram();
+      hists[h].counts.assign(counts.begin() + h * MagnitudeHistogram::kSlots,
+                             counts.begin() + (h + 1) * MagnitudeHistogram::kSlots);
+      hists[h].max = absmax[h];
+      hists[h].max_count = max_count[h];
     }
     return absl::OkStatus();
   }

@@ -1,4 +1,5 @@
 #include "cuda/host_reducer.h"
+#include "cuda/histogram_kernels.h"
 
 #include <cuda_runtime.h>
 
@@ -45,6 +46,9 @@ struct HostReducer::Slot {
   unsigned long long* nonfinite = nullptr;  // device
   unsigned int* heads = nullptr;            // device, head_capacity_ entries
   void* host_result = nullptr;              // pinned, for the final copy back
+  unsigned long long* hist = nullptr;       // device, [heads * kHistSlots] counts
+  unsigned long long* packed = nullptr;     // device, [heads] (max bits << 32 | count)
+  void* hist_host = nullptr;                // pinned copy of hist and packed
 };
 
 Error HostReducer::Create(const ReducerOptions& options, std::unique_ptr<HostReducer>* out) {
@@ -86,6 +90,9 @@ HostReducer::~HostReducer() {
     (void)cudaFree(s.range);
     (void)cudaFree(s.nonfinite);
     (void)cudaFree(s.heads);
+    (void)cudaFree(s.hist);
+    (void)cudaFree(s.packed);
+    (void)cudaFreeHost(s.hist_host);
     if (s.copied) (void)cudaEventDestroy(s.copied);
     if (s.stream) (void)cudaStreamDestroy(s.stream);
   }
@@ -236,6 +243,108 @@ Error HostReducer::AbsMaxPerHead(const void* host, ElementType type, int64_t n, 
     bad += part;
   }
   for (int64_t h = 0; h < num_heads; ++h) std::memcpy(&out[h], &best[h], sizeof(float));
+  *nonfinite = static_cast<int64_t>(bad);
+  return {};
+}
+
+Error HostReducer::EnsureHistogramCapacity(int64_t num_heads) {
+  if (num_heads <= histogram_capacity_) return {};
+  for (Slot& s : slots_) {
+    CALIPER_CUDA_RETURN(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize");
+    (void)cudaFree(s.hist);
+    (void)cudaFree(s.packed);
+    (void)cudaFreeHost(s.hist_host);
+    s.hist = s.packed = nullptr;
+    s.hist_host = nullptr;
+    const size_t bins = num_heads * kHistSlots * sizeof(unsigned long long);
+    const size_t packed = num_heads * sizeof(unsigned long long);
+    CALIPER_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&s.hist), bins), "cudaMalloc(hist)");
+    CALIPER_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&s.packed), packed), "cudaMalloc(packed)");
+    CALIPER_CUDA_RETURN(cudaMallocHost(&s.hist_host, bins + packed), "cudaMallocHost(hist)");
+  }
+  histogram_capacity_ = num_heads;
+  return {};
+}
+
+Error HostReducer::AbsMaxHistogramPerHead(const void* host, ElementType type, int64_t n,
+                                          int64_t num_heads, int64_t head_dim, float* out,
+                                          uint64_t* counts, uint64_t* max_count,
+                                          int64_t* nonfinite) {
+  if (num_heads <= 0 || head_dim <= 0 || n < 0 || out == nullptr || counts == nullptr ||
+      max_count == nullptr || nonfinite == nullptr || (host == nullptr && n > 0)) {
+    return InvalidArgument("AbsMaxHistogramPerHead: bad arguments");
+  }
+  const int64_t period = num_heads * head_dim;
+  if (n % period != 0) return InvalidArgument("AbsMaxHistogramPerHead: n is not whole rows");
+  CALIPER_CUDA_RETURN(cudaSetDevice(options_.device), "cudaSetDevice");
+  if (Error e = EnsureHistogramCapacity(num_heads); !e.ok()) return e;
+  const size_t bins = num_heads * kHistSlots * sizeof(unsigned long long);
+  const size_t packed = num_heads * sizeof(unsigned long long);
+  for (Slot& s : slots_) {
+    CALIPER_CUDA_RETURN(cudaMemsetAsync(s.hist, 0, bins, s.stream), "cudaMemsetAsync");
+    CALIPER_CUDA_RETURN(cudaMemsetAsync(s.packed, 0, packed, s.stream), "cudaMemsetAsync");
+    CALIPER_CUDA_RETURN(cudaMemsetAsync(s.nonfinite, 0, sizeof(unsigned long long), s.stream),
+                        "cudaMemsetAsync");
+  }
+  const int64_t size = ElementSize(type);
+  const int64_t piece = options_.staging_bytes / size;
+  const auto* src = static_cast<const uint8_t*>(host);
+  for (int64_t off = 0, index = 0; off < n; off += piece, ++index) {
+    const int64_t count = std::min(piece, n - off);
+    Slot* s = nullptr;
+    if (Error e = Stage(src + off * size, count * size, index, &s); !e.ok()) {
+      (void)Drain();
+      return e;
+    }
+    CALIPER_CUDA_RETURN(LaunchAbsMaxHistogramPerHead(s->device, type, count, off % period,
+                                                     num_heads, head_dim, s->hist, s->packed,
+                                                     s->nonfinite, s->stream),
+                        "LaunchAbsMaxHistogramPerHead");
+  }
+  for (Slot& s : slots_) {
+    auto* result = static_cast<unsigned char*>(s.hist_host);
+    CALIPER_CUDA_RETURN(cudaMemcpyAsync(result, s.hist, bins, cudaMemcpyDeviceToHost, s.stream),
+                        "cudaMemcpyAsync(D2H)");
+    CALIPER_CUDA_RETURN(cudaMemcpyAsync(result + bins, s.packed, packed, cudaMemcpyDeviceToHost,
+                                        s.stream),
+                        "cudaMemcpyAsync(D2H)");
+    CALIPER_CUDA_RETURN(cudaMemcpyAsync(s.host_result, s.nonfinite, sizeof(unsigned long long),
+                                        cudaMemcpyDeviceToHost, s.stream),
+                        "cudaMemcpyAsync(D2H)");
+  }
+  if (Error e = Drain(); !e.ok()) return e;
+  std::fill(counts, counts + num_heads * kHistSlots, 0);
+  std::vector<unsigned int> best(num_heads, 0);
+  std::vector<uint64_t> best_count(num_heads, 0);
+  unsigned long long bad = 0;
+  for (const Slot& s : slots_) {
+    const auto* result = static_cast<const unsigned char*>(s.hist_host);
+    for (int64_t j = 0; j < num_heads * kHistSlots; ++j) {
+      unsigned long long c;
+      std::memcpy(&c, result + j * sizeof(c), sizeof(c));
+      counts[j] += c;
+    }
+    for (int64_t h = 0; h < num_heads; ++h) {
+      unsigned long long word;
+      std::memcpy(&word, result + bins + h * sizeof(word), sizeof(word));
+      const unsigned int bits = static_cast<unsigned int>(word >> 32);
+      const uint64_t c = word & 0xffffffffu;
+      if (c == 0) continue;
+      if (best_count[h] == 0 || bits > best[h]) {
+        best[h] = bits;
+        best_count[h] = c;
+      } else if (bits == best[h]) {
+        best_count[h] += c;
+      }
+    }
+    unsigned long long part;
+    std::memcpy(&part, s.host_result, sizeof(part));
+    bad += part;
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {
+    std::memcpy(&out[h], &best[h], sizeof(float));
+    max_count[h] = best_count[h];
+  }
   *nonfinite = static_cast<int64_t>(bad);
   return {};
 }

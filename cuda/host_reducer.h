@@ -40,11 +40,17 @@ class HostReducer {
   // num_heads entries, seeded with 0.
   Error AbsMaxPerHead(const void* host, ElementType type, int64_t n, int64_t num_heads,
                       int64_t head_dim, float* out, int64_t* nonfinite);
+  // AbsMaxPerHead plus each head's |x| histogram (cuda/histogram_kernels.h) in the same pass:
+  // counts has num_heads * kHistSlots entries, max_count num_heads (elements equal to out[h]).
+  Error AbsMaxHistogramPerHead(const void* host, ElementType type, int64_t n, int64_t num_heads,
+                               int64_t head_dim, float* out, uint64_t* counts,
+                               uint64_t* max_count, int64_t* nonfinite);
 
  private:
   struct Slot;
   HostReducer() = default;
   Error EnsureHeadCapacity(int64_t num_heads);
+  Error EnsureHistogramCapacity(int64_t num_heads);
   // Copies piece `index` of `bytes` bytes into a free slot and returns that slot, ready for a
   // launch on its stream.
   Error Stage(const uint8_t* src, int64_t bytes, int64_t index, Slot** slot);
@@ -58,6 +64,7 @@ class HostReducer {
   ReducerOptions options_;
   std::vector<Slot> slots_;
   int64_t head_capacity_ = 0;
+  int64_t histogram_capacity_ = 0;
 };
 
 }  // namespace caliper::cuda

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a machine with a GPU: builds cuda/ standalone (CMake + nvcc only; plain nvcc if
 # CMake is missing), runs its tests, then benchmark 4 (kernel vs device-to-device copy bandwidth)
+# (absmax, absmax+histogram and range, each as a ratio to device copy bandwidth)
 # and, when torch is importable, the PyTorch x.abs().amax(dim=(0, 2)) comparison. < 5 min.
 # Usage: cuda/run_device_checks.sh [build-dir]     (results also written to <build-dir>/results.txt)
 set -euo pipefail

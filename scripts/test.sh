@@ -4,7 +4,7 @@
 # deploy.image_build builds the container image instead of skipping (about 8 minutes more).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras=(prometheus python3-yaml)  # for tests/deploy (scrape test, render test)
+extras=(prometheus python3-yaml chromium)  # tests/deploy (scrape, render), tests/e2e (report screenshot)
 for arg in "$@"; do
   case $arg in
     image) extras+=(buildah runc mmdebstrap) ;;

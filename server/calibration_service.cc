@@ -14,6 +14,7 @@
 #include "core/calibration/kv_scales.h"
 #include "core/formats/lightllm_adapt.h"
 #include "core/formats/lightllm_format.h"
+#include "core/session/session_report.h"
 #include "server/proto_convert.h"
 #include "server/rpc_timing.h"
 #include "server/status_mapping.h"
@@ -315,6 +316,21 @@ grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext
     return absl::OkStatus();
   });
   return FinishUnary(context, "Resume", request->session_id(), start, status);
+}
+
+grpc::ServerUnaryReactor* CalibrationService::GetReport(grpc::CallbackServerContext* context,
+                                                        const v1::ReportRequest* request,
+                                                        v1::ReportResponse* response) {
+  const int64_t start = absl::GetCurrentTimeNanos();
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+      GetOwned(*context, request->session_id());
+  absl::Status status = session.status();
+  if (session.ok()) {
+    absl::StatusOr<SessionObservations> observations = (*session)->Observations();
+    status = observations.status();
+    if (observations.ok()) response->set_report_json(BuildSessionReportJson(*observations));
+  }
+  return FinishUnary(context, "GetReport", request->session_id(), start, status);
 }
 
 }  // namespace caliper

@@ -83,6 +83,9 @@ class CalibrationService final
   grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* context,
                                    const v1::ResumeRequest* request,
                                    v1::ResumeResponse* response) override;
+  grpc::ServerUnaryReactor* GetReport(grpc::CallbackServerContext* context,
+                                      const v1::ReportRequest* request,
+                                      v1::ReportResponse* response) override;
 
  private:
   class ObserveReactor;

@@ -12,7 +12,7 @@ namespace {
 constexpr absl::string_view kRpcMethods[] = {
     "CreateSession", "GetSession", "ListSessions", "DeleteSession",
     "Observe",       "Finalize",   "GetScales",    "Adapt",
-    "Resume"};
+    "Resume",        "GetReport"};
 
 constexpr absl::string_view kRejectReasons[] = {"invalid_argument",    "not_found",
                                                 "failed_precondition", "resource_exhausted",

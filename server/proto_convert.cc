@@ -84,6 +84,12 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto, const Limits& li
     case v1::MINMAX:
       recipe.activation_observer = ActivationObserverKind::kMinMax;
       break;
+    case v1::PERCENTILE:
+      recipe.activation_observer = ActivationObserverKind::kPercentile;
+      break;
+    case v1::MSE:
+      recipe.activation_observer = ActivationObserverKind::kMse;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("recipe.activation_observer: unknown value ",
                                                      proto.activation_observer()));
@@ -98,6 +104,29 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto, const Limits& li
     recipe.fused_groups = *std::move(groups);
   }
   recipe.warmup_batches = proto.warmup_batches();
+  switch (proto.kv_observer()) {
+    case v1::KV_OBSERVER_UNSPECIFIED:
+    case v1::KV_OBSERVER_STATIC_MINMAX:
+      recipe.kv_observer = KvObserverKind::kStaticMinMax;
+      break;
+    case v1::KV_OBSERVER_MINMAX:
+      recipe.kv_observer = KvObserverKind::kMinMax;
+      break;
+    case v1::KV_OBSERVER_PERCENTILE:
+      recipe.kv_observer = KvObserverKind::kPercentile;
+      break;
+    case v1::KV_OBSERVER_MSE:
+      recipe.kv_observer = KvObserverKind::kMse;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe.kv_observer: unknown value ", proto.kv_observer()));
+  }
+  if (proto.kv_percentile() != 0.0) recipe.kv_percentile = proto.kv_percentile();
+  if (proto.activation_percentile() != 0.0) {
+    recipe.activation_percentile = proto.activation_percentile();
+  }
+  recipe.histograms = proto.histograms();
   return recipe;
 }
 
@@ -118,9 +147,37 @@ v1::Recipe RecipeToProto(const Recipe& recipe) {
                                                                  : v1::FP8_E4M3FN);
   proto.set_nvfp4_weights(recipe.nvfp4_weights);
   proto.set_nvfp4_activations(recipe.nvfp4_activations);
-  proto.set_activation_observer(recipe.activation_observer == ActivationObserverKind::kMinMax
-                                    ? v1::MINMAX
-                                    : v1::STATIC_MINMAX);
+  switch (recipe.activation_observer) {
+    case ActivationObserverKind::kStaticMinMax:
+      proto.set_activation_observer(v1::STATIC_MINMAX);
+      break;
+    case ActivationObserverKind::kMinMax:
+      proto.set_activation_observer(v1::MINMAX);
+      break;
+    case ActivationObserverKind::kPercentile:
+      proto.set_activation_observer(v1::PERCENTILE);
+      break;
+    case ActivationObserverKind::kMse:
+      proto.set_activation_observer(v1::MSE);
+      break;
+  }
+  switch (recipe.kv_observer) {
+    case KvObserverKind::kStaticMinMax:
+      proto.set_kv_observer(v1::KV_OBSERVER_STATIC_MINMAX);
+      break;
+    case KvObserverKind::kMinMax:
+      proto.set_kv_observer(v1::KV_OBSERVER_MINMAX);
+      break;
+    case KvObserverKind::kPercentile:
+      proto.set_kv_observer(v1::KV_OBSERVER_PERCENTILE);
+      break;
+    case KvObserverKind::kMse:
+      proto.set_kv_observer(v1::KV_OBSERVER_MSE);
+      break;
+  }
+  proto.set_kv_percentile(recipe.kv_percentile);
+  proto.set_activation_percentile(recipe.activation_percentile);
+  proto.set_histograms(recipe.histograms);
   proto.set_averaging_constant(recipe.averaging_constant);
   std::vector<std::string> groups;
   for (const std::vector<std::string>& group : recipe.fused_groups.groups) {

@@ -71,7 +71,8 @@ absl::StatusOr<int> KvChunkLocalHeads(const std::vector<int64_t>& shape, TpPlace
 
 absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
                                            TpPlacement placement, int num_kv_heads,
-                                           int head_dim, ReductionBackend& backend) {
+                                           int head_dim, ReductionBackend& backend,
+                                           bool histograms) {
   absl::StatusOr<int> local_heads =
       KvChunkLocalHeads(tensor.shape(), placement, num_kv_heads, head_dim);
   if (!local_heads.ok()) return local_heads.status();
@@ -83,13 +84,19 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
   stats.absmax.assign(h, 0.0f);
   int64_t nonfinite = 0;
   std::vector<float> run_absmax(h);
-  // Absmax is a max of non-negative values, so merging runs by max is exact.
+  std::vector<MagnitudeHistogram> run_hists(histograms ? h : 0);
+  if (histograms) stats.hists.assign(h, MagnitudeHistogram());
+  // Absmax is a max of non-negative values and histograms add, so merging runs is exact.
   absl::Status reduced = tensor.ForEachRun(int64_t{h} * head_dim, [&](const TensorView& run) {
     int64_t run_nonfinite = 0;
     absl::Status s =
-        backend.AbsMaxPerHead(run, h, head_dim, absl::MakeSpan(run_absmax), &run_nonfinite);
+        histograms
+            ? backend.AbsMaxHistogramPerHead(run, h, head_dim, absl::MakeSpan(run_absmax),
+                                             absl::MakeSpan(run_hists), &run_nonfinite)
+            : backend.AbsMaxPerHead(run, h, head_dim, absl::MakeSpan(run_absmax), &run_nonfinite);
     nonfinite += run_nonfinite;
     for (int i = 0; i < h; ++i) stats.absmax[i] = std::max(stats.absmax[i], run_absmax[i]);
+    for (size_t i = 0; i < run_hists.size(); ++i) stats.hists[i].Merge(run_hists[i]);
     return s;
   }, backend.min_run_bytes());
   if (!reduced.ok()) return reduced;
@@ -122,6 +129,11 @@ void KvLayerObserver::Accumulate(const KvChunkStats& stats) {
     if (head < 0 || static_cast<size_t>(head) >= absmax.size()) continue;
     absmax[head] = std::max(absmax[head], stats.absmax[i]);
     tokens[head] += stats.tokens;  // replicas each count their tokens
+    if (i < stats.hists.size()) {
+      std::vector<MagnitudeHistogram>& hist = stats.kind == KvKind::kKey ? k_hist : v_hist;
+      if (hist.size() < absmax.size()) hist.resize(absmax.size());
+      hist[head].Merge(stats.hists[i]);
+    }
   }
 }
 
@@ -138,6 +150,13 @@ void KvLayerObserver::Merge(const KvLayerObserver& other) {
   merge_max(v_absmax, other.v_absmax);
   merge_sum(k_tokens, other.k_tokens);
   merge_sum(v_tokens, other.v_tokens);
+  auto merge_hist = [](std::vector<MagnitudeHistogram>& into,
+                       const std::vector<MagnitudeHistogram>& from) {
+    if (into.size() < from.size()) into.resize(from.size());
+    for (size_t i = 0; i < from.size(); ++i) into[i].Merge(from[i]);
+  };
+  merge_hist(k_hist, other.k_hist);
+  merge_hist(v_hist, other.v_hist);
 }
 
 absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionBackend& backend,
@@ -163,6 +182,33 @@ absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionB
                                                    tensor.ShapeString(), "; chunk rejected"));
   }
   return stats;
+}
+
+absl::StatusOr<MagnitudeHistogram> ReduceHistogram(const PiecewiseTensor& tensor,
+                                                   ReductionBackend& backend,
+                                                   absl::string_view field) {
+  const std::vector<int64_t>& shape = tensor.shape();
+  const int64_t row = shape.empty() || shape.back() == 0 ? 1 : shape.back();
+  MagnitudeHistogram out;
+  out.counts.assign(MagnitudeHistogram::kSlots, 0);
+  int64_t nonfinite = 0;
+  std::vector<float> absmax(1);
+  std::vector<MagnitudeHistogram> part(1);
+  absl::Status reduced = tensor.ForEachRun(row, [&](const TensorView& run) {
+    int64_t bad = 0;
+    absl::Status s = backend.AbsMaxHistogramPerHead(run, 1, row, absl::MakeSpan(absmax),
+                                                    absl::MakeSpan(part), &bad);
+    nonfinite += bad;
+    out.Merge(part[0]);
+    return s;
+  }, backend.min_run_bytes());
+  if (!reduced.ok()) return reduced;
+  if (nonfinite > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", nonfinite,
+                                                   " non-finite values (NaN/Inf) in ",
+                                                   tensor.ShapeString(), "; chunk rejected"));
+  }
+  return out;
 }
 
 void MinMaxObserver::Accumulate(const RangeStats& stats) {
@@ -201,7 +247,7 @@ ActivationObserver::MinMax ActivationObserver::Result(ActivationObserverKind kin
     if (out.batches == 0) {
       lo = stats.min;
       hi = stats.max;
-    } else if (kind == ActivationObserverKind::kStaticMinMax) {
+    } else if (kind != ActivationObserverKind::kMinMax) {
       lo = std::min<double>(lo, stats.min);
       hi = std::max<double>(hi, stats.max);
     } else {

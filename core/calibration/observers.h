@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/tensor/magnitude_histogram.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/tensor_view.h"
 
@@ -42,6 +43,7 @@ struct KvChunkStats {
   std::vector<int> heads;        // original head index of each entry
   std::vector<float> absmax;     // same length as heads
   int64_t tokens = 0;
+  std::vector<MagnitudeHistogram> hists;  // same length as heads when histograms were asked for
 };
 
 // Local heads h of a K/V chunk of `shape` ([tokens, h, head_dim] or [tokens, h * head_dim])
@@ -52,9 +54,11 @@ absl::StatusOr<int> KvChunkLocalHeads(const std::vector<int64_t>& shape, TpPlace
 // Reduces a K or V chunk of shape [tokens, heads_local, head_dim] or
 // [tokens, heads_local * head_dim] produced by `placement`. A tensor in pieces is reduced run by
 // run (rows split across pieces are copied alone); the result equals the contiguous one bit for bit.
+// With `histograms`, each head's |x| histogram comes from the same pass (stats.hists).
 absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
                                            TpPlacement placement, int num_kv_heads,
-                                           int head_dim, ReductionBackend& backend);
+                                           int head_dim, ReductionBackend& backend,
+                                           bool histograms = false);
 
 // One layer's K and V absmax per original KV head.
 struct KvLayerObserver {
@@ -65,12 +69,20 @@ struct KvLayerObserver {
 
   std::vector<float> k_absmax, v_absmax;     // per original head, seeded with 0
   std::vector<int64_t> k_tokens, v_tokens;   // tokens seen per original head
+  // Per original head, only for recipes that ask for histograms (else empty). Replicas under
+  // TP > heads each add their copy: counts scale, fractions (all that observers use) do not.
+  std::vector<MagnitudeHistogram> k_hist, v_hist;
 };
 
 // Min/max of finite values of a whole tensor; rejects NaN/Inf naming `field`. Pieces are reduced
 // run by run and merged exactly (-0 orders below +0, as in one pass).
 absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionBackend& backend,
                                        absl::string_view field = "tensor");
+// The |x| histogram of a whole tensor (one head spanning its last dimension); NaN/Inf rejected
+// naming `field`.
+absl::StatusOr<MagnitudeHistogram> ReduceHistogram(const PiecewiseTensor& tensor,
+                                                   ReductionBackend& backend,
+                                                   absl::string_view field = "tensor");
 
 // Weight statistics: memoryless min/max per logical tensor; TP shards merge by min/max.
 struct MinMaxObserver {
@@ -87,7 +99,26 @@ struct MinMaxObserver {
 enum class ActivationObserverKind {
   kStaticMinMax,  // running min and max over all batches
   kMinMax,        // exponential moving average per batch: v = v*(1-c) + batch*c
+  kPercentile,    // from the input's |x| histogram (core/calibration/histogram_observers.h)
+  kMse,           // from the input's |x| histogram
 };
+
+// FP8 KV observers. kStaticMinMax is the default; kPercentile and kMse read the per-head
+// histograms (core/calibration/histogram_observers.h).
+enum class KvObserverKind {
+  kStaticMinMax,  // absmax over every token
+  kMinMax,        // moving average of per-batch absmax (llm-compressor's default)
+  kPercentile,    // smallest scale clipping at most (100 - P)% of the values
+  kMse,           // least expected squared FP8 error
+};
+
+// True for the observers that need histograms.
+inline bool IsHistogramObserver(ActivationObserverKind kind) {
+  return kind == ActivationObserverKind::kPercentile || kind == ActivationObserverKind::kMse;
+}
+inline bool IsHistogramObserver(KvObserverKind kind) {
+  return kind == KvObserverKind::kPercentile || kind == KvObserverKind::kMse;
+}
 
 // Activation statistics with batch semantics. Per-batch min/max is kept (keyed by batch id) so
 // pieces of one batch combine before the average step, and the result does not depend on the
@@ -102,6 +133,8 @@ struct ActivationObserver {
     int64_t batches = 0;
   };
   // averaging_constant is c (default 0.01), only used by kMinMax. The first batch initialises.
+  // The histogram kinds are resolved by the caller from a histogram; here they give the static
+  // min/max.
   MinMax Result(ActivationObserverKind kind, double averaging_constant = 0.01) const;
   // max(|min(r,0)|, max(r,0)) of Result().
   float AbsMax(ActivationObserverKind kind, double averaging_constant = 0.01) const;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/calibration/histogram_observers.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
@@ -65,6 +66,18 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
   if (!(recipe.averaging_constant > 0.0 && recipe.averaging_constant <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recipe.averaging_constant: must be in (0, 1], got ", recipe.averaging_constant));
+  }
+  for (auto [name, value] : {std::pair<const char*, double>{"kv_percentile", recipe.kv_percentile},
+                              {"activation_percentile", recipe.activation_percentile}}) {
+    if (!(value > 0.0 && value <= 100.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe.", name, ": must be in (0, 100], got ", value));
+    }
+  }
+  if (recipe.kv_observer == KvObserverKind::kMinMax) {
+    return absl::InvalidArgumentError(
+        "recipe.kv_observer: minmax (moving average) is not available in this build; use "
+        "static_minmax, percentile:P or mse");
   }
   if (recipe.warmup_batches < 0) {
     return absl::InvalidArgumentError(
@@ -254,13 +267,18 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
     if (IsKv(chunk.kind)) {
       absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(
           chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, *view, chunk.placement,
-          model_.num_kv_heads, model_.head_dim, backend);
+          model_.num_kv_heads, model_.head_dim, backend, recipe_.NeedsHistograms());
       if (!kv.ok()) return reject(kv.status());
       stats.kv = *std::move(kv);
     } else {
       absl::StatusOr<RangeStats> range = ReduceRange(*view, backend, "chunk");
       if (!range.ok()) return reject(range.status());
       stats.range = *range;
+      if (chunk.kind == ChunkKind::kInput && recipe_.NeedsHistograms()) {
+        absl::StatusOr<MagnitudeHistogram> hist = ReduceHistogram(*view, backend, "chunk");
+        if (!hist.ok()) return reject(hist.status());
+        stats.hist = *std::move(hist);
+      }
     }
   }
 
@@ -309,10 +327,11 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
       modules_[std::string(chunk.module)].weight.Accumulate(*stats.range);
       break;
     case ChunkKind::kInput: {
-      ActivationObserver& input = modules_[std::string(chunk.module)].input;
-      const size_t before = input.batches.size();
-      input.Accumulate(chunk.batch, *stats.range);
-      batch_entries_ += static_cast<int64_t>(input.batches.size() - before);
+      ModuleState& module = modules_[std::string(chunk.module)];
+      const size_t before = module.input.batches.size();
+      module.input.Accumulate(chunk.batch, *stats.range);
+      batch_entries_ += static_cast<int64_t>(module.input.batches.size() - before);
+      if (stats.hist.has_value()) module.input_hist.Merge(*stats.hist);
       break;
     }
   }
@@ -339,6 +358,10 @@ absl::Status CalibrationSession::Finalize() {
                                  recipe_.kv == KvMode::kPerHead ? KvGranularity::kPerHead
                                                                 : KvGranularity::kPerTensor,
                                  recipe_.fp8_flavor);
+    if (IsHistogramObserver(recipe_.kv_observer)) {
+      ApplyKvHistogramObserver(kv_layers_, recipe_.kv_observer, recipe_.kv_percentile,
+                               &*final_kv_);
+    }
   }
   final_amax_.clear();
   for (const auto& [name, state] : modules_) {
@@ -357,6 +380,13 @@ absl::Status CalibrationSession::Finalize() {
       if (!state.input.batches.empty()) {
         amax.input_amax =
             state.input.AbsMax(recipe_.activation_observer, recipe_.averaging_constant);
+        if (IsHistogramObserver(recipe_.activation_observer)) {
+          // NVFP4 block scales are E4M3FN whatever the KV flavor (docs/observers.md).
+          const double clip = HistogramClip(
+              state.input_hist, recipe_.activation_observer == ActivationObserverKind::kMse,
+              recipe_.activation_percentile, Fp8Flavor::kE4M3FN);
+          if (clip > 0) amax.input_amax = static_cast<float>(clip);
+        }
       } else {
         final_warnings_.push_back(
             {absl::StrCat(name, " input"),
@@ -460,6 +490,22 @@ absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
   inputs.input_observer =
       scales.activation_observer == ActivationObserverKind::kMinMax ? "minmax" : "static_minmax";
   return RenderOutputs(wanted, inputs, warnings);
+}
+
+absl::StatusOr<SessionObservations> CalibrationSession::Observations() const {
+  SessionObservations out;
+  out.id = id_;
+  out.name = name_;
+  out.model = model_;
+  out.recipe = recipe_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (deleted_.load()) return absl::NotFoundError(absl::StrCat("session ", id_, " was deleted"));
+  out.state = state_;
+  out.kv_layers = kv_layers_;
+  for (const auto& [name, module] : modules_) {
+    out.modules[name] = SessionObservations::Module{module.weight, module.input, module.input_hist};
+  }
+  return out;
 }
 
 SessionStatus CalibrationSession::Status() const {

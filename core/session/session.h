@@ -48,6 +48,17 @@ struct Recipe {
   double averaging_constant = 0.01;  // c of the kMinMax moving average, in (0, 1]
   FusedGroupTable fused_groups = FusedGroupTable::Default();
   int64_t warmup_batches = 0;  // K/V/input chunks with batch < this are skipped (weights never)
+  KvObserverKind kv_observer = KvObserverKind::kStaticMinMax;
+  double kv_percentile = 99.99;          // P of kv_observer kPercentile, in (0, 100]
+  double activation_percentile = 99.99;  // P of activation_observer kPercentile, in (0, 100]
+  bool histograms = false;  // keep |x| histograms (for the report) whatever the observers
+
+  // Histograms are kept (and computed in the reduction pass) only when this is true, so
+  // absmax-only sessions keep the absmax path's speed.
+  bool NeedsHistograms() const {
+    return histograms || IsHistogramObserver(kv_observer) ||
+           IsHistogramObserver(activation_observer);
+  }
 };
 
 enum class ChunkKind { kKey, kValue, kWeight, kInput };
@@ -109,6 +120,21 @@ struct SessionScales {
 };
 
 enum class SessionState { kOpen, kFinalized };
+
+// A consistent copy of a session's observer state, for reports (core/session/session_report.h).
+struct SessionObservations {
+  std::string id, name;
+  SessionState state = SessionState::kOpen;
+  ModelConfig model;
+  Recipe recipe;
+  std::vector<KvLayerObserver> kv_layers;  // [num_layers] when kv is on
+  struct Module {
+    MinMaxObserver weight;
+    ActivationObserver input;
+    MagnitudeHistogram input_hist;
+  };
+  std::map<std::string, Module> modules;
+};
 
 // A consistent copy of a session's persistent state (core/session_store.h writes it). After the
 // bytes are durable, pass the snapshot to MarkDurable so acknowledgements may cover it.
@@ -206,6 +232,8 @@ class CalibrationSession {
                                        Nvfp4Convention convention) const;
 
   SessionStatus Status() const;
+  // Copies the observers under the lock (O(layers x heads x bins)); NotFound once deleted.
+  absl::StatusOr<SessionObservations> Observations() const;
   const std::string& id() const { return id_; }
   const ModelConfig& model() const { return model_; }
   const Recipe& recipe() const { return recipe_; }
@@ -225,11 +253,13 @@ class CalibrationSession {
   struct ModuleState {
     MinMaxObserver weight;
     ActivationObserver input;
+    MagnitudeHistogram input_hist;  // kept when the recipe NeedsHistograms()
   };
   // Reduction result of one chunk, computed without the lock.
   struct ChunkStats {
     std::optional<KvChunkStats> kv;
     std::optional<RangeStats> range;
+    std::optional<MagnitudeHistogram> hist;  // input chunks of histogram recipes
   };
 
   // Observe's body; sets *ends_stream for a sequence that breaks the producer stream's order.

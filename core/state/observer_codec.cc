@@ -105,6 +105,21 @@ void StateEncoder::PutKvLayer(const KvLayerObserver& observer) {
   }
 }
 
+void StateEncoder::PutHistogram(const MagnitudeHistogram& histogram) {
+  PutU8(histogram.empty() ? 0 : 1);
+  if (histogram.empty()) return;
+  PutF32(histogram.max);
+  PutU64(histogram.max_count);
+  uint32_t nonzero = 0;
+  for (uint64_t c : histogram.counts) nonzero += c != 0;
+  PutU32(nonzero);
+  for (size_t s = 0; s < histogram.counts.size(); ++s) {
+    if (histogram.counts[s] == 0) continue;
+    PutU32(static_cast<uint32_t>(s));
+    PutU64(histogram.counts[s]);
+  }
+}
+
 void StateEncoder::PutMinMax(const MinMaxObserver& observer) {
   PutF32(observer.min);
   PutF32(observer.max);
@@ -236,6 +251,38 @@ absl::StatusOr<KvLayerObserver> StateDecoder::GetKvLayer(absl::string_view field
       (*array.values)[i] = v;
     }
   }
+  return out;
+}
+
+absl::StatusOr<MagnitudeHistogram> StateDecoder::GetHistogram(absl::string_view field) {
+  MagnitudeHistogram out;
+  absl::StatusOr<uint8_t> present = GetU8(absl::StrCat(field, ".present"));
+  if (!present.ok()) return present.status();
+  if (*present > 1) return Invalid(field, -1, "present flag is not 0 or 1");
+  if (*present == 0) return out;
+  absl::StatusOr<float> max = GetF32(absl::StrCat(field, ".max"));
+  if (!max.ok()) return max.status();
+  absl::StatusOr<uint64_t> max_count = GetU64(absl::StrCat(field, ".max_count"));
+  if (!max_count.ok()) return max_count.status();
+  const std::string name = absl::StrCat(field, ".bins");
+  absl::StatusOr<uint32_t> count = GetCount(name, 12);
+  if (!count.ok()) return count.status();
+  out.counts.assign(MagnitudeHistogram::kSlots, 0);
+  out.max = *max;
+  out.max_count = *max_count;
+  int64_t previous = -1;
+  for (uint32_t i = 0; i < *count; ++i) {
+    const int64_t slot = static_cast<int64_t>(ReadLittleEndian(4));
+    const uint64_t c = ReadLittleEndian(8);
+    if (slot <= previous || slot >= MagnitudeHistogram::kSlots) {
+      return Invalid(name, i, absl::StrCat("slot ", slot, " out of order or range"));
+    }
+    if (c == 0) return Invalid(name, i, "zero count stored");
+    out.counts[slot] = c;
+    previous = slot;
+  }
+  const std::string name_z(field);
+  if (absl::Status s = out.Validate(name_z.c_str()); !s.ok()) return s;
   return out;
 }
 

@@ -39,6 +39,8 @@ class StateEncoder {
   void PutMinMax(const MinMaxObserver& observer);
   void PutActivation(const ActivationObserver& observer);
   void PutProducerSequences(const ProducerSequences& sequences);
+  // Sparse: max, max_count, then (slot, count) for nonzero slots only; <= 1027 pairs.
+  void PutHistogram(const MagnitudeHistogram& histogram);
 
   const std::string& bytes() const { return out_; }
   std::string Release() { return std::move(out_); }
@@ -69,6 +71,8 @@ class StateDecoder {
   absl::StatusOr<MinMaxObserver> GetMinMax(absl::string_view field);
   absl::StatusOr<ActivationObserver> GetActivation(absl::string_view field);
   absl::StatusOr<ProducerSequences> GetProducerSequences(absl::string_view field);
+  // Slots ascending and in range, counts positive, then MagnitudeHistogram::Validate.
+  absl::StatusOr<MagnitudeHistogram> GetHistogram(absl::string_view field);
 
   // InvalidArgument naming `field` when bytes are left over.
   absl::Status ExpectEnd(absl::string_view field) const;

@@ -14,7 +14,8 @@ namespace caliper {
 namespace {
 
 constexpr uint8_t kTagSession = 'S';
-constexpr uint8_t kSessionStateVersion = 1;
+// 2 adds the histogram recipe fields and the histograms section; version 1 files still load.
+constexpr uint8_t kSessionStateVersion = 2;
 
 void PutModel(StateEncoder& out, const ModelConfig& model) {
   out.PutString(model.architecture);
@@ -38,6 +39,10 @@ void PutRecipe(StateEncoder& out, const Recipe& recipe) {
     for (const std::string& member : group) out.PutString(member);
   }
   out.PutI64(recipe.warmup_batches);
+  out.PutU8(static_cast<uint8_t>(recipe.kv_observer));
+  out.PutF64(recipe.kv_percentile);
+  out.PutF64(recipe.activation_percentile);
+  out.PutU8(recipe.histograms ? 1 : 0);
 }
 
 // An int field that must lie in [lo, hi].
@@ -85,7 +90,7 @@ absl::StatusOr<ModelConfig> GetModel(StateDecoder& in) {
   return model;
 }
 
-absl::StatusOr<Recipe> GetRecipe(StateDecoder& in) {
+absl::StatusOr<Recipe> GetRecipe(StateDecoder& in, uint8_t version) {
   Recipe recipe;
   absl::StatusOr<uint8_t> kv = GetEnum(in, "recipe.kv", static_cast<uint8_t>(KvMode::kPerHead));
   if (!kv.ok()) return kv.status();
@@ -97,7 +102,7 @@ absl::StatusOr<Recipe> GetRecipe(StateDecoder& in) {
   absl::StatusOr<uint8_t> activations = GetEnum(in, "recipe.nvfp4_activations", 1);
   if (!activations.ok()) return activations.status();
   absl::StatusOr<uint8_t> observer = GetEnum(
-      in, "recipe.activation_observer", static_cast<uint8_t>(ActivationObserverKind::kMinMax));
+      in, "recipe.activation_observer", static_cast<uint8_t>(ActivationObserverKind::kMse));
   if (!observer.ok()) return observer.status();
   absl::StatusOr<double> constant = in.GetF64("recipe.averaging_constant");
   if (!constant.ok()) return constant.status();
@@ -124,6 +129,20 @@ absl::StatusOr<Recipe> GetRecipe(StateDecoder& in) {
   absl::StatusOr<int64_t> warmup = in.GetI64("recipe.warmup_batches");
   if (!warmup.ok()) return warmup.status();
   recipe.warmup_batches = *warmup;
+  if (version < 2) return recipe;
+  absl::StatusOr<uint8_t> kv_observer =
+      GetEnum(in, "recipe.kv_observer", static_cast<uint8_t>(KvObserverKind::kMse));
+  if (!kv_observer.ok()) return kv_observer.status();
+  absl::StatusOr<double> kv_percentile = in.GetF64("recipe.kv_percentile");
+  if (!kv_percentile.ok()) return kv_percentile.status();
+  absl::StatusOr<double> activation_percentile = in.GetF64("recipe.activation_percentile");
+  if (!activation_percentile.ok()) return activation_percentile.status();
+  absl::StatusOr<uint8_t> histograms = GetEnum(in, "recipe.histograms", 1);
+  if (!histograms.ok()) return histograms.status();
+  recipe.kv_observer = static_cast<KvObserverKind>(*kv_observer);
+  recipe.kv_percentile = *kv_percentile;
+  recipe.activation_percentile = *activation_percentile;
+  recipe.histograms = *histograms == 1;
   return recipe;
 }
 
@@ -189,6 +208,14 @@ SessionSnapshot CalibrationSession::Snapshot() const {
   }
   snapshot.producers = ledger_.Snapshot();
   out.PutProducerSequences(snapshot.producers);
+  // Histograms (version 2): per layer K then V per original head, then per module input.
+  for (const KvLayerObserver& layer : kv_layers_) {
+    for (const std::vector<MagnitudeHistogram>* hists : {&layer.k_hist, &layer.v_hist}) {
+      out.PutU32(static_cast<uint32_t>(hists->size()));
+      for (const MagnitudeHistogram& h : *hists) out.PutHistogram(h);
+    }
+  }
+  for (const auto& [name, module] : modules_) out.PutHistogram(module.input_hist);
   snapshot.version = ChangeCountLocked();
   snapshot.finalized = state_ == SessionState::kFinalized;
   snapshot.bytes = out.Release();
@@ -205,7 +232,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
   }
   absl::StatusOr<uint8_t> version = in.GetU8("session.version");
   if (!version.ok()) return version.status();
-  if (*version != kSessionStateVersion) {
+  if (*version != 1 && *version != kSessionStateVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("session.version: unsupported version ", static_cast<int>(*version),
                      " (this build reads ", static_cast<int>(kSessionStateVersion), ")"));
@@ -230,7 +257,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
   if (!created.ok()) return created.status();
   absl::StatusOr<ModelConfig> model = GetModel(in);
   if (!model.ok()) return model.status();
-  absl::StatusOr<Recipe> recipe = GetRecipe(in);
+  absl::StatusOr<Recipe> recipe = GetRecipe(in, *version);
   if (!recipe.ok()) return recipe.status();
   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
       Create(*std::move(model), *std::move(recipe), *std::move(id), *std::move(name),
@@ -308,7 +335,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
         !b.ok()) {
       return b;
     }
-    s.modules_[*module_name] = ModuleState{*std::move(weight), *std::move(input)};
+    s.modules_[*module_name] = ModuleState{*std::move(weight), *std::move(input), {}};
   }
 
   absl::StatusOr<ProducerSequences> producers = in.GetProducerSequences("session.producers");
@@ -323,6 +350,35 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
                                      "max_producer_id_bytes", limits.max_producer_id_bytes);
         !p.ok()) {
       return p;
+    }
+  }
+  if (*version >= 2) {
+    const size_t heads = static_cast<size_t>(s.model_.num_kv_heads);
+    for (size_t l = 0; l < s.kv_layers_.size(); ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const std::string field =
+            absl::StrCat("session.kv_layers[", l, "].", kv == 0 ? "k_hist" : "v_hist");
+        absl::StatusOr<uint32_t> count = in.GetCount(field, 1);
+        if (!count.ok()) return count.status();
+        if (*count != 0 && *count != heads) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": ", *count, " histograms, expected 0 or num_kv_heads=", heads));
+        }
+        std::vector<MagnitudeHistogram>& hists =
+            kv == 0 ? s.kv_layers_[l].k_hist : s.kv_layers_[l].v_hist;
+        hists.resize(*count);
+        for (uint32_t h = 0; h < *count; ++h) {
+          absl::StatusOr<MagnitudeHistogram> hist = in.GetHistogram(absl::StrCat(field, "[", h, "]"));
+          if (!hist.ok()) return hist.status();
+          hists[h] = *std::move(hist);
+        }
+      }
+    }
+    for (auto& [name, module] : s.modules_) {
+      absl::StatusOr<MagnitudeHistogram> hist =
+          in.GetHistogram(absl::StrCat("session.modules[", name, "].input_hist"));
+      if (!hist.ok()) return hist.status();
+      module.input_hist = *std::move(hist);
     }
   }
   if (absl::Status end = in.ExpectEnd("session"); !end.ok()) return end;

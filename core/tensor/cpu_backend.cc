@@ -304,6 +304,95 @@ inline int64_t ColumnKeysMasked(const uint8_t* d, int64_t r, int64_t c, uint32_t
   return ColumnsMasked32(d, r, c, inf, acc);
 }
 
+
+// ---- Histogram pass (absmax, |x| histogram and count of the max, one read of the data) ----
+
+enum class HistCode { kBF16, kF16, kF32 };
+
+// f16 has subnormals below 2^-14 that no shift maps onto the f32 bins; a table of every
+// magnitude (built from the exact f32 value) gives the same slot as MagnitudeHistogram::SlotOf.
+const uint16_t* F16SlotTable() {
+  static const std::vector<uint16_t>* table = [] {
+    auto* t = new std::vector<uint16_t>(1 << 15);
+    for (uint32_t b = 0; b < (1u << 15); ++b) {
+      const bool finite = b < 0x7c00u;
+      (*t)[b] = static_cast<uint16_t>(finite ? MagnitudeHistogram::SlotOf(F16ToFloat(
+                                                   static_cast<uint16_t>(b)))
+                                             : MagnitudeHistogram::kOverflowSlot);
+    }
+    return t;
+  }();
+  return table->data();
+}
+
+constexpr int kHistBlock = 64;
+
+// Slots of one block: shift/subtract/clamp on the magnitude bits (vectorises), then scalar
+// increments; the block max over finite values and, when it reaches the running max, the count
+// of elements equal to it. Non-finite values go to the overflow slot and are counted.
+template <HistCode kCode, typename Bits>
+CALIPER_INLINE void HistBody(const uint8_t* data, int64_t n, Bits inf, const uint16_t* f16_slots,
+                             uint64_t* __restrict__ counts, typename KeyOps<Bits>::Key* max_key,
+                             uint64_t* max_count, int64_t* bad) {
+  using Ops = KeyOps<Bits>;
+  using Key = typename Ops::Key;
+  const auto* p = reinterpret_cast<const typename Ops::Loose*>(data);
+  constexpr int kShift16 = MagnitudeHistogram::kShift - 16;  // bf16 = top half of f32
+  int32_t slot[kHistBlock];
+  Key key[kHistBlock];
+  for (int64_t base = 0; base < n; base += kHistBlock) {
+    const int m = static_cast<int>(std::min<int64_t>(kHistBlock, n - base));
+    Key bmax = 0;
+    int64_t bbad = 0;
+    for (int i = 0; i < m; ++i) {
+      const Key k = Ops::Abs(p[base + i]);
+      const bool finite = static_cast<Bits>(k) < inf;
+      int32_t s;
+      if constexpr (kCode == HistCode::kF16) {
+        s = f16_slots[static_cast<Bits>(k)];
+      } else {
+        const int32_t shifted = kCode == HistCode::kF32
+                                    ? static_cast<int32_t>(static_cast<uint32_t>(k) >>
+                                                           MagnitudeHistogram::kShift)
+                                    : static_cast<int32_t>(static_cast<uint32_t>(k) >> kShift16);
+        const int32_t t = shifted - MagnitudeHistogram::kBias + MagnitudeHistogram::kFirstLogSlot;
+        s = std::min(std::max(t, int32_t{MagnitudeHistogram::kUnderflowSlot}),
+                     int32_t{MagnitudeHistogram::kOverflowSlot});
+        s = k == 0 ? MagnitudeHistogram::kZeroSlot : s;
+      }
+      slot[i] = s;
+      key[i] = finite ? k : Key{-1};
+      bmax = std::max(bmax, finite ? k : Key{0});
+      bbad += !finite;
+    }
+    for (int i = 0; i < m; ++i) ++counts[slot[i]];
+    *bad += bbad;
+    if (bmax >= *max_key) {
+      uint64_t eq = 0;
+      for (int i = 0; i < m; ++i) eq += key[i] == bmax;
+      if (bmax > *max_key) {
+        *max_key = bmax;
+        *max_count = eq;
+      } else {
+        *max_count += eq;
+      }
+    }
+  }
+}
+
+CALIPER_CLONES void HistBF16(const uint8_t* d, int64_t n, uint16_t inf, uint64_t* counts,
+                             int16_t* mk, uint64_t* mc, int64_t* bad) {
+  HistBody<HistCode::kBF16, uint16_t>(d, n, inf, nullptr, counts, mk, mc, bad);
+}
+CALIPER_CLONES void HistF16(const uint8_t* d, int64_t n, uint16_t inf, const uint16_t* table,
+                            uint64_t* counts, int16_t* mk, uint64_t* mc, int64_t* bad) {
+  HistBody<HistCode::kF16, uint16_t>(d, n, inf, table, counts, mk, mc, bad);
+}
+CALIPER_CLONES void HistF32(const uint8_t* d, int64_t n, uint32_t inf, uint64_t* counts,
+                            int32_t* mk, uint64_t* mc, int64_t* bad) {
+  HistBody<HistCode::kF32, uint32_t>(d, n, inf, nullptr, counts, mk, mc, bad);
+}
+
 // ---- Key -> float ----
 
 float KeyBitsToFloat(DType dtype, uint32_t bits) {
@@ -450,6 +539,27 @@ class CpuBackend : public ReductionBackend {
       AbsMaxImpl<uint32_t>(t, num_heads, head_dim, out, nonfinite);
     } else {
       AbsMaxImpl<uint16_t>(t, num_heads, head_dim, out, nonfinite);
+    }
+    return absl::OkStatus();
+  }
+
+
+  absl::Status AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
+                                      absl::Span<float> absmax,
+                                      absl::Span<MagnitudeHistogram> hists,
+                                      int64_t* nonfinite) override {
+    if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, absmax, nonfinite);
+        !args.ok()) {
+      return args;
+    }
+    if (static_cast<int64_t>(hists.size()) != num_heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hists: has ", hists.size(), " entries for ", num_heads, " heads"));
+    }
+    if (t.dtype() == DType::kF32) {
+      HistImpl<uint32_t>(t, num_heads, head_dim, absmax, hists, nonfinite);
+    } else {
+      HistImpl<uint16_t>(t, num_heads, head_dim, absmax, hists, nonfinite);
     }
     return absl::OkStatus();
   }
@@ -620,6 +730,74 @@ class CpuBackend : public ReductionBackend {
       for (int64_t h = 0; h < num_heads; ++h) head_keys[h] = std::max(head_keys[h], task_keys[i][h]);
     }
     return bad;
+  }
+
+
+  // Rows split across tasks; each task keeps its own per-head counts, merged by addition.
+  template <typename Bits>
+  void HistImpl(const TensorView& t, int64_t num_heads, int64_t head_dim, absl::Span<float> absmax,
+                absl::Span<MagnitudeHistogram> hists, int64_t* nonfinite) {
+    using Key = typename KeyOps<Bits>::Key;
+    constexpr int kSlots = MagnitudeHistogram::kSlots;
+    const int64_t row = num_heads * head_dim;
+    const int64_t rows = t.num_elements() / row;
+    const Bits inf = InfBits<Bits>(t.dtype());
+    const DType dtype = t.dtype();
+    const uint16_t* f16_slots = dtype == DType::kF16 ? F16SlotTable() : nullptr;
+    const uint8_t* data = t.bytes().data();
+    const int tasks = static_cast<int>(std::max<int64_t>(
+        1, std::min<int64_t>(rows, TasksFor(t.num_elements() * static_cast<int64_t>(sizeof(Bits))))));
+    struct Part {
+      std::vector<uint64_t> counts;  // [head][slot]
+      std::vector<Key> max_key;
+      std::vector<uint64_t> max_count;
+      int64_t bad = 0;
+    };
+    std::vector<Part> parts(tasks);
+    pool_.ParallelFor(tasks, [&](int i) {
+      Part& part = parts[i];
+      part.counts.assign(num_heads * kSlots, 0);
+      part.max_key.assign(num_heads, 0);
+      part.max_count.assign(num_heads, 0);
+      const int64_t r0 = rows * i / tasks, r1 = rows * (i + 1) / tasks;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const uint8_t* p = data + (r * row + h * head_dim) * static_cast<int64_t>(sizeof(Bits));
+          uint64_t* c = part.counts.data() + h * kSlots;
+          if constexpr (sizeof(Bits) == 4) {
+            HistF32(p, head_dim, inf, c, &part.max_key[h], &part.max_count[h], &part.bad);
+          } else if (dtype == DType::kF16) {
+            HistF16(p, head_dim, inf, f16_slots, c, &part.max_key[h], &part.max_count[h],
+                    &part.bad);
+          } else {
+            HistBF16(p, head_dim, inf, c, &part.max_key[h], &part.max_count[h], &part.bad);
+          }
+        }
+      }
+    });
+    int64_t bad = 0;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      MagnitudeHistogram& hist = hists[h];
+      hist = MagnitudeHistogram();
+      hist.counts.assign(kSlots, 0);
+      Key key = 0;
+      uint64_t count = 0;
+      for (const Part& part : parts) {
+        const uint64_t* c = part.counts.data() + h * kSlots;
+        for (int s = 0; s < kSlots; ++s) hist.counts[s] += c[s];
+        if (part.max_key[h] > key) {
+          key = part.max_key[h];
+          count = part.max_count[h];
+        } else if (part.max_key[h] == key) {
+          count += part.max_count[h];
+        }
+      }
+      hist.max = KeyBitsToFloat(dtype, static_cast<uint32_t>(key));
+      hist.max_count = count;
+      absmax[h] = hist.max;
+    }
+    for (const Part& part : parts) bad += part.bad;
+    *nonfinite = bad;
   }
 
   ThreadPool pool_;

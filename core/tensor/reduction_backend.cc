@@ -1,8 +1,11 @@
 #include "core/tensor/reduction_backend.h"
 
+#include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/tensor/dtype.h"
 
 namespace caliper {
 
@@ -26,6 +29,49 @@ absl::Status CheckAbsMaxPerHeadArgs(const TensorView& t, int64_t num_heads, int6
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor.shape: ", t.ShapeString(), " (", t.num_elements(),
         " elements) is not whole rows of num_heads ", num_heads, " x head_dim ", head_dim));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads,
+                                                      int64_t head_dim, absl::Span<float> absmax,
+                                                      absl::Span<MagnitudeHistogram> hists,
+                                                      int64_t* nonfinite) {
+  if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, absmax, nonfinite);
+      !args.ok()) {
+    return args;
+  }
+  if (static_cast<int64_t>(hists.size()) != num_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hists: has ", hists.size(), " entries for ", num_heads, " heads"));
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {
+    hists[h] = MagnitudeHistogram();
+    hists[h].counts.assign(MagnitudeHistogram::kSlots, 0);
+    absmax[h] = 0.0f;
+  }
+  *nonfinite = 0;
+  const uint8_t* p = t.bytes().data();
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    float v;
+    if (t.dtype() == DType::kF32) {
+      std::memcpy(&v, p + 4 * i, 4);
+    } else {
+      uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      v = t.dtype() == DType::kBF16 ? BF16ToFloat(b) : F16ToFloat(b);
+    }
+    const int64_t h = (i / head_dim) % num_heads;
+    if (!std::isfinite(v)) {
+      ++*nonfinite;
+      ++hists[h].counts[MagnitudeHistogram::kOverflowSlot];
+      continue;
+    }
+    ++hists[h].counts[MagnitudeHistogram::SlotOf(v)];
+    MergeMaxCount(std::fabs(v), 1, &hists[h].max, &hists[h].max_count);
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {
+    absmax[h] = hists[h].max;
   }
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "core/tensor/magnitude_histogram.h"
 #include "core/tensor/nvfp4_pack.h"
 #include "core/tensor/tensor_view.h"
 
@@ -47,6 +48,14 @@ class ReductionBackend {
                                      int64_t head_dim, absl::Span<float> out,
                                      int64_t* nonfinite) = 0;
 
+  // AbsMaxPerHead plus each head's |x| histogram (core/tensor/magnitude_histogram.h), in the same
+  // pass; hists.size() == num_heads, each overwritten. The histograms are meaningful only when
+  // *nonfinite == 0 (callers reject such chunks). The default is the scalar reference loop;
+  // backends override it with a fast path that must give bit-identical results.
+  virtual absl::Status AbsMaxHistogramPerHead(const TensorView& tensor, int64_t num_heads,
+                                              int64_t head_dim, absl::Span<float> absmax,
+                                              absl::Span<MagnitudeHistogram> hists,
+                                              int64_t* nonfinite);
   // NVFP4 packing of a [rows, cols] weight (core/tensor/nvfp4_pack.h): the same bytes as
   // PackNvfp4Reference, the same errors (arguments, non-finite weights). The default runs the
   // reference on the calling thread.

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/histogram_kernels.h"
 #include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
 
@@ -93,6 +94,9 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_bits), heads * sizeof(unsigned int)));
   BENCH_CHECK(cudaMalloc(reinterpret_cast<void**>(&bad), sizeof(unsigned long long)));
   BENCH_CHECK(cudaMalloc(reinterpret_cast<void**>(&range), sizeof(DeviceRange)));
+  unsigned long long *hist = nullptr, *packed = nullptr;
+  BENCH_CHECK(cudaMalloc(reinterpret_cast<void**>(&hist), heads * kHistSlots * sizeof(unsigned long long)));
+  BENCH_CHECK(cudaMalloc(reinterpret_cast<void**>(&packed), heads * sizeof(unsigned long long)));
 
   const double copy_ms = TimeMs(iters, [&] { BENCH_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr)); });
   const double copy_gbps = 2.0 * bytes / copy_ms / 1e6;
@@ -108,6 +112,12 @@ int main(int argc, char** argv) {
     report(("absmax_per_head_" + suffix).c_str(), TimeMs(iters, [&] {
              BENCH_CHECK(cudaMemsetAsync(head_bits, 0, heads * sizeof(unsigned int), nullptr));
              BENCH_CHECK(LaunchAbsMaxPerHead(src, type, n, 0, heads, dim, head_bits, bad, nullptr));
+           }));
+    report(("absmax_histogram_per_head_" + suffix).c_str(), TimeMs(iters, [&] {
+             BENCH_CHECK(cudaMemsetAsync(hist, 0, heads * kHistSlots * sizeof(unsigned long long), nullptr));
+             BENCH_CHECK(cudaMemsetAsync(packed, 0, heads * sizeof(unsigned long long), nullptr));
+             BENCH_CHECK(LaunchAbsMaxHistogramPerHead(src, type, n, 0, heads, dim, hist, packed, bad,
+                                                      nullptr));
            }));
     report(("range_" + suffix).c_str(), TimeMs(iters, [&] {
              BENCH_CHECK(ResetRange(range, nullptr));

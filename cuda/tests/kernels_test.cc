@@ -1,5 +1,6 @@
 // Standalone tests of the CUDA reductions against a naive CPU loop (no gtest on GPU machines).
 // Prints "N passed, N failed"; exits 1 on any failure and 77 (skipped) when there is no device.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/histogram_kernels.h"
 #include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
 
@@ -145,6 +147,40 @@ void CheckTensor(HostReducer& r, const std::string& name, const Tensor& t, int64
   }
   Check(mismatches == 0, label + " per-head absmax");
   Check(bad == want.nonfinite, label + " per-head nonfinite " + std::to_string(bad) + " want " + std::to_string(want.nonfinite));
+
+  // Histogram pass against a host loop over the same bins (slot from the f32 bits of |x|).
+  std::vector<uint64_t> want_counts(heads * kHistSlots, 0), counts(heads * kHistSlots, 7);
+  std::vector<float> want_max(heads, 0.0f), hist_max(heads, -1.0f);
+  std::vector<uint64_t> want_max_count(heads, 0), max_count(heads, 7);
+  for (int64_t i = 0; i < t.size(); ++i) {
+    const int64_t h = (i / dim) % heads;
+    const float v = t.At(i);
+    uint32_t m;
+    std::memcpy(&m, &v, 4);
+    m &= 0x7fffffffu;
+    int slot = 0;
+    if (m != 0) {
+      slot = static_cast<int>(m >> (23 - kHistMantissaBits)) - kHistBias + 2;
+      slot = std::min(std::max(slot, 1), kHistSlots - 1);
+    }
+    ++want_counts[h * kHistSlots + slot];
+    if (!std::isfinite(v)) continue;
+    const float a = std::fabs(v);
+    if (want_max_count[h] == 0 || a > want_max[h]) {
+      want_max[h] = a;
+      want_max_count[h] = 1;
+    } else if (a == want_max[h]) {
+      ++want_max_count[h];
+    }
+  }
+  bad = -1;
+  e = r.AbsMaxHistogramPerHead(host, t.type, t.size(), heads, dim, hist_max.data(), counts.data(),
+                               max_count.data(), &bad);
+  Check(e.ok(), label + " AbsMaxHistogramPerHead: " + e.message);
+  Check(counts == want_counts, label + " histogram counts");
+  Check(hist_max == want_max, label + " histogram max");
+  Check(max_count == want_max_count, label + " histogram max count");
+  Check(bad == want.nonfinite, label + " histogram nonfinite");
 }
 
 const ElementType kTypes[] = {ElementType::kBF16, ElementType::kF16, ElementType::kF32};

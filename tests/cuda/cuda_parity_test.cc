@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "core/tensor/dtype.h"
 #include "core/tensor/nvfp4_pack.h"
+#include "core/tensor/magnitude_histogram.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/tensor_view.h"
 #include "cuda/cuda_backend.h"
@@ -52,6 +53,20 @@ class CudaParityTest : public ::testing::Test {
     ASSERT_TRUE(cuda_->AbsMaxPerHead(*t, heads, dim, absl::MakeSpan(got_heads), &got_bad).ok());
     EXPECT_EQ(want_heads, got_heads) << DTypeName(dtype) << " heads=" << heads << " dim=" << dim;
     EXPECT_EQ(want_bad, got_bad);
+    // The one-pass histogram: same counts, max and count of the max, bit for bit.
+    std::vector<MagnitudeHistogram> want_hist(heads), got_hist(heads);
+    std::vector<float> want_abs(heads), got_abs(heads);
+    ASSERT_TRUE(cpu_->AbsMaxHistogramPerHead(*t, heads, dim, absl::MakeSpan(want_abs),
+                                             absl::MakeSpan(want_hist), &want_bad).ok());
+    ASSERT_TRUE(cuda_->AbsMaxHistogramPerHead(*t, heads, dim, absl::MakeSpan(got_abs),
+                                              absl::MakeSpan(got_hist), &got_bad).ok());
+    EXPECT_EQ(want_abs, got_abs);
+    EXPECT_EQ(want_bad, got_bad);
+    for (int64_t h = 0; h < heads; ++h) {
+      EXPECT_EQ(want_hist[h].counts, got_hist[h].counts) << DTypeName(dtype) << " head " << h;
+      EXPECT_EQ(want_hist[h].max, got_hist[h].max);
+      EXPECT_EQ(want_hist[h].max_count, got_hist[h].max_count);
+    }
   }
 
   std::unique_ptr<ReductionBackend> cpu_ = MakeCpuBackend(2);

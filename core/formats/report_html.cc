@@ -1,0 +1,387 @@
+#include "core/formats/report_html.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace caliper {
+namespace {
+
+using nlohmann::json;
+
+std::string Escape(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+double Get(const json& j, const char* key, double fallback = NAN) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return fallback;
+  return j[key].get<double>();
+}
+
+std::string Fmt(double v, const char* format = "%.3g") {
+  return std::isfinite(v) ? absl::StrFormat(format, v) : std::string("&ndash;");
+}
+
+// Blue (small) to red (large) on t in [0, 1].
+std::string Color(double t) {
+  if (!std::isfinite(t)) return "#ddd";
+  t = std::clamp(t, 0.0, 1.0);
+  const int r = static_cast<int>(40 + 215 * t), g = static_cast<int>(80 + 100 * (1 - std::fabs(2 * t - 1))),
+            b = static_cast<int>(255 - 215 * t);
+  return absl::StrFormat("rgb(%d,%d,%d)", r, g, b);
+}
+
+std::string Heatmap(const json& report, const char* kind) {
+  const json& layers = report["kv"]["layers"];
+  int heads = 0;
+  double lo = INFINITY, hi = 0;
+  for (const json& l : layers) {
+    heads = std::max<int>(heads, l[kind]["heads"].size());
+    for (const json& h : l[kind]["heads"]) {
+      const double a = Get(h, "absmax");
+      if (a > 0) {
+        lo = std::min(lo, a);
+        hi = std::max(hi, a);
+      }
+    }
+  }
+  const int cell = 22, left = 60, top = 24;
+  const int width = std::max(left + heads * cell + 10, 330), height = top + static_cast<int>(layers.size()) * cell + 30;
+  std::string svg = absl::StrFormat(
+      "<svg class=\"heatmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">"
+      "<text x=\"%d\" y=\"14\" font-size=\"12\">%s absmax, log scale (%s .. %s); ringed: outlier head</text>",
+      width, height, left, kind, Fmt(lo), Fmt(hi));
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const json& l = layers[li];
+    const int y = top + static_cast<int>(li) * cell;
+    absl::StrAppendFormat(&svg, "<text x=\"4\" y=\"%d\" font-size=\"11\">layer %d</text>",
+                          y + 15, l["layer"].get<int>());
+    for (const json& h : l[kind]["heads"]) {
+      const int hi_idx = h["head"].get<int>();
+      const double a = Get(h, "absmax");
+      const double t = (a > 0 && hi > lo) ? std::log(a / lo) / std::log(hi / lo) : (a > 0 ? 1.0 : NAN);
+      const bool outlier = h.value("outlier", false);
+      absl::StrAppendFormat(
+          &svg,
+          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"%s\" "
+          "stroke-width=\"%d\"><title>layer %d %s head %d: absmax %s, scale %s, SQNR %s dB</title></rect>",
+          left + hi_idx * cell, y, cell - 2, cell - 2, Color(t), outlier ? "#000" : "none",
+          outlier ? 3 : 0, l["layer"].get<int>(), kind, hi_idx, Fmt(a), Fmt(Get(h, "scale")),
+          Fmt(Get(h, "sqnr_db"), "%.1f"));
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\">%d</text>",
+                          left + h * cell + 6, height - 14, h);
+  }
+  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">head</text></svg>",
+                        left, height - 2);
+  return svg;
+}
+
+std::string SqnrBars(const json& report) {
+  const json& layers = report["kv"]["layers"];
+  const int bar = 10, gap = 6, left = 40, top = 20, plot = 160;
+  const int width = std::max(left + static_cast<int>(layers.size()) * (2 * bar + gap) + 20, 420);
+  double top_db = 10;
+  for (const json& l : layers) {
+    for (const char* k : {"K", "V"}) top_db = std::max(top_db, Get(l[k], "sqnr_db", 0));
+  }
+  top_db = std::ceil(top_db / 10) * 10;
+  std::string svg = absl::StrFormat(
+      "<svg class=\"bars\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">"
+      "<text x=\"%d\" y=\"12\" font-size=\"12\">FP8 SQNR (dB) under the session's scales: "
+      "<tspan fill=\"#3565c8\">K</tspan> / <tspan fill=\"#d0752c\">V</tspan></text>",
+      width, top + plot + 30, left);
+  for (int db = 0; db <= top_db; db += 10) {
+    const double y = top + plot - plot * db / top_db;
+    absl::StrAppendFormat(&svg,
+                          "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>"
+                          "<text x=\"4\" y=\"%.1f\" font-size=\"10\">%d</text>",
+                          left, width, y, y, y + 3, db);
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int x = left + static_cast<int>(i) * (2 * bar + gap);
+    int k = 0;
+    for (const char* kind : {"K", "V"}) {
+      const double db = Get(layers[i][kind], "sqnr_db");
+      const double h = std::isfinite(db) ? plot * std::clamp(db, 0.0, top_db) / top_db : 0;
+      absl::StrAppendFormat(&svg,
+                            "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\">"
+                            "<title>layer %d %s: %s dB</title></rect>",
+                            x + k * bar, top + plot - h, bar - 1, h, k ? "#d0752c" : "#3565c8",
+                            layers[i]["layer"].get<int>(), kind, Fmt(db, "%.1f"));
+      ++k;
+    }
+    if (layers.size() <= 40 || i % 4 == 0) {
+      absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\">%d</text>", x,
+                            top + plot + 14, layers[i]["layer"].get<int>());
+    }
+  }
+  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">layer</text></svg>", left,
+                        top + plot + 28);
+  return svg;
+}
+
+std::string HistogramSvg(const json& w) {
+  const json& bins = w["bins"];
+  const int width = 420, height = 170, left = 36, bottom = 26, top = 18;
+  double xlo = INFINITY, xhi = 0, cmax = 1;
+  for (const json& b : bins) {
+    if (b[0].get<double>() > 0) xlo = std::min(xlo, b[0].get<double>());
+    xhi = std::max(xhi, b[1].get<double>());
+    cmax = std::max(cmax, b[2].get<double>());
+  }
+  if (!std::isfinite(xlo)) xlo = 1e-6;
+  xhi = std::max(xhi, Get(w, "max", xhi) * 1.05);
+  const double lx0 = std::log2(xlo), lx1 = std::log2(std::max(xhi, xlo * 2));
+  auto X = [&](double v) { return left + (width - left - 8) * (std::log2(v) - lx0) / (lx1 - lx0); };
+  auto Y = [&](double c) { return top + (height - top - bottom) * (1 - std::log10(1 + c) / std::log10(1 + cmax)); };
+  std::string title = absl::StrCat("layer ", w["layer"].get<int>(), " ", w["kind"].get<std::string>(),
+                                   w["head"].is_null() ? " (all heads)" : absl::StrCat(" head ", w["head"].get<int>()),
+                                   ": SQNR ", Fmt(Get(w, "sqnr_db"), "%.1f"), " dB");
+  std::string svg = absl::StrFormat(
+      "<svg class=\"hist\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">"
+      "<text x=\"%d\" y=\"12\" font-size=\"12\">%s</text>",
+      width, height, left, Escape(title));
+  for (const json& b : bins) {
+    const double lo = std::max(b[0].get<double>(), xlo), hi = b[1].get<double>();
+    const double c = b[2].get<double>();
+    absl::StrAppendFormat(&svg, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#7a8fb8\"/>",
+                          X(lo), Y(c), std::max(0.8, X(hi) - X(lo)), Y(0) - Y(c));
+  }
+  struct Mark {
+    const char* name;
+    double v;
+    const char* color;
+  };
+  const json& clips = w["clips"];
+  for (Mark m : {Mark{"clip (session)", Get(w, "clip"), "#d62728"},
+                 Mark{"percentile", Get(clips, "percentile"), "#2ca02c"},
+                 Mark{"mse", Get(clips, "mse"), "#9467bd"},
+                 Mark{"max", Get(w, "max"), "#444"}}) {
+    if (!(m.v > 0)) continue;
+    const double x = X(m.v);
+    absl::StrAppendFormat(&svg,
+                          "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"%s\" "
+                          "stroke-width=\"%s\" stroke-dasharray=\"%s\"><title>%s: %s</title></line>",
+                          x, x, top, height - bottom, m.color,
+                          std::string(m.name) == "clip (session)" ? "2.5" : "1.2",
+                          std::string(m.name) == "clip (session)" ? "none" : "4 2", m.name, Fmt(m.v));
+  }
+  for (int e = static_cast<int>(std::ceil(lx0)); e <= static_cast<int>(lx1); e += std::max(1, static_cast<int>((lx1 - lx0) / 6))) {
+    absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\">2^%d</text>",
+                          X(std::ldexp(1.0, e)) - 8, height - bottom + 12, e);
+  }
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"%d\" y=\"%d\" font-size=\"10\">|x| (log2); count (log); red: "
+                        "clip point, green: percentile, purple: mse, grey: max</text></svg>",
+                        left, height - 2);
+  return svg;
+}
+
+std::string LayerTable(const json& report) {
+  std::string t =
+      "<table><tr><th>layer</th><th>kind</th><th>SQNR dB (session)</th><th>clipped</th>"
+      "<th>SQNR static_minmax</th><th>SQNR percentile</th><th>SQNR mse</th><th>recommended</th>"
+      "<th>outlier heads</th></tr>";
+  for (const json& l : report["kv"]["layers"]) {
+    for (const char* kind : {"K", "V"}) {
+      const json& s = l[kind];
+      std::string outliers;
+      for (const json& h : s["heads"]) {
+        if (h.value("outlier", false)) absl::StrAppend(&outliers, outliers.empty() ? "" : ", ", h["head"].get<int>());
+      }
+      const json& by = s["sqnr_db_by_observer"];
+      absl::StrAppendFormat(&t,
+                            "<tr><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>"
+                            "<td>%s</td><td>%s</td><td>%s</td></tr>",
+                            l["layer"].get<int>(), kind, Fmt(Get(s, "sqnr_db"), "%.2f"),
+                            Fmt(Get(s, "fraction_clipped"), "%.2g"),
+                            Fmt(Get(by, "static_minmax"), "%.2f"), Fmt(Get(by, "percentile"), "%.2f"),
+                            Fmt(Get(by, "mse"), "%.2f"),
+                            s["recommended"].is_string() ? s["recommended"].get<std::string>() : "&ndash;",
+                            outliers.empty() ? "&ndash;" : outliers);
+    }
+  }
+  return t + "</table>";
+}
+
+std::string HeadTable(const json& report) {
+  std::string t =
+      "<details><summary>every head</summary><table><tr><th>layer</th><th>kind</th><th>head</th>"
+      "<th>absmax</th><th>scale</th><th>static_minmax</th><th>percentile</th><th>mse</th>"
+      "<th>clipped</th><th>SQNR dB</th></tr>";
+  for (const json& l : report["kv"]["layers"]) {
+    for (const char* kind : {"K", "V"}) {
+      for (const json& h : l[kind]["heads"]) {
+        const json& o = h["observers"];
+        absl::StrAppendFormat(
+            &t, "<tr%s><td>%d</td><td>%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>",
+            h.value("outlier", false) ? " class=\"outlier\"" : "", l["layer"].get<int>(), kind,
+            h["head"].get<int>(), Fmt(Get(h, "absmax"), "%.4g"), Fmt(Get(h, "scale"), "%.4g"),
+            Fmt(Get(o, "static_minmax"), "%.4g"), Fmt(Get(o, "percentile"), "%.4g"),
+            Fmt(Get(o, "mse"), "%.4g"), Fmt(Get(h, "fraction_clipped"), "%.2g"),
+            Fmt(Get(h, "sqnr_db"), "%.2f"));
+      }
+    }
+  }
+  return t + "</table></details>";
+}
+
+std::string Nvfp4Table(const json& report) {
+  const json& modules = report["nvfp4"]["modules"];
+  if (modules.empty()) return "<p>No NVFP4 module was observed.</p>";
+  std::string t =
+      "<table><tr><th>module</th><th>fused group</th><th>input amax</th><th>99.99th pct</th>"
+      "<th>amax / p99.99</th><th>percentile</th><th>mse</th><th>weight amax</th>"
+      "<th>weight range lost (octaves)</th><th>input range lost, ModelOpt (octaves)</th></tr>";
+  for (const json& m : modules) {
+    const json obs = m.contains("input_observers") ? m["input_observers"] : json::object();
+    absl::StrAppendFormat(
+        &t, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>",
+        Escape(m["module"].get<std::string>()), Escape(m["fused_group"].get<std::string>()),
+        Fmt(Get(m, "input_amax"), "%.4g"), Fmt(Get(m, "input_p99_99"), "%.4g"),
+        Fmt(Get(m, "amax_over_p99_99"), "%.3g"), Fmt(Get(obs, "percentile"), "%.4g"),
+        Fmt(Get(obs, "mse"), "%.4g"), Fmt(Get(m, "weight_amax"), "%.4g"),
+        Fmt(Get(m, "weight_range_lost_octaves"), "%.2f"),
+        Fmt(Get(m, "input_range_lost_octaves_modelopt"), "%.2f"));
+  }
+  return t + "</table>";
+}
+
+std::string SessionSection(const json& r, const std::string& label) {
+  const json& s = r["session"];
+  const json& recipe = s["recipe"];
+  std::string out = absl::StrCat(
+      "<section class=\"session\" id=\"session-", label, "\"><h2>", label == "a" ? "" : "", "Session ",
+      Escape(s["id"].get<std::string>()), s["name"].get<std::string>().empty() ? "" : " (" + Escape(s["name"].get<std::string>()) + ")",
+      "</h2><p id=\"summary-", label, "\">", Escape(s["model"]["architecture"].get<std::string>()), ", ",
+      s["model"]["num_layers"].get<int>(), " layers, ", s["model"]["num_kv_heads"].get<int>(),
+      " KV heads; state ", s["state"].get<std::string>(), "; kv ", recipe["kv"].get<std::string>(),
+      ", kv observer <b>", Escape(recipe["kv_observer"].get<std::string>()), "</b>, input observer <b>",
+      Escape(recipe["observer"].get<std::string>()), "</b>, ", recipe["fp8_flavor"].get<std::string>(),
+      " (qmax ", Fmt(Get(r, "qmax"), "%g"), "); histograms ",
+      r["has_histograms"].get<bool>() ? "kept" : "<b>not kept</b>", ".</p>");
+  if (!r["kv"].is_null()) {
+    absl::StrAppend(&out, "<h3>K and V absmax per layer and head</h3><div class=\"row\" id=\"heatmaps-", label, "\">",
+                    Heatmap(r, "K"), Heatmap(r, "V"), "</div>");
+    absl::StrAppend(&out, "<h3>SQNR per layer</h3><div id=\"sqnr-", label, "\">", SqnrBars(r), "</div>");
+    absl::StrAppend(&out, "<h3>Worst layers: histograms and clip points</h3><div class=\"row\" id=\"histograms-", label, "\">");
+    if (r["worst_histograms"].empty()) absl::StrAppend(&out, "<p>No histograms (the recipe kept none).</p>");
+    for (const json& w : r["worst_histograms"]) absl::StrAppend(&out, HistogramSvg(w));
+    absl::StrAppend(&out, "</div><h3>Layers: SQNR by observer, recommendation, outlier heads</h3><div id=\"layers-", label,
+                    "\">", LayerTable(r), HeadTable(r), "</div>");
+  }
+  absl::StrAppend(&out, "<h3>NVFP4 inputs and fused groups</h3><div id=\"nvfp4-", label, "\">", Nvfp4Table(r), "</div>");
+  if (!r["warnings"].empty()) {
+    absl::StrAppend(&out, "<h3>Warnings</h3><ul id=\"warnings-", label, "\">");
+    for (const json& w : r["warnings"]) {
+      absl::StrAppend(&out, "<li><b>", Escape(w["where"].get<std::string>()), "</b>: ",
+                      Escape(w["message"].get<std::string>()), "</li>");
+    }
+    absl::StrAppend(&out, "</ul>");
+  }
+  return out + "</section>";
+}
+
+std::string CompareSection(const json& a, const json& b) {
+  std::string t = absl::StrCat(
+      "<section id=\"compare\"><h2>Comparison</h2><p>", Escape(a["session"]["id"].get<std::string>()),
+      " (A) vs ", Escape(b["session"]["id"].get<std::string>()),
+      " (B): SQNR under each session's own scales, and the ratio of their largest scales.</p>"
+      "<table><tr><th>layer</th><th>kind</th><th>SQNR A</th><th>SQNR B</th><th>B &minus; A (dB)</th>"
+      "<th>max scale B / A</th></tr>");
+  if (a["kv"].is_null() || b["kv"].is_null()) return t + "</table><p>KV is off in one of them.</p></section>";
+  const json& la = a["kv"]["layers"];
+  const json& lb = b["kv"]["layers"];
+  for (size_t i = 0; i < std::min(la.size(), lb.size()); ++i) {
+    for (const char* kind : {"K", "V"}) {
+      auto max_scale = [&](const json& side) {
+        double m = 0;
+        for (const json& h : side["heads"]) m = std::max(m, Get(h, "scale", 0));
+        return m;
+      };
+      const double sa = Get(la[i][kind], "sqnr_db"), sb = Get(lb[i][kind], "sqnr_db");
+      const double ma = max_scale(la[i][kind]), mb = max_scale(lb[i][kind]);
+      absl::StrAppendFormat(&t, "<tr><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>",
+                            la[i]["layer"].get<int>(), kind, Fmt(sa, "%.2f"), Fmt(sb, "%.2f"),
+                            Fmt(sb - sa, "%+.2f"), Fmt(ma > 0 ? mb / ma : NAN, "%.3f"));
+    }
+  }
+  return t + "</table></section>";
+}
+
+absl::StatusOr<std::vector<json>> Parse(const std::vector<std::string>& reports) {
+  if (reports.empty() || reports.size() > 2) {
+    return absl::InvalidArgumentError(absl::StrCat("reports: need 1 or 2, got ", reports.size()));
+  }
+  std::vector<json> out;
+  for (size_t i = 0; i < reports.size(); ++i) {
+    json j = json::parse(reports[i], nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || j.value("schema", "") != "caliper.report.v1" ||
+        !j.contains("session") || !j.contains("kv") || !j.contains("nvfp4")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reports[", i, "]: not a caliper.report.v1 JSON"));
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+constexpr char kStyle[] =
+    "body{font-family:sans-serif;margin:16px;color:#222;background:#fff}"
+    "table{border-collapse:collapse;font-size:12px;margin:6px 0}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f0f0f0}"
+    "tr.outlier td{background:#fde2e2}.row{display:flex;flex-wrap:wrap;gap:12px}"
+    ".pair{display:flex;gap:24px;align-items:flex-start}.pair>section{flex:1;min-width:0}"
+    "svg{background:#fafafa;border:1px solid #ddd}h1{font-size:20px}h2{font-size:17px}h3{font-size:14px}";
+
+}  // namespace
+
+absl::StatusOr<std::string> RenderReportHtml(const std::vector<std::string>& reports) {
+  absl::StatusOr<std::vector<json>> parsed = Parse(reports);
+  if (!parsed.ok()) return parsed.status();
+  const std::vector<json>& r = *parsed;
+  std::string html = absl::StrCat(
+      "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Caliper quality report</title>"
+      "<style>", kStyle, "</style></head><body><h1>Caliper quality report</h1>"
+      "<p>FP8 KV-cache and NVFP4 calibration quality from the session's |x| histograms "
+      "(16 bins per octave). SQNR = 10 log10(E[x&sup2;] / E[(x &minus; q(x))&sup2;]) with q the FP8 "
+      "fake-quantization at the session's scales; an outlier head has an absmax at least ",
+      Fmt(Get(r[0]["thresholds"], "outlier_head_ratio"), "%g"),
+      "&times; its layer's median; mse is recommended where it gains at least ",
+      Fmt(Get(r[0]["thresholds"], "recommend_min_gain_db"), "%g"), " dB over static_minmax.</p>");
+  if (r.size() == 2) {
+    absl::StrAppend(&html, CompareSection(r[0], r[1]), "<div class=\"pair\">", SessionSection(r[0], "a"),
+                    SessionSection(r[1], "b"), "</div>");
+  } else {
+    absl::StrAppend(&html, SessionSection(r[0], "a"));
+  }
+  return html + "</body></html>\n";
+}
+
+absl::StatusOr<std::string> CombineReportJson(const std::vector<std::string>& reports) {
+  absl::StatusOr<std::vector<json>> parsed = Parse(reports);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->size() == 1) return (*parsed)[0].dump(1) + "\n";
+  json out = {{"schema", "caliper.report.compare.v1"}, {"sessions", *parsed}};
+  return out.dump(1) + "\n";
+}
+
+}  // namespace caliper
