@@ -1,8 +1,9 @@
-// Turns safetensors files into Observe streams: K/V and activation dumps (names per issue 3:
+// Turns safetensors files into Observe streams: K/V and activation dumps (tensor names
 // `model.layers.{L}.self_attn.k|v`, `{module}.input`; `__metadata__` tp_rank/tp_size/batch) and
 // HF checkpoint weights (`{module}.weight`). Tensors are split along their first dimension into
-// chunks of at most `chunk_bytes`; each file is one producer (exactly-once, issue 7): chunk i
-// goes out as sequence i + 1, so a resumed stream re-sends only what the server has not counted.
+// chunks of at most `chunk_bytes`; each file is one producer (exactly-once, docs/durability.md):
+// chunk i goes out as sequence i + 1, so a resumed stream re-sends only what the server has not
+// counted.
 #ifndef CALIPER_CLIENT_TENSOR_STREAM_H_
 #define CALIPER_CLIENT_TENSOR_STREAM_H_
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
 
 namespace caliper {

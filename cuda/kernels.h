@@ -1,10 +1,7 @@
-// CUDA reductions behind Caliper's ReductionBackend, as a plain C++ API (no absl, no gtest) so
-// cuda/ builds and tests standalone with CMake + nvcc. Two layers:
-//   - launchers on device memory (enqueue on a stream, accumulate into device result buffers);
-//   - HostReducer: reduces a tensor in pageable host memory through pinned staging buffers and
-//     streams, so the copy of one piece overlaps the reduction of the previous one.
-// Every call returns an Error (code + message); nothing throws. Thread safety: launchers are
-// thread-safe; one HostReducer serves one caller at a time.
+// CUDA reduction launchers on device memory, as a plain C++ API (no absl, no gtest) so cuda/
+// builds and tests standalone with CMake + nvcc: they enqueue on a stream and accumulate into
+// device result buffers (cuda/host_reducer.h feeds them from host memory). Thread-safe; nothing
+// throws.
 #ifndef CALIPER_CUDA_KERNELS_H_
 #define CALIPER_CUDA_KERNELS_H_
 
@@ -12,17 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
-#include <vector>
+
+#include "cuda/dtype_dispatch.h"
 
 namespace caliper::cuda {
 
-enum class ElementType { kBF16, kF16, kF32 };
-
-constexpr size_t ElementSize(ElementType type) { return type == ElementType::kF32 ? 4 : 2; }
-const char* ElementTypeName(ElementType type);
-
+// A CUDA error code with a message saying what failed.
 struct Error {
   cudaError_t code = cudaSuccess;
   std::string message;  // empty when ok
@@ -56,50 +49,6 @@ cudaError_t LaunchAbsMaxPerHead(const void* data, ElementType type, int64_t n,
                                 int64_t first_column, int64_t num_heads, int64_t head_dim,
                                 unsigned int* head_bits, unsigned long long* nonfinite,
                                 cudaStream_t stream);
-
-// ---- Host-memory reducer ----
-
-struct ReducerOptions {
-  int device = 0;                      // CUDA device ordinal
-  int64_t staging_bytes = 8 << 20;     // bytes per pinned/device piece; multiple of 16
-  int slots = 3;                       // pieces in flight (each: pinned + device buffer + stream)
-};
-
-struct HostRange {
-  float min = 0, max = 0;  // valid only when has_finite
-  bool has_finite = false;
-  int64_t nonfinite = 0;
-};
-
-class HostReducer {
- public:
-  // Allocates every buffer up front; reductions never cudaMalloc (except to grow the per-head
-  // result buffer when a call has more heads than any before).
-  static Error Create(const ReducerOptions& options, std::unique_ptr<HostReducer>* out);
-  ~HostReducer();
-  HostReducer(const HostReducer&) = delete;
-  HostReducer& operator=(const HostReducer&) = delete;
-
-  // `host` holds n elements of `type` (any alignment, pageable memory is fine).
-  Error Range(const void* host, ElementType type, int64_t n, HostRange* out);
-  // `host` holds n elements, rows of num_heads * head_dim (n a multiple of it); out has
-  // num_heads entries, seeded with 0.
-  Error AbsMaxPerHead(const void* host, ElementType type, int64_t n, int64_t num_heads,
-                      int64_t head_dim, float* out, int64_t* nonfinite);
-
- private:
-  struct Slot;
-  HostReducer() = default;
-  Error EnsureHeadCapacity(int64_t num_heads);
-  // Copies piece `index` of `bytes` bytes into a free slot and returns that slot, ready for a
-  // launch on its stream.
-  Error Stage(const uint8_t* src, int64_t bytes, int64_t index, Slot** slot);
-  Error Drain();
-
-  ReducerOptions options_;
-  std::vector<Slot> slots_;
-  int64_t head_capacity_ = 0;
-};
 
 }  // namespace caliper::cuda
 

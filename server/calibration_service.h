@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/session/session.h"
+#include "core/session/session_registry.h"
 #include "core/state/session_store.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"

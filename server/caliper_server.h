@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/session/session.h"
+#include "core/session/session_registry.h"
 #include "core/state/session_store.h"
 #include "server/calibration_service.h"
 #include "server/event_log.h"
@@ -24,14 +25,10 @@ namespace caliper {
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";        // HOST:PORT; port 0 picks a free one
   std::string metrics_listen = "0.0.0.0:9464";  // HOST:PORT; empty disables /metrics
-  int64_t max_message_bytes = int64_t{64} << 20;
-  int max_errors_per_stream = 64;
   SecurityOptions security;  // TLS / mTLS files; none: plaintext
-  // Null: one anonymous tenant. With tokens, TLS is required unless allow_plaintext_tokens.
-  std::shared_ptr<const TokenAuthenticator> authenticator;
-  SessionLimits limits;
-  int max_concurrent_streams = 0;
-  absl::Duration stream_idle_timeout = absl::ZeroDuration();
+  // Limits, tenants and streams. With service.authenticator (tokens), TLS is required unless
+  // security.allow_plaintext_tokens. service.persister is the server's own (from state_dir).
+  ServiceOptions service;
   // Durable sessions: one state file per session here, restored at start-up; empty: in memory.
   std::string state_dir;
   absl::Duration state_flush_interval = absl::Seconds(1);  // upper bound between writes

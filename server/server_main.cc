@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   caliper::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.service.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.security.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.security.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.security.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -108,13 +108,13 @@ int main(int argc, char** argv) {
               {{"flag", "--tokens_file"}, {"message", std::string(tokens.status().message())}});
       return 1;
     }
-    options.authenticator =
+    options.service.authenticator =
         std::make_shared<const caliper::TokenAuthenticator>(*std::move(tokens));
   }
-  options.limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
-  options.limits.max_modules_per_session = absl::GetFlag(FLAGS_max_modules_per_session);
-  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
-  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.service.limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
+  options.service.limits.max_modules_per_session = absl::GetFlag(FLAGS_max_modules_per_session);
+  options.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.state_flush_interval = absl::GetFlag(FLAGS_state_flush_interval);
   absl::StatusOr<std::unique_ptr<caliper::CaliperServer>> server =
@@ -135,11 +135,11 @@ int main(int argc, char** argv) {
           {{"listen", (*server)->address()},
            {"metrics", metrics},
            {"backend", std::string((*server)->backend_name())},
-           {"max_message_bytes", absl::StrCat(options.max_message_bytes)},
+           {"max_message_bytes", absl::StrCat(options.service.max_message_bytes)},
            {"tls", options.security.tls_cert.empty()
                        ? "off"
                        : (options.security.tls_client_ca.empty() ? "tls" : "mtls")},
-           {"tenants", options.authenticator ? "tokens" : "anonymous"},
+           {"tenants", options.service.authenticator ? "tokens" : "anonymous"},
            {"state_dir", options.state_dir.empty() ? "none (in memory)" : options.state_dir}});
 
   int signal_number = 0;

@@ -1,4 +1,5 @@
-// FP8 KV-cache scale finalization and head-count / TP adaptation (domain.md 1.1, 1.2).
+// FP8 KV-cache scale finalization and head-count / TP adaptation (docs/scales.md,
+// docs/head-tp-adaptation.md).
 // Scales are dequantization multipliers: scale = absmax / qmax.
 #ifndef CALIPER_CORE_CALIBRATION_KV_SCALES_H_
 #define CALIPER_CORE_CALIBRATION_KV_SCALES_H_

@@ -1,4 +1,4 @@
-// NVFP4 global scales (domain.md 2): per-tensor global scale from amax, fused groups that must
+// NVFP4 global scales (docs/nvfp4.md): per-tensor global scale from amax, fused groups that must
 // share one scale, and the two stored forms (compressed-tensors divisor, ModelOpt multiplier).
 #ifndef CALIPER_CORE_CALIBRATION_NVFP4_H_
 #define CALIPER_CORE_CALIBRATION_NVFP4_H_

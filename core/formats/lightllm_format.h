@@ -1,4 +1,4 @@
-// LightLLM's FP8 KV calibration JSON (--kv_quant_calibration_config_path), domain.md 1.3.
+// LightLLM's FP8 KV calibration JSON (--kv_quant_calibration_config_path); see docs/formats.md.
 #ifndef CALIPER_CORE_FORMATS_LIGHTLLM_FORMAT_H_
 #define CALIPER_CORE_FORMATS_LIGHTLLM_FORMAT_H_
 

@@ -1,4 +1,4 @@
-// safetensors files (domain.md 4): an 8-byte little-endian header length, a JSON header, then
+// safetensors files (docs/formats.md): an 8-byte little-endian header length, a JSON header, then
 // raw little-endian data. The reader memory-maps the file, so a tensor is read straight from the
 // page cache and a checkpoint of any size needs no more RAM than the tensors being touched.
 #ifndef CALIPER_CORE_FORMATS_SAFETENSORS_H_

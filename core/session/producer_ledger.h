@@ -1,4 +1,4 @@
-// Exactly-once bookkeeping for producer streams (issue 7). A producer numbers its chunks
+// Exactly-once bookkeeping for producer streams (docs/durability.md). A producer numbers its chunks
 // 1, 2, 3, ... (0 is "unnumbered" and refused). Per producer the ledger keeps N, the highest
 // sequence such that 1..N were all accepted, and classifies an incoming sequence s:
 //   s <= N      kDuplicate: re-sent after a reconnect; acknowledge it, count it nowhere.

@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
@@ -336,79 +334,25 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
     session_warnings = final_warnings_;
   }
 
-  const int H = model_.num_kv_heads;
-  if (deployment.tp_size < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("deployment.tp_size: must be >= 0, got ", deployment.tp_size));
-  }
-  if (deployment.total_kv_heads < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "deployment.total_kv_heads: must be >= 0, got ", deployment.total_kv_heads));
-  }
+  absl::StatusOr<ResolvedDeployment> resolved = ResolveDeployment(deployment, model_.num_kv_heads);
+  if (!resolved.ok()) return resolved.status();
   SessionScales out;
   out.kv = recipe_.kv;
   out.fp8_flavor = recipe_.fp8_flavor;
-  out.num_kv_heads = H;
+  out.num_kv_heads = model_.num_kv_heads;
   out.convention = convention;
-  int tp = deployment.tp_size;
-  int total = 0;
-  if (tp > 0) {
-    absl::StatusOr<int> deployed = DeployedTotalKvHeads(H, tp);
-    if (!deployed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("deployment.tp_size: ", deployed.status().message()));
-    }
-    total = *deployed;
-    if (deployment.total_kv_heads > 0 && deployment.total_kv_heads != total) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "deployment.total_kv_heads: ", deployment.total_kv_heads, " disagrees with tp_size ",
-          tp, ", which deploys ", total, " total KV heads for a model with ", H));
-    }
-  } else if (deployment.total_kv_heads > 0) {
-    total = deployment.total_kv_heads;
-    if (total % H != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "deployment.total_kv_heads: ", total, " is not a multiple of the model's ", H,
-          " KV heads (a TP deployment counts T * max(H / T, 1) heads)"));
-    }
-    if (deployment.rank.has_value()) {
-      return absl::InvalidArgumentError(
-          "deployment.rank: needs deployment.tp_size (heads per rank are not known from "
-          "total_kv_heads alone)");
-    }
-    tp = total > H ? total : 1;
-  } else {
-    tp = 1;
-    total = H;
-  }
-  out.tp_size = tp;
-  out.deployed_total_kv_heads = total;
+  out.tp_size = resolved->tp_size;
+  out.deployed_total_kv_heads = resolved->total_kv_heads;
+  out.rank = resolved->rank;
   out.model = model_;
 
-  if (deployment.rank.has_value()) {
-    if (*deployment.rank < 0 || *deployment.rank >= tp) {
-      return absl::InvalidArgumentError(absl::StrCat("deployment.rank: ", *deployment.rank,
-                                                     " is outside [0, tp_size=", tp, ")"));
-    }
-    out.rank = deployment.rank;
-  }
-
   if (kv.has_value()) {
-    absl::StatusOr<LightLlmCalibration> file = LightLlmFromKvScales(*kv, model_, tp);
+    absl::StatusOr<LightLlmCalibration> file =
+        LightLlmFromKvScales(*kv, model_, resolved->tp_size);
     if (!file.ok()) return file.status();
-    if (out.rank.has_value()) {
-      const int heads_per_rank = total / tp;
-      for (size_t layer = 0; layer < file->scales.size(); ++layer) {
-        const std::vector<float>& row = file->scales[layer];
-        if (recipe_.kv == KvMode::kPerTensor) {
-          out.rank_slices.push_back(RankSlice{{row[0]}, {row[1]}});
-          continue;
-        }
-        absl::StatusOr<RankSlice> slice = SliceRowForRank(row, total, *out.rank, heads_per_rank);
-        if (!slice.ok()) return slice.status();
-        out.rank_slices.push_back(*std::move(slice));
-      }
-    }
+    absl::StatusOr<std::vector<RankSlice>> slices = RankSlices(*file, *resolved);
+    if (!slices.ok()) return slices.status();
+    out.rank_slices = *std::move(slices);
     out.lightllm = *std::move(file);
     out.warnings.insert(out.warnings.end(), kv->warnings.begin(), kv->warnings.end());
     out.kv_scales = std::move(kv);
@@ -472,130 +416,6 @@ SessionStatus CalibrationSession::Status() const {
     if (!state.input.batches.empty()) ++s.modules_with_inputs;
   }
   return s;
-}
-
-std::string SessionRegistry::NewId() {
-  std::random_device rd;
-  uint64_t hi = (static_cast<uint64_t>(rd()) << 32) | rd();
-  uint64_t lo = (static_cast<uint64_t>(rd()) << 32) | rd();
-  return absl::StrFormat("%016x%016x", hi, lo);
-}
-
-absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::Create(ModelConfig model,
-                                                                            Recipe recipe,
-                                                                            std::string name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::string id;
-  do {
-    id = NewId();
-  } while (sessions_.count(id) > 0);
-  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-      CalibrationSession::Create(std::move(model), std::move(recipe), id, std::move(name));
-  if (!session.ok()) return session.status();
-  std::shared_ptr<CalibrationSession> shared = std::move(*session);
-  sessions_.emplace(id, shared);
-  return shared;
-}
-
-absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::CreateForTenant(
-    ModelConfig model, Recipe recipe, std::string name, std::string tenant,
-    const SessionLimits& limits) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (limits.max_sessions_per_tenant > 0) {
-    int owned = 0;
-    for (const auto& [id, session] : sessions_) owned += session->tenant() == tenant ? 1 : 0;
-    if (owned >= limits.max_sessions_per_tenant) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant \"", tenant.empty() ? "anonymous" : tenant, "\" already has ", owned,
-          " sessions, the server's --max_sessions_per_tenant=", limits.max_sessions_per_tenant,
-          "; delete finished sessions first"));
-    }
-  }
-  std::string id;
-  do {
-    id = NewId();
-  } while (sessions_.count(id) > 0);
-  absl::StatusOr<std::unique_ptr<CalibrationSession>> session = CalibrationSession::Create(
-      std::move(model), std::move(recipe), id, std::move(name), std::move(tenant));
-  if (!session.ok()) return session.status();
-  (*session)->set_max_modules(limits.max_modules_per_session);
-  std::shared_ptr<CalibrationSession> shared = std::move(*session);
-  sessions_.emplace(id, shared);
-  return shared;
-}
-
-absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::GetForTenant(
-    absl::string_view id, absl::string_view tenant) const {
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> session = Get(id);
-  if (session.ok() && (*session)->tenant() != tenant) {
-    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
-  }
-  return session;
-}
-
-std::vector<std::shared_ptr<CalibrationSession>> SessionRegistry::ListForTenant(
-    absl::string_view tenant) const {
-  std::vector<std::shared_ptr<CalibrationSession>> out = List();
-  std::erase_if(out, [&](const auto& session) { return session->tenant() != tenant; });
-  return out;
-}
-
-absl::Status SessionRegistry::DeleteForTenant(absl::string_view id, absl::string_view tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end() || it->second->tenant() != tenant) {
-    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
-  }
-  it->second->MarkDeleted();
-  sessions_.erase(it);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::Get(
-    absl::string_view id) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
-  }
-  return it->second;
-}
-
-std::vector<std::shared_ptr<CalibrationSession>> SessionRegistry::List() const {
-  std::vector<std::shared_ptr<CalibrationSession>> out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [id, session] : sessions_) out.push_back(session);
-  }
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a->created_unix_ms() < b->created_unix_ms();
-  });
-  return out;
-}
-
-absl::Status SessionRegistry::Delete(absl::string_view id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
-  }
-  it->second->MarkDeleted();
-  sessions_.erase(it);
-  return absl::OkStatus();
-}
-
-absl::Status SessionRegistry::Insert(std::shared_ptr<CalibrationSession> session) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const std::string id = session->id();
-  if (!sessions_.emplace(id, std::move(session)).second) {
-    return absl::AlreadyExistsError(absl::StrCat("session_id: \"", id, "\" is already loaded"));
-  }
-  return absl::OkStatus();
-}
-
-size_t SessionRegistry::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return sessions_.size();
 }
 
 }  // namespace caliper

@@ -26,6 +26,7 @@
 #include "core/calibration/model_config.h"
 #include "core/calibration/nvfp4.h"
 #include "core/calibration/observers.h"
+#include "core/session/deployment.h"
 #include "core/session/producer_ledger.h"
 #include "core/state/session_delta.h"
 #include "core/tensor/reduction_backend.h"
@@ -62,25 +63,16 @@ struct ChunkRef {
   TpPlacement placement;      // tp_size >= 1
   int64_t batch = 0;          // forward-pass index
   uint64_t sequence = 0;      // per-stream; echoed in errors
-  absl::string_view producer_id;  // reserved for exactly-once dedupe (issue 7)
+  absl::string_view producer_id;  // exactly-once dedupe key (ProducerLedger)
   ByteSpans data;
 };
 
 // kDuplicate: a producer re-sent a sequence already counted (exactly-once); acknowledge, ignore.
 enum class ObserveOutcome { kAccepted, kSkippedWarmup, kDuplicate };
 
-// Engine conventions for NVFP4 (domain.md 2): compressed-tensors stores the divisor and shares
+// Engine conventions for NVFP4 (docs/nvfp4.md): compressed-tensors stores the divisor and shares
 // only weight scales in fused groups; ModelOpt stores the multiplier and shares inputs too.
 enum class Nvfp4Convention { kCompressedTensors, kModelOpt };
-
-// A deployment asks for scales at TP `tp_size` (0: unset) or with `total_kv_heads` counted
-// across ranks (0: unset; a multiple of the model's heads, since T * max(H / T, 1) always is);
-// both unset means TP 1. `rank` also returns that rank's K/V slice and needs tp_size.
-struct Deployment {
-  int tp_size = 0;
-  int total_kv_heads = 0;
-  std::optional<int> rank;
-};
 
 struct SessionScales {
   KvMode kv = KvMode::kOff;
@@ -166,8 +158,8 @@ class CalibrationSession {
   // Counts a chunk the transport rejected before it could build a ChunkRef (e.g. bad dtype).
   void RecordRejected();
 
-  // Durability (issue 7). ChangeCount() grows with every change to persistent state (every
-  // chunk verdict bumps one counter; Finalize flips the state), so a flusher writes only
+  // Durability (docs/durability.md). ChangeCount() grows with every change to persistent state
+  // (every chunk verdict bumps one counter; Finalize flips the state), so a flusher writes only
   // sessions that changed and knows which acknowledgements a write covers.
   uint64_t ChangeCount() const;
   SessionSnapshot Snapshot() const;
@@ -256,42 +248,6 @@ class CalibrationSession {
   std::optional<KvScales> final_kv_;
   std::map<std::string, ModuleAmax> final_amax_;
   std::vector<ScaleWarning> final_warnings_;
-};
-
-// Per-tenant bounds applied by SessionRegistry::CreateForTenant (0: unbounded).
-struct SessionLimits {
-  int max_sessions_per_tenant = 0;
-  int max_modules_per_session = 0;
-};
-
-// Sessions by id. Thread-safe. Ids are 128-bit random hex, so they are not guessable.
-// The *ForTenant calls see only the tenant's own sessions: another tenant's session is NotFound,
-// exactly like a missing one, so its existence is not revealed.
-class SessionRegistry {
- public:
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> Create(ModelConfig model, Recipe recipe,
-                                                             std::string name = "");
-  // ResourceExhausted naming --max_sessions_per_tenant when the tenant is at its limit.
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> CreateForTenant(
-      ModelConfig model, Recipe recipe, std::string name, std::string tenant,
-      const SessionLimits& limits);
-  // NotFound naming the id.
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> Get(absl::string_view id) const;
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> GetForTenant(
-      absl::string_view id, absl::string_view tenant) const;
-  std::vector<std::shared_ptr<CalibrationSession>> List() const;  // by creation order
-  std::vector<std::shared_ptr<CalibrationSession>> ListForTenant(absl::string_view tenant) const;
-  absl::Status Delete(absl::string_view id);
-  absl::Status DeleteForTenant(absl::string_view id, absl::string_view tenant);
-  // Adds a restored session under its own id; AlreadyExists when the id is taken.
-  absl::Status Insert(std::shared_ptr<CalibrationSession> session);
-  size_t size() const;
-
- private:
-  std::string NewId();
-
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<CalibrationSession>, std::less<>> sessions_;
 };
 
 }  // namespace caliper

@@ -1,5 +1,5 @@
-// Persistent state of a CalibrationSession (issue 7): what a state file holds and how a session
-// comes back from it. The layout is versioned; every field a restore trusts is validated.
+// Persistent state of a CalibrationSession (docs/durability.md): what a state file holds and how a
+// session comes back from it. The layout is versioned; every field a restore trusts is validated.
 #include <cmath>
 #include <memory>
 #include <string>

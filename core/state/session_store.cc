@@ -129,7 +129,7 @@ void SessionPersister::Run() {
 
 std::map<std::string, absl::Status> SessionPersister::FlushChanged() {
   std::map<std::string, absl::Status> failures;
-  for (const std::shared_ptr<CalibrationSession>& session : registry_->List()) {
+  for (const std::shared_ptr<CalibrationSession>& session : registry_->ListAllTenants()) {
     if (session->DurableChangeCount() >= session->ChangeCount()) continue;
     const SessionSnapshot snapshot = session->Snapshot();
     const absl::Time start = absl::Now();

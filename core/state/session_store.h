@@ -1,6 +1,6 @@
-// Durable sessions (issue 7): one state file per session in a directory (SessionStore) and a
-// background flusher (SessionPersister) that writes changed sessions at a bounded interval and
-// tells callers when what they were acknowledging is on disk.
+// Durable sessions (docs/durability.md): one state file per session in a directory (SessionStore)
+// and a background flusher (SessionPersister) that writes changed sessions at a bounded interval
+// and tells callers when what they were acknowledging is on disk.
 #ifndef CALIPER_CORE_STATE_SESSION_STORE_H_
 #define CALIPER_CORE_STATE_SESSION_STORE_H_
 
@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/session/session.h"
+#include "core/session/session_registry.h"
 #include "core/state/state_file.h"
 
 namespace caliper {

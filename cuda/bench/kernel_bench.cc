@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
 
 namespace {

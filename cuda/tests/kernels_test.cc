@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/host_reducer.h"
 #include "cuda/kernels.h"
 
 namespace caliper::cuda {

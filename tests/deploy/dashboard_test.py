@@ -7,7 +7,7 @@ import json
 import re
 import sys
 
-# Exactly what caliper-server exports (server/ metrics, issue 6).
+# Exactly what caliper-server exports (server/ metrics).
 SERVER_METRICS = {
     "caliper_ingested_bytes_total", "caliper_ingested_chunks_total",
     "caliper_rejected_chunks_total", "caliper_active_sessions",

@@ -125,7 +125,7 @@ int Ingest(caliper::v1::Calibration::Stub& stub, const Flags& flags) {
   Deadline(ctx);
   caliper::v1::ObserveSummary summary;
   auto writer = stub.Observe(&ctx, &summary);
-  uint64_t sequence = 1;  // producer sequences count from 1 (exactly-once, issue 7)
+  uint64_t sequence = 1;  // producer sequences count from 1 (exactly-once)
   int64_t sent_kv_bytes = 0, sent_weight_bytes = 0, sent_bad_bytes = 0;
   auto chunk = [&](caliper::v1::TargetKind kind, int layer, const std::string& module,
                    std::vector<int64_t> shape, int64_t* counter) {

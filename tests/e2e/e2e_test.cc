@@ -573,7 +573,7 @@ TEST_F(E2eTest, BadChunksAreRejectedByNameAndTheSessionKeepsWhatItHad) {
 
 TEST_F(E2eTest, OversizedChunkEndsTheStreamAndEarlierChunksStay) {
   ServerOptions options;
-  options.max_message_bytes = 4096;
+  options.service.max_message_bytes = 4096;
   StartServer(options);
   const DemoFiles demo = Demo("demo", 2, 1234, /*tokens=*/48);
   auto file = SafetensorsFile::Open(demo.dumps[0]);
@@ -708,7 +708,7 @@ TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
   EXPECT_EQ(bad_tp.exit_code, 1) << bad_tp.output;
 }
 
-// The CLI behind a relay that cuts every connection three times mid-run (issue 7): each stream
+// The CLI behind a relay that cuts every connection three times mid-run: each stream
 // asks the server where it left off and sends the rest, and the files equal those of a run
 // without cuts byte for byte (accepted_chunks in scales.json included: nothing counted twice).
 TEST_F(E2eTest, CliResumesAcrossDroppedConnections) {
@@ -743,7 +743,7 @@ TEST_F(E2eTest, CliResumesAcrossDroppedConnections) {
 
 TEST_F(E2eTest, CliTokensScopeSessionsToTheirTenant) {
   ServerOptions options;
-  options.authenticator = std::make_shared<const TokenAuthenticator>(std::vector<TenantToken>{
+  options.service.authenticator = std::make_shared<const TokenAuthenticator>(std::vector<TenantToken>{
       {"alpha", "alpha-token-0123456789"}, {"beta", "beta-token-0123456789"}});
   options.security.allow_plaintext_tokens = true;  // loopback test: no certificates
   StartServer(options);

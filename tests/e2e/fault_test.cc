@@ -1,10 +1,10 @@
-// kill -9 fault test (issue 7 "Proof"): `caliper calibrate` streams a TP-4 demo (8 producers on
-// 4 concurrent streams, plus checkpoint weights) into `caliper-server --state_dir`; the server is
-// SIGKILLed at a seeded random moment and restarted on the same address and state dir, and the
-// CLI has to carry on by itself. Its files must equal an uninterrupted run's byte for byte
-// (scales.json's session id aside), accepted_chunks included: nothing lost, nothing twice.
-// Kill moments are spread over the phases of the uninterrupted run (create, stream,
-// finalize + fetch). CALIPER_FAULT_SEED picks another seed; CALIPER_FAULT_KILLS another count.
+// kill -9 fault test (the contract in docs/durability.md): `caliper calibrate` streams a TP-4 demo
+// (8 producers on 4 concurrent streams, plus checkpoint weights) into `caliper-server --state_dir`;
+// the server is SIGKILLed at a seeded random moment and restarted on the same address and state
+// dir, and the CLI has to carry on by itself. Its files must equal an uninterrupted run's byte for
+// byte (scales.json's session id aside), accepted_chunks included: nothing lost, nothing twice.
+// Kill moments are spread over the phases of the uninterrupted run (create, stream, finalize +
+// fetch). CALIPER_FAULT_SEED picks another seed; CALIPER_FAULT_KILLS another count.
 #include <unistd.h>
 
 #include <chrono>

@@ -1,4 +1,4 @@
-// Mutual TLS through the real binaries (issue 7): caliper-server --tls_cert/--tls_key/
+// Mutual TLS through the real binaries: caliper-server --tls_cert/--tls_key/
 // --tls_client_ca and the `caliper` CLI's --tls_ca/--tls_cert/--tls_key. The right client
 // certificate works; a CA the server's certificate is not from, no client certificate, or a
 // client certificate from another CA are refused, and the CLI says why in one line.

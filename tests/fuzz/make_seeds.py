@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the small seed corpus in tests/fuzz/corpus/<target>/ (run once; the files are committed).
 
-LightLLM seeds are real fixtures from /work/shared/fixtures/lightllm trimmed to their first layers;
+LightLLM seeds are real fixtures from tests/fixtures/lightllm trimmed to their first layers;
 the others are hand-made minimal valid inputs, one per code path worth starting from.
 """
 import json
@@ -10,7 +10,8 @@ import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = sys.argv[1] if len(sys.argv) > 1 else "/work/shared/fixtures/lightllm"
+FIXTURES = (sys.argv[1] if len(sys.argv) > 1
+            else os.path.join(HERE, "..", "fixtures", "lightllm"))
 
 
 def write(target, name, data):

@@ -1,4 +1,4 @@
-// Short load test (issue 7): 64 concurrent producer streams across 16 sessions into one in-process
+// Short load test: 64 concurrent producer streams across 16 sessions into one in-process
 // caliper-server. No stream may fail, every chunk is counted exactly once, the scales equal core's
 // computed directly on the same tensors, and peak memory stays bounded. Prints the figures.
 #include <atomic>

@@ -376,7 +376,7 @@ TEST_F(ServiceTest, FinalizedSessionRejectsChunksAndUnfinalizedHasNoScales) {
 
 TEST_F(ServiceTest, OversizedChunkEndsTheStreamWithResourceExhausted) {
   ServerOptions options;
-  options.max_message_bytes = 1024;
+  options.service.max_message_bytes = 1024;
   StartServer(options);
   const std::string id = Create();
   v1::ObserveSummary summary;
@@ -392,7 +392,7 @@ TEST_F(ServiceTest, OversizedChunkEndsTheStreamWithResourceExhausted) {
   s = Stream({KvChunk(id, v1::KEY, 0, Random((2 << 20) / 4, 3), 0)}, &summary);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   // The first chunk of the first stream stayed counted.
-  EXPECT_EQ(server_->registry().Get(id).value()->Status().accepted_chunks, 1);
+  EXPECT_EQ(server_->registry().GetForTenant(id, "").value()->Status().accepted_chunks, 1);
 }
 
 TEST_F(ServiceTest, MetricsCountIngestAndRejections) {
@@ -470,7 +470,7 @@ TEST_F(ServiceTest, ShutdownDrainsInFlightStreamsAndRefusesNewCalls) {
   v1::ObserveSummary summary;
   std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
   ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)));
-  std::shared_ptr<CalibrationSession> session = server_->registry().Get(id).value();
+  std::shared_ptr<CalibrationSession> session = server_->registry().GetForTenant(id, "").value();
   for (int i = 0; i < 400 && session->Status().accepted_chunks < 1; ++i) {
     absl::SleepFor(absl::Milliseconds(5));  // the stream is open on the server side
   }
@@ -498,7 +498,7 @@ TEST_F(ServiceTest, DrainTimeoutCancelsStreamsThatDoNotFinish) {
   v1::ObserveSummary summary;
   std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
   ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)));
-  std::shared_ptr<CalibrationSession> session = server_->registry().Get(id).value();
+  std::shared_ptr<CalibrationSession> session = server_->registry().GetForTenant(id, "").value();
   for (int i = 0; i < 400 && session->Status().accepted_chunks < 1; ++i) {
     absl::SleepFor(absl::Milliseconds(5));  // the stream is open on the server side
   }

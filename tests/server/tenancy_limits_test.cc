@@ -71,7 +71,7 @@ class TenancyLimitsTest : public ::testing::Test {
     options.listen = "127.0.0.1:0";
     options.metrics_listen = "";
     if (with_tokens) {
-      options.authenticator = std::make_shared<const TokenAuthenticator>(
+      options.service.authenticator = std::make_shared<const TokenAuthenticator>(
           std::vector<TenantToken>{{"alpha", kTokenA}, {"beta", kTokenB}});
       options.security.allow_plaintext_tokens = true;
     }
@@ -159,8 +159,8 @@ TEST_F(TenancyLimitsTest, AnotherTenantGetsNotFoundEverywhere) {
   // Nothing of beta's attempts reached alpha's session; alpha still sees and feeds it.
   ASSERT_TRUE(Stream(kTokenA, {KeyChunk(a, 1)}, &summary).ok());
   EXPECT_EQ(summary.accepted_chunks(), 1);
-  EXPECT_EQ(server_->registry().Get(a).value()->Status().accepted_chunks, 1);
-  EXPECT_EQ(server_->registry().Get(a).value()->Status().state, SessionState::kOpen);
+  EXPECT_EQ(server_->registry().GetForTenant(a, "alpha").value()->Status().accepted_chunks, 1);
+  EXPECT_EQ(server_->registry().GetForTenant(a, "alpha").value()->Status().state, SessionState::kOpen);
 
   v1::ListSessionsResponse list;
   ASSERT_TRUE(stub_->ListSessions(As(kTokenA).get(), {}, &list).ok());
@@ -191,7 +191,7 @@ TEST_F(TenancyLimitsTest, TokensWithoutTlsAreRefusedUnlessAllowed) {
   ServerOptions options;
   options.listen = "127.0.0.1:0";
   options.metrics_listen = "";
-  options.authenticator = std::make_shared<const TokenAuthenticator>(
+  options.service.authenticator = std::make_shared<const TokenAuthenticator>(
       std::vector<TenantToken>{{"alpha", kTokenA}});
   absl::StatusOr<std::unique_ptr<CaliperServer>> server =
       CaliperServer::Start(options, MakeCpuBackend(1), &log_);
@@ -209,7 +209,7 @@ TEST_F(TenancyLimitsTest, NoTokensMeansOneAnonymousTenant) {
 
 TEST_F(TenancyLimitsTest, SessionsPerTenantLimit) {
   ServerOptions options;
-  options.limits.max_sessions_per_tenant = 2;
+  options.service.limits.max_sessions_per_tenant = 2;
   StartServer(options, /*with_tokens=*/true);
   std::string id;
   ASSERT_TRUE(Create(kTokenA, &id).ok());
@@ -222,7 +222,7 @@ TEST_F(TenancyLimitsTest, SessionsPerTenantLimit) {
 
 TEST_F(TenancyLimitsTest, ModulesPerSessionLimitRejectsTheChunkOnly) {
   ServerOptions options;
-  options.limits.max_modules_per_session = 2;
+  options.service.limits.max_modules_per_session = 2;
   StartServer(options, /*with_tokens=*/false);
   std::string id;
   ASSERT_TRUE(Create("", &id).ok());
@@ -238,12 +238,12 @@ TEST_F(TenancyLimitsTest, ModulesPerSessionLimitRejectsTheChunkOnly) {
   EXPECT_EQ(summary.errors(0).code(), "RESOURCE_EXHAUSTED");
   EXPECT_EQ(summary.errors(0).sequence(), 3u);
   EXPECT_THAT(summary.errors(0).message(), HasSubstr("--max_modules_per_session=2"));
-  EXPECT_EQ(server_->registry().Get(id).value()->Status().modules_with_weights, 2);
+  EXPECT_EQ(server_->registry().GetForTenant(id, "").value()->Status().modules_with_weights, 2);
 }
 
 TEST_F(TenancyLimitsTest, ConcurrentStreamsLimit) {
   ServerOptions options;
-  options.max_concurrent_streams = 1;
+  options.service.max_concurrent_streams = 1;
   StartServer(options, /*with_tokens=*/false);
   std::string id;
   ASSERT_TRUE(Create("", &id).ok());
@@ -251,7 +251,7 @@ TEST_F(TenancyLimitsTest, ConcurrentStreamsLimit) {
   v1::ObserveSummary first_summary;
   auto first = stub_->Observe(&first_ctx, &first_summary);
   ASSERT_TRUE(first->Write(KeyChunk(id, 1)));
-  std::shared_ptr<CalibrationSession> session = server_->registry().Get(id).value();
+  std::shared_ptr<CalibrationSession> session = server_->registry().GetForTenant(id, "").value();
   for (int i = 0; i < 400 && session->Status().accepted_chunks < 1; ++i) {
     absl::SleepFor(absl::Milliseconds(5));  // the first stream is open on the server
   }
@@ -268,7 +268,7 @@ TEST_F(TenancyLimitsTest, ConcurrentStreamsLimit) {
 
 TEST_F(TenancyLimitsTest, IdleStreamIsCancelledAndKeepsAcceptedChunks) {
   ServerOptions options;
-  options.stream_idle_timeout = absl::Milliseconds(200);
+  options.service.stream_idle_timeout = absl::Milliseconds(200);
   StartServer(options, /*with_tokens=*/false);
   std::string id;
   ASSERT_TRUE(Create("", &id).ok());
@@ -282,7 +282,7 @@ TEST_F(TenancyLimitsTest, IdleStreamIsCancelledAndKeepsAcceptedChunks) {
   grpc::Status s = writer->Finish();
   EXPECT_FALSE(s.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_EQ(server_->registry().Get(id).value()->Status().accepted_chunks, 1);
+  EXPECT_EQ(server_->registry().GetForTenant(id, "").value()->Status().accepted_chunks, 1);
   // A stream that keeps sending within the timeout is not cancelled.
   grpc::ClientContext busy_ctx;
   auto busy = stub_->Observe(&busy_ctx, &summary);
@@ -333,7 +333,7 @@ TEST_F(TenancyLimitsTest, ResentChunksAreDuplicatesAndResumeSaysWhereToGoOn) {
   EXPECT_EQ(summary.accepted_chunks(), 2);
   EXPECT_EQ(summary.duplicate_chunks(), 2);
   EXPECT_EQ(summary.rejected_chunks(), 0);
-  const SessionStatus status = server_->registry().Get(id).value()->Status();
+  const SessionStatus status = server_->registry().GetForTenant(id, "").value()->Status();
   EXPECT_EQ(status.accepted_chunks, 5);
   EXPECT_EQ(status.duplicate_chunks, 2);
   EXPECT_THAT(server_->metrics().Render(), HasSubstr("caliper_duplicate_chunks_total 2"));

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Test certificates (issue 7 TLS tests): usage make_test_certs.sh OPENSSL DIR.
+# Test certificates for the TLS tests: usage make_test_certs.sh OPENSSL DIR.
 # Two CAs; the server cert (localhost, 127.0.0.1) and client cert "good" from CA 1, client
 # "rogue" from CA 2. Valid two days; EC P-256 keys.
 set -e

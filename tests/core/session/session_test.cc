@@ -400,34 +400,5 @@ TEST_F(SessionTest, ModelOptConventionIsTheReciprocalAndSharesInputs) {
   EXPECT_FLOAT_EQ(*mo_q.input_scale, std::max(AbsMax(xq), AbsMax(xk)) / 2688.0f);  // shared
 }
 
-TEST_F(SessionTest, RegistryCreatesListsAndDeletes) {
-  SessionRegistry registry;
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> a = registry.Create(TinyModel(), AllOn(), "a");
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> b = registry.Create(TinyModel(), AllOn(), "b");
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_NE((*a)->id(), (*b)->id());
-  EXPECT_EQ((*a)->id().size(), 32u);
-  EXPECT_EQ(registry.size(), 2u);
-  EXPECT_EQ(registry.List().size(), 2u);
-  EXPECT_EQ(*registry.Get((*b)->id()), *b);
-  EXPECT_EQ(registry.Get("nope").status().code(), absl::StatusCode::kNotFound);
-
-  ModelConfig bad = TinyModel();
-  bad.num_layers = 0;
-  EXPECT_EQ(registry.Create(bad, AllOn()).status().code(), absl::StatusCode::kInvalidArgument);
-  Recipe nothing;
-  nothing.kv = KvMode::kOff;
-  EXPECT_EQ(registry.Create(TinyModel(), nothing).status().code(),
-            absl::StatusCode::kInvalidArgument);
-
-  ASSERT_TRUE(registry.Delete((*a)->id()).ok());
-  EXPECT_EQ(registry.Delete((*a)->id()).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry.size(), 1u);
-  // A stream still holding the deleted session gets NotFound.
-  const std::vector<float> k = Random(kHeads * kHeadDim, 1);
-  EXPECT_EQ((*a)->Observe(Kv(ChunkKind::kKey, 0, k, kHeads), *backend_).status().code(),
-            absl::StatusCode::kNotFound);
-}
-
 }  // namespace
 }  // namespace caliper

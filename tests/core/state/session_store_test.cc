@@ -234,7 +234,7 @@ TEST_F(SessionStoreTest, CorruptFileIsReportedAndSetAsideOthersLoad) {
   SessionRegistry registry;
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
-    auto s = registry.Create(Model(), EverythingOn());
+    auto s = registry.CreateForTenant(Model(), EverythingOn(), "", "");
     ASSERT_TRUE(s.ok());
     ids.push_back((*s)->id());
     ASSERT_TRUE((*store)->Write((*s)->id(), (*s)->Snapshot().bytes).ok());
@@ -278,7 +278,7 @@ TEST_F(SessionStoreTest, PersisterAnswersAfterTheWriteAndLoadsBackEqual) {
                                EXPECT_TRUE(e.status.ok()) << e.status;
                                ++writes;
                              });
-  auto s = registry.Create(Model(), EverythingOn(), "durable");
+  auto s = registry.CreateForTenant(Model(), EverythingOn(), "durable", "");
   ASSERT_TRUE(s.ok());
   const std::vector<Chunk> a = Stream(6, 2);
   Feed(**s, a, 0, 20, "rank0");
@@ -309,7 +309,7 @@ TEST_F(SessionStoreTest, StopWritesEverythingThatChanged) {
   absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
   ASSERT_TRUE(store.ok());
   SessionRegistry registry;
-  auto s = registry.Create(Model(), EverythingOn());
+  auto s = registry.CreateForTenant(Model(), EverythingOn(), "", "");
   ASSERT_TRUE(s.ok());
   {
     SessionPersister persister(&registry, store->get(), absl::Hours(1));
@@ -328,7 +328,7 @@ TEST_F(SessionStoreTest, FailedWriteIsReportedAndNotAcknowledged) {
   ASSERT_TRUE(store.ok());
   SessionRegistry registry;
   SessionPersister persister(&registry, store->get(), absl::Hours(1));
-  auto s = registry.Create(Model(), EverythingOn());
+  auto s = registry.CreateForTenant(Model(), EverythingOn(), "", "");
   ASSERT_TRUE(s.ok());
   const std::vector<Chunk> a = Stream(8, 1);
   Feed(**s, a, 0, 5, "rank0");
@@ -352,7 +352,7 @@ TEST_F(SessionStoreTest, DeletedSessionIsRemovedAndNeverWrittenBack) {
   ASSERT_TRUE(store.ok());
   SessionRegistry registry;
   SessionPersister persister(&registry, store->get(), absl::Milliseconds(1));
-  auto s = registry.Create(Model(), EverythingOn());
+  auto s = registry.CreateForTenant(Model(), EverythingOn(), "", "");
   ASSERT_TRUE(s.ok());
   const std::vector<Chunk> a = Stream(9, 1);
   Feed(**s, a, 0, 4, "rank0");
@@ -361,7 +361,7 @@ TEST_F(SessionStoreTest, DeletedSessionIsRemovedAndNeverWrittenBack) {
   ASSERT_TRUE(answered.get_future().get().ok());
   const std::string path = (*store)->PathOf((*s)->id());
   ASSERT_TRUE(fs::exists(path));
-  ASSERT_TRUE(registry.Delete((*s)->id()).ok());
+  ASSERT_TRUE(registry.DeleteForTenant((*s)->id(), "").ok());
   ASSERT_TRUE(persister.Remove((*s)->id()).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // several flush rounds
   persister.Stop();

@@ -1,0 +1,306 @@
+// CalibrationService::ObserveReactor: one Observe stream over raw ByteBuffers. Chunks are
+// parsed in place (server/raw_tensor_chunk.h) and handed to the session; a bad chunk is answered
+// in-band in ObserveSummary.errors, a stream fault (unknown session, oversized chunk, sequence
+// gap, fenced producer) ends the stream. Also the idle watcher that cancels silent streams.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/calibration_service.h"
+#include "server/proto_convert.h"
+#include "server/raw_tensor_chunk.h"
+#include "server/rpc_timing.h"
+#include "server/status_mapping.h"
+
+namespace caliper {
+namespace {
+
+absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+}  // namespace
+
+// One client stream. Chunks are processed one at a time on the callback thread that delivered
+// them (reduction included, over the received slices); parallelism comes from concurrent streams.
+class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ObserveReactor(CalibrationService* service, grpc::CallbackServerContext* context,
+                 grpc::ByteBuffer* response)
+      : service_(service),
+        context_(context),
+        response_(response),
+        start_ns_(absl::GetCurrentTimeNanos()),
+        last_read_ns_(start_ns_) {
+    absl::StatusOr<std::string> tenant = service_->TenantOf(*context);
+    const int open = ++service_->open_streams_;
+    const int limit = service_->options_.max_concurrent_streams;
+    if (!tenant.ok()) {
+      FinishStream(tenant.status());
+    } else if (limit > 0 && open > limit) {
+      FinishStream(absl::ResourceExhaustedError(absl::StrCat(
+          "Observe: ", open - 1, " streams already open, the server's --max_concurrent_streams=",
+          limit, "; retry later or use fewer producers")));
+    } else {
+      tenant_ = *std::move(tenant);
+      {
+        std::lock_guard<std::mutex> lock(service_->streams_mu_);
+        service_->live_streams_.insert(this);
+      }
+      StartRead(&request_);
+    }
+  }
+
+  // Called by the idle watcher under streams_mu_ (so the reactor is alive).
+  void CancelIfIdle(int64_t now_ns, int64_t timeout_ns) {
+    if (!idle_cancelled_.load() && now_ns - last_read_ns_.load() > timeout_ns) {
+      idle_cancelled_.store(true);
+      context_->TryCancel();
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    last_read_ns_.store(absl::GetCurrentTimeNanos());
+    if (!ok) {
+      // Half-close: the stream is complete. Cancellation (client gone, drain timeout, idle): the
+      // chunks that arrived whole stay counted; the status only goes to the log.
+      if (idle_cancelled_.load()) {
+        FinishStream(absl::DeadlineExceededError(absl::StrCat(
+            "stream idle for longer than the server's --stream_idle_timeout=",
+            absl::FormatDuration(service_->options_.stream_idle_timeout),
+            "; accepted chunks are kept")));
+      } else {
+        FinishStream(context_->IsCancelled()
+                         ? absl::CancelledError("stream cancelled (client gone or server draining)")
+                         : absl::OkStatus());
+      }
+      return;
+    }
+    absl::Status fault = raw_.Parse(request_);
+    if (fault.ok()) {
+      fault = HandleChunk();
+    } else {
+      service_->metrics_->ChunkRejected(fault);
+      if (session_) session_->RecordRejected();
+    }
+    if (!fault.ok()) {
+      FinishStream(fault);
+      return;
+    }
+    raw_.Clear();  // frees the payload before the next one arrives
+    request_.Clear();
+    StartRead(&request_);
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(service_->streams_mu_);
+      service_->live_streams_.erase(this);
+    }
+    const double seconds = SecondsSince(start_ns_);
+    Settle(seconds);
+    const double bytes = static_cast<double>(summary_.accepted_bytes());
+    EventLog::Fields fields = {
+        {"method", "Observe"},
+        {"session", session_id_},
+        {"peer", context_->peer()},
+        {"code", absl::StatusCodeToString(final_status_.code())},
+        {"duration_ms", Millis(seconds)},
+        {"accepted_chunks", absl::StrCat(summary_.accepted_chunks())},
+        {"rejected_chunks", absl::StrCat(summary_.rejected_chunks())},
+        {"skipped_warmup_chunks", absl::StrCat(summary_.skipped_warmup_chunks())},
+        {"duplicate_chunks", absl::StrCat(summary_.duplicate_chunks())},
+        {"accepted_bytes", absl::StrCat(summary_.accepted_bytes())},
+        {"mb_per_s", absl::StrCat(seconds > 0 ? static_cast<int64_t>(bytes / seconds / 1e6) : 0)}};
+    if (!final_status_.ok()) fields.emplace_back("message", std::string(final_status_.message()));
+    service_->log_->Log(final_status_.ok() ? Severity::kInfo : Severity::kWarning, "rpc", fields);
+    delete this;
+  }
+
+ private:
+  // An OK end is acknowledged only once everything the stream accepted is durable.
+  void FinishStream(const absl::Status& status) {
+    if (status.ok() && session_ != nullptr && service_->options_.persister != nullptr) {
+      service_->options_.persister->WhenDurable(
+          session_, [this](absl::Status durable) { CompleteStream(durable); });
+      return;
+    }
+    CompleteStream(status);
+  }
+
+  void CompleteStream(const absl::Status& status) {
+    final_status_ = status;
+    // Settled before the status leaves: once the client's Finish returns, the metrics show this
+    // stream and its --max_concurrent_streams slot is free (OnDone may run later).
+    Settle(SecondsSince(start_ns_));
+    WriteSummary();
+    Finish(ToGrpcStatus(status));
+  }
+
+  void WriteSummary() {
+    std::string bytes = summary_.SerializeAsString();
+    grpc::Slice slice(std::move(bytes));
+    *response_ = grpc::ByteBuffer(&slice, 1);
+  }
+
+  void Settle(double seconds) {
+    if (settled_.exchange(true)) return;
+    --service_->open_streams_;
+    service_->metrics_->RpcDone("Observe", seconds);
+  }
+
+  // Reports one rejected chunk in-band; the stream goes on.
+  void RejectChunk(const absl::Status& status) {
+    service_->metrics_->ChunkRejected(status);
+    summary_.set_rejected_chunks(summary_.rejected_chunks() + 1);
+    summary_.set_rejected_bytes(summary_.rejected_bytes() +
+                                 static_cast<int64_t>(raw_.data().size()));
+    if (summary_.errors_size() < service_->options_.max_errors_per_stream) {
+      v1::ChunkError* error = summary_.add_errors();
+      error->set_sequence(chunk_.sequence());
+      error->set_code(absl::StatusCodeToString(status.code()));
+      error->set_message(std::string(status.message()));
+      service_->log_->Log(Severity::kWarning, "chunk_rejected",
+                          {{"session", session_id_},
+                           {"peer", context_->peer()},
+                           {"sequence", absl::StrCat(chunk_.sequence())},
+                           {"code", absl::StatusCodeToString(status.code())},
+                           {"message", std::string(status.message())}});
+    }
+  }
+
+  // Returns a non-OK status only for faults that end the stream.
+  absl::Status HandleChunk() {
+    const int64_t limit = service_->options_.max_message_bytes;
+    if (static_cast<int64_t>(raw_.data().size()) > limit) {
+      absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
+          "chunk.data: ", raw_.data().size(), " bytes (sequence ", chunk_.sequence(),
+          ") exceeds the server's --max_message_bytes=", limit,
+          "; split the tensor into smaller chunks (along tokens, rows or TP shards)"));
+      service_->metrics_->ChunkRejected(status);
+      if (session_) session_->RecordRejected();
+      return status;
+    }
+    if (!session_) {
+      if (chunk_.session_id().empty()) {
+        absl::Status status =
+            absl::InvalidArgumentError("chunk.session_id: required on the first chunk of a stream");
+        service_->metrics_->ChunkRejected(status);
+        return status;
+      }
+      absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
+          service_->registry_->GetForTenant(chunk_.session_id(), tenant_);
+      if (!session.ok()) {
+        service_->metrics_->ChunkRejected(session.status());
+        return Prefixed("chunk.", session.status());
+      }
+      session_ = *std::move(session);
+      session_id_ = chunk_.session_id();
+    } else if (!chunk_.session_id().empty() && chunk_.session_id() != session_id_) {
+      session_->RecordRejected();
+      RejectChunk(absl::InvalidArgumentError(
+          absl::StrCat("chunk.session_id: \"", chunk_.session_id(),
+                       "\" differs from this stream's session \"", session_id_,
+                       "\"; open one stream per session")));
+      return absl::OkStatus();
+    }
+
+    absl::StatusOr<ChunkRef> chunk = ChunkFromProto(chunk_);
+    if (!chunk.ok()) {
+      session_->RecordRejected();
+      RejectChunk(chunk.status());
+      return absl::OkStatus();
+    }
+    chunk->data = raw_.data();
+    // Exactly-once: a stream with a producer id is bound to it on its first numbered chunk.
+    if (!chunk_.producer_id().empty() && !producer_) {
+      absl::StatusOr<ProducerLedger::Stream> stream =
+          session_->OpenProducerStream(chunk_.producer_id());
+      if (!stream.ok()) {
+        service_->metrics_->ChunkRejected(stream.status());
+        return stream.status();
+      }
+      producer_ = *std::move(stream);
+    } else if (producer_ && chunk_.producer_id() != producer_->producer_id) {
+      session_->RecordRejected();
+      RejectChunk(absl::InvalidArgumentError(absl::StrCat(
+          "chunk.producer_id: \"", chunk_.producer_id(), "\" differs from this stream's \"",
+          producer_->producer_id, "\"; open one stream per producer")));
+      return absl::OkStatus();
+    }
+    absl::StatusOr<ObserveOutcome> outcome = session_->Observe(
+        *chunk, *service_->backend_, producer_ ? &*producer_ : nullptr);
+    if (!outcome.ok() && producer_ &&
+        (outcome.status().code() == absl::StatusCode::kAborted ||
+         (outcome.status().code() == absl::StatusCode::kFailedPrecondition &&
+          absl::StrContains(outcome.status().message(), "chunk.sequence")))) {
+      // A gap or a newer connection of this producer: the stream cannot go on in order.
+      service_->metrics_->ChunkRejected(outcome.status());
+      return outcome.status();
+    }
+    if (!outcome.ok()) {
+      RejectChunk(outcome.status());
+      return absl::OkStatus();
+    }
+    switch (*outcome) {
+      case ObserveOutcome::kAccepted:
+        summary_.set_accepted_chunks(summary_.accepted_chunks() + 1);
+        summary_.set_accepted_bytes(summary_.accepted_bytes() +
+                                     static_cast<int64_t>(chunk->data.size()));
+        service_->metrics_->ChunkAccepted(chunk->kind, static_cast<int64_t>(chunk->data.size()));
+        break;
+      case ObserveOutcome::kSkippedWarmup:
+        summary_.set_skipped_warmup_chunks(summary_.skipped_warmup_chunks() + 1);
+        break;
+      case ObserveOutcome::kDuplicate:
+        summary_.set_duplicate_chunks(summary_.duplicate_chunks() + 1);
+        service_->metrics_->ChunkDuplicate();
+        break;
+    }
+    return absl::OkStatus();
+  }
+
+  CalibrationService* const service_;
+  grpc::CallbackServerContext* const context_;
+  grpc::ByteBuffer* const response_;  // summary_ serialized, when the stream finishes
+  v1::ObserveSummary summary_;
+  const int64_t start_ns_;
+  std::atomic<int64_t> last_read_ns_;
+  std::atomic<bool> idle_cancelled_{false};
+  std::atomic<bool> settled_{false};
+  std::string tenant_;
+  grpc::ByteBuffer request_;
+  RawTensorChunk raw_;
+  const v1::TensorChunk& chunk_ = raw_.header();  // every field but data, which stays in raw_
+  std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
+  std::optional<ProducerLedger::Stream> producer_;  // bound by the first chunk with a producer
+  std::string session_id_;
+  absl::Status final_status_;
+};
+
+void CalibrationService::IdleWatchLoop() {
+  const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stream_idle_timeout);
+  // Check often enough that a stream is cancelled within ~1.25x the timeout.
+  const auto period = std::chrono::nanoseconds(std::clamp<int64_t>(timeout_ns / 4, 1'000'000,
+                                                                   1'000'000'000));
+  std::unique_lock<std::mutex> lock(streams_mu_);
+  while (!stopping_) {
+    streams_cv_.wait_for(lock, period);
+    const int64_t now = absl::GetCurrentTimeNanos();
+    for (ObserveReactor* stream : live_streams_) stream->CancelIfIdle(now, timeout_ns);
+  }
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* CalibrationService::Observe(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new ObserveReactor(this, context, response);
+}
+
+}  // namespace caliper
