@@ -36,6 +36,9 @@ CalibrationService::CalibrationService(ServiceOptions options, SessionRegistry* 
   if (options_.stream_idle_timeout > absl::ZeroDuration()) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
+  if (options_.store != nullptr) {
+    store_workers_ = std::make_unique<StoreWorkers>(std::max(1, options_.store_threads));
+  }
 }
 
 CalibrationService::~CalibrationService() {
@@ -120,6 +123,7 @@ absl::Status CalibrationService::DeleteWithState(absl::string_view session_id,
 grpc::ServerUnaryReactor* CalibrationService::CreateSession(
     grpc::CallbackServerContext* context, const v1::CreateSessionRequest* request,
     v1::Session* response) {
+  if (options_.store != nullptr) return StoreCreateSession(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status;
   std::string id;
@@ -155,6 +159,7 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
 grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerContext* context,
                                                          const v1::GetSessionRequest* request,
                                                          v1::Session* response) {
+  if (options_.store != nullptr) return StoreGetSession(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::StatusOr<std::shared_ptr<CalibrationSession>> session = GetOwned(*context, request->session_id());
   if (session.ok()) *response = SessionToProto((*session)->Status());
@@ -164,6 +169,7 @@ grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CalibrationService::ListSessions(
     grpc::CallbackServerContext* context, const v1::ListSessionsRequest* /*request*/,
     v1::ListSessionsResponse* response) {
+  if (options_.store != nullptr) return StoreListSessions(context, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::StatusOr<std::string> tenant = TenantOf(*context);
   if (tenant.ok()) {
@@ -177,6 +183,7 @@ grpc::ServerUnaryReactor* CalibrationService::ListSessions(
 grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
     grpc::CallbackServerContext* context, const v1::DeleteSessionRequest* request,
     v1::DeleteSessionResponse* /*response*/) {
+  if (options_.store != nullptr) return StoreDeleteSession(context, request);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::StatusOr<std::string> tenant = TenantOf(*context);
   absl::Status status =
@@ -187,6 +194,7 @@ grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
 grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerContext* context,
                                                        const v1::FinalizeRequest* request,
                                                        v1::Session* response) {
+  if (options_.store != nullptr) return StoreFinalize(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
       GetOwned(*context, request->session_id());
@@ -203,6 +211,7 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerContext* context,
                                                         const v1::ScalesRequest* request,
                                                         v1::ScalesResponse* response) {
+  if (options_.store != nullptr) return StoreGetScales(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status;
   absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
@@ -267,6 +276,7 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext* context,
                                                      const v1::ResumeRequest* request,
                                                      v1::ResumeResponse* response) {
+  if (options_.store != nullptr) return StoreResume(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
       GetOwned(*context, request->session_id());

@@ -60,6 +60,7 @@ class ServerProcess {
   void Kill9();
   const std::string& address() const { return address_; }
   int port() const { return port_; }
+  pid_t pid() const { return child_ ? child_->pid() : -1; }
 
  private:
   std::vector<std::string> flags_;
