@@ -5,9 +5,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "client/connection_options.h"
 #include "client/cli_args.h"
+#include "client/command.h"
 #include "client/commands.h"
 #include "client/file_io.h"
 #include "core/calibration/kv_scales.h"
@@ -17,132 +17,141 @@
 namespace caliper::cli {
 namespace {
 
-const std::vector<FlagSpec>& AdaptFlags() {
-  static const std::vector<FlagSpec> flags = WithConnectionFlags({
-      {"in", "FILE", "LightLLM calibration JSON to adapt (kv_cache_calib.json)"},
-      {"out", "FILE", "where to write the adapted file (written atomically)"},
-      {"num-heads", "M", "total KV heads of the deployment, replicas included"},
-      {"model", "CONFIG", "Hugging Face config.json of the served model (with --tp)"},
-      {"tp", "T", "tensor-parallel size; total heads = T * max(kv_heads / T, 1)"},
-      {"server", "ADDR", "adapt on caliper-server (Adapt RPC) instead of locally"},
-  });
-  return flags;
-}
-
-constexpr absl::string_view kDescription =
-    "Adapts a LightLLM FP8 KV calibration file to a deployment's total KV head count.\n"
-    "per_head rows [K_0..K_{n-1} | V_0..V_{n-1}] go from n to m heads: group max when n is a\n"
-    "multiple of m (replicated heads collapse), repeat in place when m is a multiple of n;\n"
-    "otherwise the command refuses. per_tensor files keep their [layers, 2] scales. With\n"
-    "--model the file is also checked the way LightLLM's loader checks it (architectures,\n"
-    "num_layers, qmin/qmax). Exit codes: 0 written, 2 usage or input error (nothing written).";
-
 RemoteAdaptFn remote_adapt = nullptr;
 
-int Fail(std::ostream& err, absl::string_view message) {
-  // One line, whatever the message held, so scripts can grep it.
-  err << "caliper adapt: " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
-  return kExitUsage;
+absl::Status RunAdapt(const CliArgs& flags, std::ostream& out, std::ostream& err) {
+  const std::string in_path = *flags.Get("in");
+  const std::string out_path = *flags.Get("out");
+  auto total_kv_heads = flags.GetInt("total-kv-heads", 1, 1 << 20);
+  if (!total_kv_heads.ok()) return UsageError(total_kv_heads.status().message());
+  auto tp = flags.GetInt("tp", 1, 1 << 20);
+  if (!tp.ok()) return UsageError(tp.status().message());
+  const bool by_model = flags.Has("model");
+  if (total_kv_heads->has_value() == by_model) {
+    return UsageError("give either --total-kv-heads M or --model CONFIG --tp T");
+  }
+  if (by_model != tp->has_value()) return UsageError("--model and --tp go together");
+
+  auto text = ReadWholeFile(in_path);
+  if (!text.ok()) return Annotate(text.status(), "--in ");
+  for (const FlagSpec& spec : ConnectionFlags()) {
+    if (flags.Has(spec.name) && !flags.Has("server")) {
+      return UsageError(absl::StrCat("--", spec.name, " only applies with --server"));
+    }
+  }
+  if (flags.Has("server")) {
+    if (remote_adapt == nullptr) return UsageError("--server: this caliper was built without gRPC");
+    absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
+    if (!security.ok()) return UsageError(security.status().message());
+    std::string model_text;
+    if (by_model) {
+      auto config_text = ReadWholeFile(*flags.Get("model"));
+      if (!config_text.ok()) {
+        return Annotate(config_text.status(), "--model ");
+      }
+      model_text = *config_text;
+    }
+    absl::StatusOr<std::string> adapted =
+        remote_adapt(*flags.Get("server"), *security, *text,
+                     static_cast<int>(total_kv_heads->value_or(0)), model_text,
+                     static_cast<int>(tp->value_or(0)), err);
+    if (!adapted.ok()) return adapted.status();
+    if (absl::Status s = WriteFileAtomically(out_path, *adapted); !s.ok()) {
+      return Annotate(s, "--out ");
+    }
+    out << "caliper adapt: wrote " << out_path << " (adapted by " << *flags.Get("server") << ")\n";
+    return absl::OkStatus();
+  }
+  auto calibration = ParseLightLlmCalibration(*text);
+  if (!calibration.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(in_path, ": ", calibration.status().message()));
+  }
+  // Checked even without a model: LightLLM refuses any other range, so the output would be useless.
+  if (absl::Status s = CheckLightLlmFp8Range(*calibration); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(in_path, ": ", s.message()));
+  }
+
+  int total_heads = 0;
+  std::optional<ModelConfig> model_config;
+  if (by_model) {
+    auto config_text = ReadWholeFile(*flags.Get("model"));
+    if (!config_text.ok()) {
+      return Annotate(config_text.status(), "--model ");
+    }
+    auto model = ParseHfConfig(*config_text);
+    if (!model.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(*flags.Get("model"), ": ", model.status().message()));
+    }
+    auto total = DeployedTotalKvHeads(model->num_kv_heads, static_cast<int>(**tp));
+    if (!total.ok()) return absl::InvalidArgumentError(absl::StrCat("--tp: ", total.status().message()));
+    total_heads = *total;
+    model_config = *std::move(model);
+  } else {
+    total_heads = static_cast<int>(**total_kv_heads);
+  }
+
+  auto adapted = AdaptLightLlmCalibration(*calibration, total_heads);
+  if (!adapted.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(in_path, ": ", adapted.status().message()));
+  }
+  // The loader's checks run on what LightLLM will read: the adapted file.
+  if (model_config.has_value()) {
+    if (absl::Status s = CheckLightLlmForModel(*adapted, *model_config, total_heads); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(in_path, " vs ", *flags.Get("model"), ": ", s.message()));
+    }
+  }
+  if (absl::Status s = WriteFileAtomically(out_path, SerializeLightLlmCalibration(*adapted));
+      !s.ok()) {
+    return Annotate(s, "--out ");
+  }
+  out << "caliper adapt: wrote " << out_path << " ("
+      << (adapted->quant_type == KvGranularity::kPerHead ? "per_head" : "per_tensor")
+      << ", num_head " << calibration->num_head << " -> " << adapted->num_head << ", "
+      << adapted->num_layers << " layers)\n";
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 void SetRemoteAdapt(RemoteAdaptFn fn) { remote_adapt = fn; }
 
+const CommandSpec& AdaptCommand() {
+  static const CommandSpec command{
+      .name = "adapt",
+      .summary = "adapt a LightLLM KV calibration file to another head count / TP (offline)",
+      .synopsis = "--in FILE --out FILE (--total-kv-heads M | --model CONFIG --tp T) [--server ADDR]",
+      .description =
+          "Adapts a LightLLM FP8 KV calibration file to a deployment's total KV head count.\n"
+          "per_head rows [K_0..K_{n-1} | V_0..V_{n-1}] go from n to m heads: group max when n is a\n"
+          "multiple of m (replicated heads collapse), repeat in place when m is a multiple of n;\n"
+          "otherwise the command refuses. per_tensor files keep their [layers, 2] scales. With\n"
+          "--model the file is also checked the way LightLLM's loader checks it (architectures,\n"
+          "num_layers, qmin/qmax). With --server the server adapts it (Adapt RPC).",
+      .server = ServerUse::kWithServerFlag,
+      .flags = WithConnectionFlags({
+          {.name = "in", .value_name = "FILE",
+           .help = "LightLLM calibration JSON to adapt (kv_cache_calib.json)", .required = true},
+          {.name = "out", .value_name = "FILE",
+           .help = "where to write the adapted file (written atomically)", .required = true},
+          {.name = "total-kv-heads", .value_name = "M",
+           .help = "total KV heads of the deployment, replicas included",
+           .aliases = {"num-heads"}},
+          {.name = "model", .value_name = "CONFIG",
+           .help = "Hugging Face config.json of the served model (with --tp)"},
+          {.name = "tp", .value_name = "T",
+           .help = "deployment TP size; total KV heads = T * max(kv_heads / T, 1)"},
+          {.name = "server", .value_name = "ADDR",
+           .help = "adapt on caliper-server (Adapt RPC) instead of locally"},
+      }),
+      .run = RunAdapt,
+  };
+  return command;
+}
+
 int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  auto flags = CliArgs::Parse(args, AdaptFlags());
-  if (!flags.ok()) {
-    return Fail(err, absl::StrCat(flags.status().message(), " (see caliper adapt --help)"));
-  }
-  if (flags->help()) {
-    out << FormatHelp("adapt", "--in FILE --out FILE (--num-heads M | --model CONFIG --tp T)",
-                      kDescription, AdaptFlags());
-    return kExitOk;
-  }
-  const std::optional<std::string> in_path = flags->Get("in");
-  const std::optional<std::string> out_path = flags->Get("out");
-  if (!in_path || in_path->empty()) return Fail(err, "--in FILE is required");
-  if (!out_path || out_path->empty()) return Fail(err, "--out FILE is required");
-  auto num_heads = flags->GetInt("num-heads", 1, 1 << 20);
-  if (!num_heads.ok()) return Fail(err, num_heads.status().message());
-  auto tp = flags->GetInt("tp", 1, 1 << 20);
-  if (!tp.ok()) return Fail(err, tp.status().message());
-  const bool by_model = flags->Has("model");
-  if (num_heads->has_value() == by_model) {
-    return Fail(err, "give either --num-heads M or --model CONFIG --tp T");
-  }
-  if (by_model != tp->has_value()) return Fail(err, "--model and --tp go together");
-
-  auto text = ReadWholeFile(*in_path);
-  if (!text.ok()) return Fail(err, absl::StrCat("--in ", text.status().message()));
-  for (const FlagSpec& spec : ConnectionFlags()) {
-    if (flags->Has(spec.name) && !flags->Has("server")) {
-      return Fail(err, absl::StrCat("--", spec.name, " only applies with --server"));
-    }
-  }
-  if (flags->Has("server")) {
-    if (remote_adapt == nullptr) return Fail(err, "--server: this caliper was built without gRPC");
-    absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
-    if (!security.ok()) return Fail(err, security.status().message());
-    std::string model_text;
-    if (by_model) {
-      auto config_text = ReadWholeFile(*flags->Get("model"));
-      if (!config_text.ok()) return Fail(err, absl::StrCat("--model ", config_text.status().message()));
-      model_text = *config_text;
-    }
-    std::string adapted;
-    const int rc =
-        remote_adapt(*flags->Get("server"), *security, *text,
-                     static_cast<int>(num_heads->value_or(0)), model_text,
-                     static_cast<int>(tp->value_or(0)), &adapted, err);
-    if (rc != kExitOk) return rc;
-    if (absl::Status s = WriteFileAtomically(*out_path, adapted); !s.ok()) {
-      return Fail(err, absl::StrCat("--out ", s.message()));
-    }
-    out << "caliper adapt: wrote " << *out_path << " (adapted by " << *flags->Get("server") << ")\n";
-    return kExitOk;
-  }
-  auto calibration = ParseLightLlmCalibration(*text);
-  if (!calibration.ok()) return Fail(err, absl::StrCat(*in_path, ": ", calibration.status().message()));
-  // Checked even without a model: LightLLM refuses any other range, so the output would be useless.
-  if (absl::Status s = CheckLightLlmFp8Range(*calibration); !s.ok()) {
-    return Fail(err, absl::StrCat(*in_path, ": ", s.message()));
-  }
-
-  int total_heads = 0;
-  std::optional<ModelConfig> model_config;
-  if (by_model) {
-    auto config_text = ReadWholeFile(*flags->Get("model"));
-    if (!config_text.ok()) return Fail(err, absl::StrCat("--model ", config_text.status().message()));
-    auto model = ParseHfConfig(*config_text);
-    if (!model.ok()) {
-      return Fail(err, absl::StrCat(*flags->Get("model"), ": ", model.status().message()));
-    }
-    auto total = DeployedTotalKvHeads(model->num_kv_heads, static_cast<int>(**tp));
-    if (!total.ok()) return Fail(err, absl::StrCat("--tp: ", total.status().message()));
-    total_heads = *total;
-    model_config = *std::move(model);
-  } else {
-    total_heads = static_cast<int>(**num_heads);
-  }
-
-  auto adapted = AdaptLightLlmCalibration(*calibration, total_heads);
-  if (!adapted.ok()) return Fail(err, absl::StrCat(*in_path, ": ", adapted.status().message()));
-  // The loader's checks run on what LightLLM will read: the adapted file.
-  if (model_config.has_value()) {
-    if (absl::Status s = CheckLightLlmForModel(*adapted, *model_config, total_heads); !s.ok()) {
-      return Fail(err, absl::StrCat(*in_path, " vs ", *flags->Get("model"), ": ", s.message()));
-    }
-  }
-  if (absl::Status s = WriteFileAtomically(*out_path, SerializeLightLlmCalibration(*adapted));
-      !s.ok()) {
-    return Fail(err, absl::StrCat("--out ", s.message()));
-  }
-  out << "caliper adapt: wrote " << *out_path << " ("
-      << (adapted->quant_type == KvGranularity::kPerHead ? "per_head" : "per_tensor")
-      << ", num_head " << calibration->num_head << " -> " << adapted->num_head << ", "
-      << adapted->num_layers << " layers)\n";
-  return kExitOk;
+  return RunCommand(AdaptCommand(), args, out, err);
 }
 
 }  // namespace caliper::cli

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli_args.h"
+#include "client/command.h"
 #include "client/file_io.h"
 #include "client/remote_commands.h"
 #include "client/remote_common.h"
@@ -26,43 +27,6 @@ namespace caliper::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-const std::vector<FlagSpec>& CalibrateFlags() {
-  static const std::vector<FlagSpec> flags = WithConnectionFlags({
-      {"server", "ADDR", "caliper-server address, e.g. localhost:50051"},
-      {"model", "CONFIG", "the model's Hugging Face config.json"},
-      {"tensors", "PATH...", "dump files, or directories of *.safetensors (a glob works)", true},
-      {"out", "DIR", "output directory (created)"},
-      {"kv", "MODE", "per_head (default), per_tensor or off"},
-      {"fp8", "FLAVOR", "e4m3fn (default, qmax 448) or e4m3fnuz (qmax 240)"},
-      {"nvfp4", "", "also compute NVFP4 global scales (activations from {module}.input)"},
-      {"weights", "DIR", "HF checkpoint for NVFP4 weight scales (needs --nvfp4)"},
-      {"observer", "NAME", "activation observer: static_minmax (default) or minmax"},
-      {"warmup", "N", "skip forward passes (batches) below N"},
-      {"deploy-tp", "T", "TP size of the deployment to write files for (default: the dumps')"},
-      {"convention", "NAME", "NVFP4 form: compressed_tensors (divisor, default) or modelopt"},
-      {"format", "NAME", "also write engine files: compressed-tensors, modelopt, vllm-legacy (repeatable)", true},
-      {"name", "TEXT", "session label shown by `caliper sessions`"},
-      {"streams", "N", "concurrent Observe streams, one per file (default 4)"},
-      {"chunk-bytes", "N", "largest chunk payload in bytes (default 4194304)"},
-      {"allow-rejected", "", "finalize and write even if the server rejected chunks"},
-  });
-  return flags;
-}
-
-constexpr absl::string_view kDescription =
-    "Creates a calibration session on caliper-server, streams every tensor of the given\n"
-    "safetensors dumps (K/V as model.layers.{L}.self_attn.k|v [tokens, kv_heads_local, head_dim],\n"
-    "activations as {module}.input; __metadata__ tp_rank/tp_size/batch, absent = unsharded, one\n"
-    "batch per file) and, with --weights, the checkpoint's {module}.weight tensors; then\n"
-    "finalizes and writes into DIR:\n"
-    "  kv_cache_calib.json  LightLLM FP8 KV calibration, full rows for the deployment's heads\n"
-    "  scales.json          per-layer K/V absmax and scales, NVFP4 global scales per module with\n"
-    "                       their fused group, warnings, session id, deployment\n"
-    "Tensors are split along the token dimension into chunks; one stream per file, several at\n"
-    "once. If the server rejects any chunk, each is reported (file, sequence, tensor, message),\n"
-    "the session is left open and nothing is written, unless --allow-rejected.\n"
-    "Exit codes: 0 written, 1 the server refused (message printed), 2 usage or input error.";
 
 struct Progress {
   std::atomic<int64_t> sent{0};
@@ -95,13 +59,13 @@ absl::StatusOr<std::vector<std::string>> ExpandTensorPaths(const std::vector<std
       }
       std::sort(found.begin(), found.end());
       if (found.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("--tensors: no *.safetensors in ", path));
+        return UsageError(absl::StrCat("--tensors: no *.safetensors in ", path));
       }
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(path, ec)) {
       files.push_back(path);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("--tensors: no such file: ", path));
+      return UsageError(absl::StrCat("--tensors: no such file: ", path));
     }
   }
   return files;
@@ -138,11 +102,6 @@ class LockedLineStream : public std::ostream {
   LineBuffer buffer_;
 };
 
-int UsageError(std::ostream& err, absl::string_view message) {
-  err << "caliper calibrate: " << message << " (see caliper calibrate --help)\n";
-  return kExitUsage;
-}
-
 std::string Describe(const PlannedChunk& chunk) {
   std::string out = chunk.tensor;
   if (chunk.first_row > 0 || !chunk.shape.empty()) {
@@ -152,152 +111,111 @@ std::string Describe(const PlannedChunk& chunk) {
   return out;
 }
 
-}  // namespace
-
-int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  auto flags = CliArgs::Parse(args, CalibrateFlags());
-  if (!flags.ok()) return UsageError(err, flags.status().message());
-  if (flags->help()) {
-    out << FormatHelp("calibrate",
-                      "--server ADDR --model CONFIG --tensors PATH... --out DIR [--kv MODE] "
-                      "[--nvfp4 [--weights DIR]] [--deploy-tp T]",
-                      kDescription, CalibrateFlags());
-    return kExitOk;
-  }
-  auto flag = [&](const std::string& name, const std::string& fallback = "") {
-    return flags->Get(name).value_or(fallback);
-  };
-  for (const char* required : {"server", "model", "out"}) {
-    if (flag(required).empty()) return UsageError(err, absl::StrCat("--", required, " is required"));
-  }
-  if (flags->GetAll("tensors").empty() && !flags->Has("weights")) {
-    return UsageError(err, "--tensors is required (or --weights with --nvfp4)");
-  }
-
-  // Recipe.
-  v1::CreateSessionRequest create;
-  v1::Recipe& recipe = *create.mutable_recipe();
-  const std::string kv = flag("kv", "per_head");
-  if (kv == "per_head") {
-    recipe.set_kv(v1::KV_PER_HEAD);
-  } else if (kv == "per_tensor") {
-    recipe.set_kv(v1::KV_PER_TENSOR);
-  } else if (kv == "off") {
-    recipe.set_kv(v1::KV_OFF);
-  } else {
-    return UsageError(err, absl::StrCat("--kv: expected per_head, per_tensor or off, got \"", kv, "\""));
-  }
-  const std::string fp8 = flag("fp8", "e4m3fn");
-  if (fp8 != "e4m3fn" && fp8 != "e4m3fnuz") {
-    return UsageError(err, absl::StrCat("--fp8: expected e4m3fn or e4m3fnuz, got \"", fp8, "\""));
-  }
-  recipe.set_fp8_flavor(fp8 == "e4m3fnuz" ? v1::FP8_E4M3FNUZ : v1::FP8_E4M3FN);
-  const bool nvfp4 = flags->Has("nvfp4");
-  const std::string weights_dir = flag("weights");
-  if (!weights_dir.empty() && !nvfp4) return UsageError(err, "--weights needs --nvfp4");
+// Step 1: the recipe from the flags (values already checked against their choices).
+absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
+  v1::Recipe recipe;
+  recipe.set_kv(KvModeFromFlag(*flags.Get("kv")));
+  recipe.set_fp8_flavor(*flags.Get("fp8") == "e4m3fnuz" ? v1::FP8_E4M3FNUZ : v1::FP8_E4M3FN);
+  const bool nvfp4 = flags.Has("nvfp4");
+  const bool weights = flags.Has("weights");
+  if (weights && !nvfp4) return UsageError("--weights needs --nvfp4");
   recipe.set_nvfp4_activations(nvfp4);
-  recipe.set_nvfp4_weights(nvfp4 && !weights_dir.empty());
-  const std::string observer = flag("observer", "static_minmax");
-  if (observer != "static_minmax" && observer != "minmax") {
-    return UsageError(err, absl::StrCat("--observer: expected static_minmax or minmax, got \"",
-                                        observer, "\""));
-  }
-  recipe.set_activation_observer(observer == "minmax" ? v1::MINMAX : v1::STATIC_MINMAX);
+  recipe.set_nvfp4_weights(nvfp4 && weights);
+  recipe.set_activation_observer(*flags.Get("observer") == "minmax" ? v1::MINMAX
+                                                                     : v1::STATIC_MINMAX);
   if (!nvfp4 && recipe.kv() == v1::KV_OFF) {
-    return UsageError(err, "nothing to calibrate: --kv=off without --nvfp4");
+    return UsageError("nothing to calibrate: --kv=off without --nvfp4");
   }
-  auto warmup = flags->GetInt("warmup", 0, int64_t{1} << 40);
-  auto deploy_tp = flags->GetInt("deploy-tp", 1, 1 << 20);
-  auto streams = flags->GetInt("streams", 1, 256);
-  auto chunk_bytes = flags->GetInt("chunk-bytes", 1024, kMaxMessageBytes - (1 << 20));
-  for (const auto* st : {&warmup.status(), &deploy_tp.status(), &streams.status(),
-                         &chunk_bytes.status()}) {
-    if (!st->ok()) return UsageError(err, st->message());
-  }
-  recipe.set_warmup_batches(warmup->value_or(0));
-  auto convention = ParseConvention(flag("convention", "compressed_tensors"));
-  if (!convention.ok()) return UsageError(err, convention.status().message());
+  auto warmup = flags.GetInt("warmup", 0, int64_t{1} << 40);
+  if (!warmup.ok()) return UsageError(warmup.status().message());
+  recipe.set_warmup_batches(**warmup);
+  return recipe;
+}
 
-  // Model: parsed here too, so a broken config.json is a usage error before any RPC.
-  const std::string model_path = flag("model");
+// Step 2: the model, parsed here too, so a broken config.json is an input error before any RPC.
+absl::Status DescribeModel(const CliArgs& flags, v1::CreateSessionRequest* create) {
+  const std::string model_path = *flags.Get("model");
   auto config_text = ReadWholeFile(model_path);
-  if (!config_text.ok()) return UsageError(err, absl::StrCat("--model ", config_text.status().message()));
+  if (!config_text.ok()) return Annotate(config_text.status(), "--model ");
   auto model = ParseHfConfig(*config_text);
-  if (!model.ok()) return UsageError(err, absl::StrCat("--model: ", model_path, ": ", model.status().message()));
-  create.mutable_model()->set_hf_config_json(*config_text);
-  create.set_name(flag("name", absl::StrCat("calibrate ", model->architecture, " (",
-                                                 fs::path(model_path).parent_path().filename().string(),
-                                                 ")")));
+  if (!model.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model: ", model_path, ": ", model.status().message()));
+  }
+  create->mutable_model()->set_hf_config_json(*config_text);
+  create->set_name(flags.Get("name").value_or(
+      absl::StrCat("calibrate ", model->architecture, " (",
+                   fs::path(model_path).parent_path().filename().string(), ")")));
+  return absl::OkStatus();
+}
 
-  // Plan every stream before touching the server, so input errors cost nothing.
-  PlanOptions plan_options;
-  plan_options.kv = recipe.kv() != v1::KV_OFF;
-  plan_options.inputs = nvfp4;
-  plan_options.chunk_bytes = chunk_bytes->value_or(4 << 20);
-  auto tensor_files = ExpandTensorPaths(flags->GetAll("tensors"));
-  if (!tensor_files.ok()) return UsageError(err, tensor_files.status().message());
-  std::vector<StreamPlan> plans;
-  std::map<int, int64_t> batches_without_metadata;  // per rank: next implicit batch id
-  int producer_tp = 1;
+struct StreamPlans {
+  std::vector<StreamPlan> plans;  // dumps in command-line order, then checkpoint files
+  int producer_tp = 1;            // the dumps' TP size
   int64_t total_bytes = 0;
+};
+
+// Step 3: every stream planned before touching the server, so input errors cost nothing.
+absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& recipe,
+                                        int64_t chunk_bytes, std::ostream& err) {
+  PlanOptions options;
+  options.kv = recipe.kv() != v1::KV_OFF;
+  options.inputs = recipe.nvfp4_activations();
+  options.chunk_bytes = chunk_bytes;
+  auto tensor_files = ExpandTensorPaths(flags.GetAll("tensors"));
+  if (!tensor_files.ok()) return tensor_files.status();
+  StreamPlans out;
+  std::map<int, int64_t> batches_without_metadata;  // per rank: next implicit batch id
   std::vector<std::string> skipped;
   for (const std::string& path : *tensor_files) {
     // Files without a batch in their metadata are one forward pass each, in command-line order.
     auto probe = SafetensorsFile::Open(path);
-    if (!probe.ok()) return UsageError(err, probe.status().message());
+    if (!probe.ok()) return probe.status();
     const bool has_batch = (*probe)->metadata().count("batch") > 0;
     int rank = 0;
     if (auto it = (*probe)->metadata().find("tp_rank"); it != (*probe)->metadata().end()) {
       rank = std::atoi(it->second.c_str());
     }
-    auto plan = PlanDumpFile(path, plan_options, has_batch ? 0 : batches_without_metadata[rank]++);
-    if (!plan.ok()) return UsageError(err, plan.status().message());
-    producer_tp = std::max(producer_tp, plan->tp_size);
-    total_bytes += plan->bytes;
+    auto plan = PlanDumpFile(path, options, has_batch ? 0 : batches_without_metadata[rank]++);
+    if (!plan.ok()) return plan.status();
+    out.producer_tp = std::max(out.producer_tp, plan->tp_size);
+    out.total_bytes += plan->bytes;
     skipped.insert(skipped.end(), plan->skipped.begin(), plan->skipped.end());
-    plans.push_back(std::move(*plan));
+    out.plans.push_back(*std::move(plan));
   }
-  if (!weights_dir.empty()) {
-    auto files = CheckpointFiles(weights_dir);
-    if (!files.ok()) return UsageError(err, files.status().message());
+  if (flags.Has("weights")) {
+    auto files = CheckpointFiles(*flags.Get("weights"));
+    if (!files.ok()) return files.status();
     for (const std::string& path : *files) {
-      auto plan = PlanWeightFile(path, plan_options.chunk_bytes);
-      if (!plan.ok()) return UsageError(err, plan.status().message());
-      total_bytes += plan->bytes;
-      plans.push_back(std::move(*plan));
+      auto plan = PlanWeightFile(path, chunk_bytes);
+      if (!plan.ok()) return plan.status();
+      out.total_bytes += plan->bytes;
+      out.plans.push_back(*std::move(plan));
     }
   }
-  if (total_bytes == 0) return UsageError(err, "no tensor to stream for this recipe in the given files");
+  if (out.total_bytes == 0) {
+    return absl::InvalidArgumentError("no tensor to stream for this recipe in the given files");
+  }
   if (!skipped.empty()) {
     err << "caliper calibrate: not streaming " << skipped.size()
         << " tensor(s) this recipe does not use, e.g. " << skipped.front() << "\n";
   }
+  return out;
+}
 
-  // Session.
-  const std::string server = flag("server");
-  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
-  if (!security.ok()) return UsageError(err, security.status().message());
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> made_channel = MakeChannel(server, *security);
-  if (!made_channel.ok()) return UsageError(err, made_channel.status().message());
-  auto channel = *std::move(made_channel);
-  auto stub = v1::Calibration::NewStub(channel);
-  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, channel);
-  v1::Session session;
-  grpc::Status created = CreateSessionWithRetry(*channel, *stub, create, &session, retry, &err,
-                                                "calibrate");
-  if (!created.ok()) {
-    return ReportRpcError(err, "calibrate", absl::StrCat("CreateSession on ", server), created);
-  }
-  // Flushed: with stdout in a file or pipe, the id is there while the streams run.
-  out << "session   " << session.id() << "\n" << std::flush;
-
-  // Streams: a small worker pool, one Observe call per file.
+// Step 4: the streams, a small worker pool with one Observe call per file; a progress bar on a
+// terminal. Returns one result per plan and the seconds it took.
+std::vector<StreamResult> StreamAll(const std::shared_ptr<grpc::Channel>& channel,
+                                    const std::string& session_id, const StreamPlans& streams,
+                                    int max_workers, const RetryPolicy& retry, std::ostream& err,
+                                    double* seconds) {
+  const std::vector<StreamPlan>& plans = streams.plans;
   Progress progress;
-  progress.total = total_bytes;
+  progress.total = streams.total_bytes;
   const bool tty = isatty(STDERR_FILENO) == 1;
   std::vector<StreamResult> results(plans.size());
   std::atomic<size_t> next{0};
-  const int workers = static_cast<int>(std::min<size_t>(streams->value_or(4), plans.size()));
+  const int workers = static_cast<int>(std::min<size_t>(max_workers, plans.size()));
   std::vector<std::thread> pool;
   // Resume messages from worker threads, one whole line at a time.
   std::mutex err_mu;
@@ -305,7 +223,7 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
     pool.emplace_back([&] {
       LockedLineStream log_err(err, err_mu);
       for (size_t i = next.fetch_add(1); i < plans.size(); i = next.fetch_add(1)) {
-        results[i] = StreamPlanWithResume(channel, session.id(), plans[i],
+        results[i] = StreamPlanWithResume(channel, session_id, plans[i],
                                           absl::StrCat(ProducerHost(), "/", plans[i].path),
                                           &progress.sent, retry, &log_err);
       }
@@ -333,10 +251,16 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
     drawer.join();
     DrawProgress(progress, err, true);
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.start).count();
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.start).count();
+  return results;
+}
 
-  // Outcome of every stream: stream faults and rejected chunks are reported with their origin.
+// Step 5: the outcome of every stream. Stream faults and rejected chunks are reported with
+// their origin; a ServerError when the session must stay open (nothing gets written).
+absl::Status ReportStreams(const std::vector<StreamPlan>& plans,
+                           const std::vector<StreamResult>& results, double seconds,
+                           bool allow_rejected, const std::string& session_id, std::ostream& out,
+                           std::ostream& err) {
   int64_t accepted = 0, rejected = 0, accepted_bytes = 0, skipped_warmup = 0;
   bool stream_failed = false;
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -347,7 +271,9 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
     skipped_warmup += r.summary.skipped_warmup_chunks();
     if (!r.status.ok()) {
       stream_failed = true;
-      ReportRpcError(err, "calibrate", absl::StrCat("Observe stream of ", plans[i].path), r.status);
+      err << "caliper calibrate: "
+          << RpcError(absl::StrCat("Observe stream of ", plans[i].path), r.status).message()
+          << "\n";
     }
     for (const auto& e : r.summary.errors()) {
       // Producer sequences count from 1 (chunk index + 1).
@@ -369,28 +295,137 @@ int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out,
                          plans.size(), rejected);
   if (skipped_warmup > 0) out << ", " << skipped_warmup << " warm-up chunks skipped";
   out << "\n" << std::flush;
-  if (stream_failed || (rejected > 0 && !flags->Has("allow-rejected"))) {
-    err << "caliper calibrate: session " << session.id()
-        << " left open and nothing written; fix the input and stream again, or pass "
-           "--allow-rejected to finalize with what was accepted\n";
-    return kExitServer;
+  if (stream_failed || (rejected > 0 && !allow_rejected)) {
+    return ServerError(absl::StrCat(
+        "session ", session_id,
+        " left open and nothing written; fix the input and stream again, or pass "
+        "--allow-rejected to finalize with what was accepted"));
   }
+  return absl::OkStatus();
+}
 
-  // Finalize and fetch the deployment's scales.
-  {
-    // Finalize is idempotent (a finalized session answers OK), so a lost reply is retried.
-    v1::FinalizeRequest request;
-    request.set_session_id(session.id());
-    Backoff backoff(retry, &err, "caliper calibrate: Finalize");
-    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-      return stub->Finalize(&context, request, &session);
-    });
-    if (!status.ok()) return ReportRpcError(err, "calibrate", "Finalize", status);
+// Step 6: Finalize. It is idempotent (a finalized session answers OK), so a lost reply is retried.
+absl::Status FinalizeSession(v1::Calibration::Stub& stub, const RetryPolicy& retry,
+                             v1::Session* session, std::ostream& err) {
+  v1::FinalizeRequest request;
+  request.set_session_id(session->id());
+  Backoff backoff(retry, &err, "caliper calibrate: Finalize");
+  grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+    return stub.Finalize(&context, request, session);
+  });
+  return status.ok() ? absl::OkStatus() : RpcError("Finalize", status);
+}
+
+absl::Status RunCalibrate(const CliArgs& flags, std::ostream& out, std::ostream& err) {
+  if (flags.GetAll("tensors").empty() && !flags.Has("weights")) {
+    return UsageError("--tensors is required (or --weights with --nvfp4)");
   }
+  v1::CreateSessionRequest create;
+  absl::StatusOr<v1::Recipe> recipe = RecipeFromFlags(flags);
+  if (!recipe.ok()) return recipe.status();
+  *create.mutable_recipe() = *recipe;
+  auto deploy_tp = flags.GetInt("tp", 1, 1 << 20);
+  auto streams = flags.GetInt("streams", 1, 256);
+  auto chunk_bytes = flags.GetInt("chunk-bytes", 1024, kMaxMessageBytes - (1 << 20));
+  for (const auto* st : {&deploy_tp.status(), &streams.status(), &chunk_bytes.status()}) {
+    if (!st->ok()) return UsageError(st->message());
+  }
+  const v1::Nvfp4Convention convention = ConventionFromFlag(*flags.Get("convention"));
+  if (absl::Status s = DescribeModel(flags, &create); !s.ok()) return s;
+  absl::StatusOr<StreamPlans> plans = PlanStreams(flags, *recipe, **chunk_bytes, err);
+  if (!plans.ok()) return plans.status();
+
+  // Session.
+  const std::string server = *flags.Get("server");
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
+  if (!security.ok()) return UsageError(security.status().message());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> made_channel = MakeChannel(server, *security);
+  if (!made_channel.ok()) return UsageError(made_channel.status().message());
+  auto channel = *std::move(made_channel);
+  auto stub = v1::Calibration::NewStub(channel);
+  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, channel);
+  v1::Session session;
+  grpc::Status created = CreateSessionWithRetry(*channel, *stub, create, &session, retry, &err,
+                                                "calibrate");
+  if (!created.ok()) return RpcError(absl::StrCat("CreateSession on ", server), created);
+  // Flushed: with stdout in a file or pipe, the id is there while the streams run.
+  out << "session   " << session.id() << "\n" << std::flush;
+
+  double seconds = 0;
+  const std::vector<StreamResult> results =
+      StreamAll(channel, session.id(), *plans, static_cast<int>(**streams), retry, err, &seconds);
+  if (absl::Status s = ReportStreams(plans->plans, results, seconds, flags.Has("allow-rejected"),
+                                     session.id(), out, err);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = FinalizeSession(*stub, retry, &session, err); !s.ok()) return s;
   v1::Deployment deployment;
-  deployment.set_tp_size(static_cast<int>(deploy_tp->value_or(producer_tp)));
-  return FetchAndWriteScales(*stub, "calibrate", retry, session, deployment, *convention,
-                             flags->GetAll("format"), flag("out"), out, err);
+  deployment.set_tp_size(static_cast<int>(deploy_tp->value_or(plans->producer_tp)));
+  return FetchAndWriteScales(*stub, "calibrate", retry, session, deployment, convention,
+                             flags.GetAll("format"), *flags.Get("out"), out, err);
+}
+
+}  // namespace
+
+const CommandSpec& CalibrateCommand() {
+  static const CommandSpec command{
+      .name = "calibrate",
+      .summary = "stream dumps to caliper-server, finalize, write LightLLM + scales.json",
+      .synopsis = "--server ADDR --model CONFIG --tensors PATH... --out DIR [--kv MODE] "
+                  "[--nvfp4 [--weights DIR]] [--tp T]",
+      .description =
+          "Creates a calibration session on caliper-server, streams every tensor of the given\n"
+          "safetensors dumps (K/V as model.layers.{L}.self_attn.k|v [tokens, kv_heads_local, head_dim],\n"
+          "activations as {module}.input; __metadata__ tp_rank/tp_size/batch, absent = unsharded, one\n"
+          "batch per file) and, with --weights, the checkpoint's {module}.weight tensors; then\n"
+          "finalizes and writes into DIR:\n"
+          "  kv_cache_calib.json  LightLLM FP8 KV calibration, full rows for the deployment's heads\n"
+          "  scales.json          per-layer K/V absmax and scales, NVFP4 global scales per module with\n"
+          "                       their fused group, warnings, session id, deployment\n"
+          "Tensors are split along the token dimension into chunks; one stream per file, several at\n"
+          "once. If the server rejects any chunk, each is reported (file, sequence, tensor, message),\n"
+          "the session is left open and nothing is written, unless --allow-rejected.",
+      .server = ServerUse::kAlways,
+      .flags = WithConnectionFlags({
+          {.name = "server", .value_name = "ADDR",
+           .help = "caliper-server address, e.g. localhost:50051", .required = true},
+          {.name = "model", .value_name = "CONFIG", .help = "the model's Hugging Face config.json",
+           .required = true},
+          {.name = "tensors", .value_name = "PATH...",
+           .help = "dump files, or directories of *.safetensors (a glob works)", .repeated = true},
+          {.name = "out", .value_name = "DIR", .help = "output directory (created)",
+           .required = true},
+          KvFlag(),
+          {.name = "fp8", .value_name = "FLAVOR",
+           .help = "FP8 KV format: e4m3fn (qmax 448) or e4m3fnuz (qmax 240)",
+           .default_value = "e4m3fn", .choices = {"e4m3fn", "e4m3fnuz"}},
+          {.name = "nvfp4",
+           .help = "also compute NVFP4 global scales (activations from {module}.input)"},
+          {.name = "weights", .value_name = "DIR",
+           .help = "HF checkpoint for NVFP4 weight scales (needs --nvfp4)"},
+          {.name = "observer", .value_name = "NAME",
+           .help = "NVFP4 activation observer (llm-compressor's names)",
+           .default_value = "static_minmax", .choices = {"static_minmax", "minmax"}},
+          {.name = "warmup", .value_name = "N", .help = "skip forward passes (batches) below N",
+           .default_value = "0"},
+          {.name = "tp", .value_name = "T",
+           .help = "deployment TP size to write files for (absent: the dumps' TP size)",
+           .aliases = {"deploy-tp"}},
+          ConventionFlag(),
+          FormatFlag(),
+          {.name = "name", .value_name = "TEXT",
+           .help = "session label shown by `caliper sessions` (absent: architecture and folder)"},
+          {.name = "streams", .value_name = "N",
+           .help = "concurrent Observe streams, one per file", .default_value = "4"},
+          {.name = "chunk-bytes", .value_name = "N", .help = "largest chunk payload in bytes",
+           .default_value = "4194304"},
+          {.name = "allow-rejected",
+           .help = "finalize and write even if the server rejected chunks"},
+      }),
+      .run = RunCalibrate,
+  };
+  return command;
 }
 
 }  // namespace caliper::cli

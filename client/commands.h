@@ -1,6 +1,5 @@
-// The offline `caliper` subcommands (no server needed). Each takes the arguments after the
-// subcommand name, writes human output to `out` and one-line diagnostics to `err`, and returns
-// an exit code from exit_codes.h. main.cc dispatches on the subcommand name.
+// The `caliper` subcommands that need no server (adapt, merge, convert), as command-table rows
+// (client/command.h). The RunXCommand wrappers run one through RunCommand (tests call them).
 #ifndef CALIPER_CLIENT_COMMANDS_H_
 #define CALIPER_CLIENT_COMMANDS_H_
 
@@ -8,29 +7,32 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "client/command.h"
 #include "client/connection_options.h"
-#include "client/exit_codes.h"
 
 namespace caliper::cli {
 
-using CommandFn = int (*)(const std::vector<std::string>& args, std::ostream& out,
-                          std::ostream& err);
-
-// caliper adapt --in FILE --out FILE (--num-heads M | --model config.json --tp T)
-int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
-
+// caliper adapt --in FILE --out FILE (--total-kv-heads M | --model config.json --tp T)
+const CommandSpec& AdaptCommand();
 // caliper merge --checkpoint DIR --scales FILE --out DIR [--kv-only]
-int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
-
+const CommandSpec& MergeCommand();
 // caliper convert --in PATH --format NAME... --out DIR [--model CONFIG] [--tp T]
+const CommandSpec& ConvertCommand();
+
+int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 // `adapt --server ADDR` calls the server's Adapt RPC through this hook, which main.cc installs
-// when the gRPC commands are linked in (null otherwise). Same exit codes; sets *adapted on 0.
-using RemoteAdaptFn = int (*)(const std::string& server, const ConnectionOptions& security,
-                              const std::string& lightllm_json, int total_heads,
-                              const std::string& model_config_json, int tp_size,
-                              std::string* adapted, std::ostream& err);
+// when the gRPC commands are linked in (null otherwise). Returns the adapted file, or the error
+// to report (ServerError when the server said no).
+using RemoteAdaptFn = absl::StatusOr<std::string> (*)(const std::string& server,
+                                                      const ConnectionOptions& security,
+                                                      const std::string& lightllm_json,
+                                                      int total_kv_heads,
+                                                      const std::string& model_config_json,
+                                                      int tp_size, std::ostream& err);
 void SetRemoteAdapt(RemoteAdaptFn fn);
 
 }  // namespace caliper::cli

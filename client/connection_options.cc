@@ -17,12 +17,20 @@ std::string TokenFromEnvironment() {
 
 std::vector<FlagSpec> ConnectionFlags() {
   return {
-      {"token", "TOKEN", "bearer token of your tenant (default: $CALIPER_TOKEN)"},
-      {"token_file", "FILE", "read the bearer token from FILE"},
-      {"tls_ca", "PEM", "connect with TLS, trusting this CA certificate file"},
-      {"tls_cert", "PEM", "client certificate for mutual TLS (with --tls_key and --tls_ca)"},
-      {"tls_key", "PEM", "private key of --tls_cert"},
-      {"attempts", "N", "tries per call while the server is unreachable (default 8, backoff 0.2s..5s)"},
+      {.name = "token", .value_name = "TOKEN",
+       .help = "bearer token of your tenant (absent: $CALIPER_TOKEN)"},
+      {.name = "token-file", .value_name = "FILE", .help = "read the bearer token from FILE",
+       .aliases = {"token_file"}},
+      {.name = "tls-ca", .value_name = "PEM",
+       .help = "connect with TLS, trusting this CA certificate file", .aliases = {"tls_ca"}},
+      {.name = "tls-cert", .value_name = "PEM",
+       .help = "client certificate for mutual TLS (with --tls-key and --tls-ca)",
+       .aliases = {"tls_cert"}},
+      {.name = "tls-key", .value_name = "PEM", .help = "private key of --tls-cert",
+       .aliases = {"tls_key"}},
+      {.name = "attempts", .value_name = "N",
+       .help = "tries per call while the server is unreachable (backoff 0.2s..5s)",
+       .default_value = "8"},
   };
 }
 
@@ -33,32 +41,32 @@ std::vector<FlagSpec> WithConnectionFlags(std::vector<FlagSpec> flags) {
 
 absl::StatusOr<ConnectionOptions> ConnectionOptionsFromArgs(const CliArgs& args) {
   ConnectionOptions security;
-  if (args.Has("token") && args.Has("token_file")) {
-    return absl::InvalidArgumentError("--token and --token_file: give one of them");
+  if (args.Has("token") && args.Has("token-file")) {
+    return absl::InvalidArgumentError("--token and --token-file: give one of them");
   }
-  if (std::optional<std::string> file = args.Get("token_file")) {
+  if (std::optional<std::string> file = args.Get("token-file")) {
     absl::StatusOr<std::string> text = ReadWholeFile(*file);
     if (!text.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--token_file: ", text.status().message()));
+          absl::StrCat("--token-file: ", text.status().message()));
     }
     security.token = std::string(absl::StripAsciiWhitespace(*text));
     if (security.token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--token_file: ", *file, " is empty"));
+      return absl::InvalidArgumentError(absl::StrCat("--token-file: ", *file, " is empty"));
     }
   } else {
     security.token = args.Get("token").value_or(TokenFromEnvironment());
   }
-  security.tls_ca_file = args.Get("tls_ca").value_or("");
-  security.tls_cert_file = args.Get("tls_cert").value_or("");
-  security.tls_key_file = args.Get("tls_key").value_or("");
+  security.tls_ca_file = args.Get("tls-ca").value_or("");
+  security.tls_cert_file = args.Get("tls-cert").value_or("");
+  security.tls_key_file = args.Get("tls-key").value_or("");
   if (security.tls_cert_file.empty() != security.tls_key_file.empty()) {
     return absl::InvalidArgumentError(security.tls_cert_file.empty()
-                                          ? "--tls_key needs --tls_cert"
-                                          : "--tls_cert needs --tls_key");
+                                          ? "--tls-key needs --tls-cert"
+                                          : "--tls-cert needs --tls-key");
   }
   if (!security.tls_cert_file.empty() && security.tls_ca_file.empty()) {
-    return absl::InvalidArgumentError("--tls_cert needs --tls_ca (mutual TLS runs over TLS)");
+    return absl::InvalidArgumentError("--tls-cert needs --tls-ca (mutual TLS runs over TLS)");
   }
   absl::StatusOr<std::optional<int64_t>> attempts = args.GetInt("attempts", 1, 100);
   if (!attempts.ok()) return attempts.status();

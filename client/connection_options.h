@@ -21,12 +21,12 @@ struct ConnectionOptions {
   int attempts = 8;  // tries per call before giving up on an unreachable server (rpc_retry.h)
 };
 
-// --token, --token_file, --tls_ca, --tls_cert, --tls_key and --attempts, shared by every command that talks to the server.
+// --token, --token-file, --tls-ca, --tls-cert, --tls-key and --attempts, shared by every command that talks to the server.
 std::vector<FlagSpec> ConnectionFlags();
 std::vector<FlagSpec> WithConnectionFlags(std::vector<FlagSpec> flags);
 // From those flags, else the CALIPER_TOKEN environment variable. InvalidArgument naming the
-// flag for an unreadable file, both --token and --token_file, --tls_cert without --tls_key (or
-// the reverse) or a client certificate without --tls_ca.
+// flag for an unreadable file, both --token and --token-file, --tls-cert without --tls-key (or
+// the reverse) or a client certificate without --tls-ca.
 absl::StatusOr<ConnectionOptions> ConnectionOptionsFromArgs(const CliArgs& args);
 // CALIPER_TOKEN, whitespace stripped; empty when unset.
 std::string TokenFromEnvironment();

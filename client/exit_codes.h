@@ -1,4 +1,5 @@
-// Exit codes every `caliper` subcommand returns (scripts and CI key on them).
+// Exit codes every `caliper` subcommand returns (scripts and CI key on them). Statuses become
+// these in one place: ExitCodeFor (client/command.h).
 #ifndef CALIPER_CLIENT_EXIT_CODES_H_
 #define CALIPER_CLIENT_EXIT_CODES_H_
 
@@ -7,6 +8,7 @@ namespace caliper::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitServer = 1;  // the server refused or failed the request
 inline constexpr int kExitUsage = 2;   // bad flags or bad input; nothing was written
+inline constexpr int kExitIo = 3;      // a read or write of a local file failed (disk full, ...)
 
 }  // namespace caliper::cli
 

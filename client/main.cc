@@ -1,67 +1,30 @@
 // caliper: command-line client. `caliper <command> [flags]`; `caliper <command> --help`.
-#include <cstring>
+// The command table: one row per subcommand, each declared in its own file (client/command.h).
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "client/command.h"
 #include "client/commands.h"
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
 #include "client/remote_commands.h"
 #endif
 
-namespace {
-
-struct Command {
-  const char* name;
-  const char* summary;
-  caliper::cli::CommandFn run;
-};
-
-// One row per subcommand; commands that need the server are added from their own library.
-constexpr Command kCommands[] = {
-    {"adapt", "adapt a LightLLM KV calibration file to another head count / TP (offline)",
-     caliper::cli::RunAdaptCommand},
-    {"merge", "add a scale file to an HF checkpoint as a new shard + quantization_config",
-     caliper::cli::RunMergeCommand},
-    {"convert", "render an existing calibration in other engines' formats (offline)",
-     caliper::cli::RunConvertCommand},
-#ifdef CALIPER_HAVE_GRPC_COMMANDS
-    {"calibrate", "stream dumps to caliper-server, finalize, write LightLLM + scales.json",
-     caliper::cli::RunCalibrateCommand},
-    {"scales", "write a finalized session's scale files for another deployment",
-     caliper::cli::RunScalesCommand},
-    {"sessions", "list the server's sessions and their progress", caliper::cli::RunSessionsCommand},
-#endif
-};
-
-void PrintUsage(std::ostream& out) {
-  out << "usage: caliper <command> [flags]\n\ncommands:\n";
-  for (const Command& command : kCommands) {
-    out << "  " << command.name << std::string(12 - std::strlen(command.name), ' ')
-        << command.summary << "\n";
-  }
-  out << "\nRun `caliper <command> --help` for a command's flags.\n";
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
+  namespace cli = caliper::cli;
+  const std::vector<const cli::CommandSpec*> commands = {
+      &cli::AdaptCommand(),
+      &cli::MergeCommand(),
+      &cli::ConvertCommand(),
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
-  caliper::cli::SetRemoteAdapt(caliper::cli::RunRemoteAdapt);
+      &cli::CalibrateCommand(),
+      &cli::ScalesCommand(),
+      &cli::SessionsCommand(),
 #endif
-  if (argc < 2) {
-    std::cerr << "caliper: missing command (see caliper --help)\n";
-    return caliper::cli::kExitUsage;
-  }
-  const std::string name = argv[1];
-  if (name == "--help" || name == "-h" || name == "help") {
-    PrintUsage(std::cout);
-    return caliper::cli::kExitOk;
-  }
-  const std::vector<std::string> args(argv + 2, argv + argc);
-  for (const Command& command : kCommands) {
-    if (name == command.name) return command.run(args, std::cout, std::cerr);
-  }
-  std::cerr << "caliper: unknown command \"" << name << "\" (see caliper --help)\n";
-  return caliper::cli::kExitUsage;
+  };
+#ifdef CALIPER_HAVE_GRPC_COMMANDS
+  cli::SetRemoteAdapt(cli::RemoteAdapt);
+#endif
+  return cli::RunCaliper(commands, std::vector<std::string>(argv + 1, argv + argc), std::cout,
+                         std::cerr);
 }

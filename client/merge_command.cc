@@ -5,63 +5,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "client/cli_args.h"
+#include "client/command.h"
 #include "client/commands.h"
 #include "core/formats/checkpoint_merge.h"
 
 namespace caliper::cli {
 namespace {
 
-const std::vector<FlagSpec>& MergeFlags() {
-  static const std::vector<FlagSpec> flags = {
-      {"checkpoint", "DIR", "Hugging Face checkpoint (config.json + safetensors shards)"},
-      {"scales", "FILE", "compressed-tensors or ModelOpt scale file (caliper --format output)"},
-      {"out", "DIR", "new checkpoint directory (must not exist, or be empty)"},
-      {"kv-only", "", "merge only the KV cache scales, leaving NVFP4 global scales out"},
-  };
-  return flags;
-}
-
-constexpr absl::string_view kDescription =
-    "Writes a new checkpoint directory: config.json with the quantization_config block added\n"
-    "(and hf_quant_config.json for ModelOpt), the scale tensors in their own shard\n"
-    "model-caliper-scales.safetensors, and model.safetensors.index.json listing it with the\n"
-    "original shards. The weight shards are not rewritten: they are hard-linked (same\n"
-    "filesystem; no copy, and the new directory survives deletion of the old one) or else\n"
-    "symlinked by absolute path. Refuses scale tensors the checkpoint already holds, and NVFP4\n"
-    "global scales beside unquantized weights (use --kv-only).\n"
-    "Exit codes: 0 written, 2 usage or input error (nothing written).";
-
-int Fail(std::ostream& err, absl::string_view message) {
-  err << "caliper merge: " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
-  return kExitUsage;
-}
-
-}  // namespace
-
-int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  auto flags = CliArgs::Parse(args, MergeFlags());
-  if (!flags.ok()) {
-    return Fail(err, absl::StrCat(flags.status().message(), " (see caliper merge --help)"));
-  }
-  if (flags->help()) {
-    out << FormatHelp("merge", "--checkpoint DIR --scales FILE --out DIR [--kv-only]",
-                      kDescription, MergeFlags());
-    return kExitOk;
-  }
+absl::Status RunMerge(const CliArgs& flags, std::ostream& out, std::ostream& err) {
   MergeOptions options;
-  for (const auto& [flag, field] :
-       {std::pair<const char*, std::string*>{"checkpoint", &options.checkpoint_dir},
-        {"scales", &options.scales_path},
-        {"out", &options.out_dir}}) {
-    const std::optional<std::string> value = flags->Get(flag);
-    if (!value || value->empty()) return Fail(err, absl::StrCat("--", flag, " is required"));
-    *field = *value;
-  }
-  options.kv_only = flags->Has("kv-only");
+  options.checkpoint_dir = *flags.Get("checkpoint");
+  options.scales_path = *flags.Get("scales");
+  options.out_dir = *flags.Get("out");
+  options.kv_only = flags.Has("kv-only");
   absl::StatusOr<MergeReport> report = MergeScalesIntoCheckpoint(options);
-  if (!report.ok()) return Fail(err, report.status().message());
+  if (!report.ok()) return report.status();
   for (const ScaleWarning& warning : report->warnings) {
     err << "caliper merge: warning: " << warning.where << ": " << warning.message << "\n";
   }
@@ -73,7 +32,41 @@ int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std
         << absl::StrJoin(report->symlinked, ", ");
   }
   out << ")\n";
-  return kExitOk;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const CommandSpec& MergeCommand() {
+  static const CommandSpec command{
+      .name = "merge",
+      .summary = "add a scale file to an HF checkpoint as a new shard + quantization_config",
+      .synopsis = "--checkpoint DIR --scales FILE --out DIR [--kv-only]",
+      .description =
+          "Writes a new checkpoint directory: config.json with the quantization_config block added\n"
+          "(and hf_quant_config.json for ModelOpt), the scale tensors in their own shard\n"
+          "model-caliper-scales.safetensors, and model.safetensors.index.json listing it with the\n"
+          "original shards. The weight shards are not rewritten: they are hard-linked (same\n"
+          "filesystem; no copy, and the new directory survives deletion of the old one) or else\n"
+          "symlinked by absolute path. Refuses scale tensors the checkpoint already holds, and NVFP4\n"
+          "global scales beside unquantized weights (use --kv-only).",
+      .flags = {
+          {.name = "checkpoint", .value_name = "DIR",
+           .help = "Hugging Face checkpoint (config.json + safetensors shards)", .required = true},
+          {.name = "scales", .value_name = "FILE",
+           .help = "compressed-tensors or ModelOpt scale file (caliper --format output)",
+           .required = true},
+          {.name = "out", .value_name = "DIR",
+           .help = "new checkpoint directory (must not exist, or be empty)", .required = true},
+          {.name = "kv-only", .help = "merge only the KV cache scales, leaving NVFP4 global scales out"},
+      },
+      .run = RunMerge,
+  };
+  return command;
+}
+
+int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  return RunCommand(MergeCommand(), args, out, err);
 }
 
 }  // namespace caliper::cli

@@ -1,29 +1,29 @@
-// The `caliper` subcommands that talk to caliper-server over gRPC: calibrate, scales, sessions,
-// and the remote half of adapt. Each takes the arguments after the subcommand name, writes
-// human output to `out` and diagnostics to `err`, and returns the exit code:
-// 0 ok, 1 the server said no (status printed), 2 usage or input error.
+// The `caliper` subcommands that talk to caliper-server over gRPC (calibrate, scales, sessions)
+// as command-table rows (client/command.h), and the remote half of adapt.
 #ifndef CALIPER_CLIENT_REMOTE_COMMANDS_H_
 #define CALIPER_CLIENT_REMOTE_COMMANDS_H_
 
 #include <ostream>
 #include <string>
-#include <vector>
 
+#include "absl/status/statusor.h"
+#include "client/command.h"
 #include "client/connection_options.h"
 
 namespace caliper::cli {
 
-int RunCalibrateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
-int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
-int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+const CommandSpec& CalibrateCommand();
+const CommandSpec& ScalesCommand();
+const CommandSpec& SessionsCommand();
 
 // Adapt via the server's stateless Adapt RPC: `lightllm_json` in, the adapted file text out.
-// total_heads > 0, or model_config_json with tp_size > 0. Returns 0/1/2 as above and sets
-// *adapted on success.
-int RunRemoteAdapt(const std::string& server, const ConnectionOptions& security,
-                   const std::string& lightllm_json, int total_heads,
-                   const std::string& model_config_json, int tp_size, std::string* adapted,
-                   std::ostream& err);
+// total_kv_heads > 0, or model_config_json with tp_size > 0. Errors as commands return them
+// (ServerError when the server said no). Installed as adapt's RemoteAdaptFn by main.cc.
+absl::StatusOr<std::string> RemoteAdapt(const std::string& server,
+                                        const ConnectionOptions& security,
+                                        const std::string& lightllm_json, int total_kv_heads,
+                                        const std::string& model_config_json, int tp_size,
+                                        std::ostream& err);
 
 }  // namespace caliper::cli
 

@@ -101,14 +101,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!security.tls_ca_file.empty()) {
     absl::StatusOr<std::string> ca = ReadWholeFile(security.tls_ca_file);
-    if (!ca.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_ca: ", ca.status().message()));
+    if (!ca.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-ca: ", ca.status().message()));
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = *std::move(ca);
     if (!security.tls_cert_file.empty()) {
       absl::StatusOr<std::string> cert = ReadWholeFile(security.tls_cert_file);
-      if (!cert.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_cert: ", cert.status().message()));
+      if (!cert.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-cert: ", cert.status().message()));
       absl::StatusOr<std::string> key = ReadWholeFile(security.tls_key_file);
-      if (!key.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls_key: ", key.status().message()));
+      if (!key.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-key: ", key.status().message()));
       ssl.pem_cert_chain = *std::move(cert);
       ssl.pem_private_key = *std::move(key);
     }
@@ -145,11 +145,9 @@ std::string StatusCodeName(grpc::StatusCode code) {
   }
 }
 
-int ReportRpcError(std::ostream& err, absl::string_view command, absl::string_view what,
-                   const grpc::Status& status) {
-  err << "caliper " << command << ": " << what << " failed: " << StatusCodeName(status.error_code())
-      << ": " << status.error_message() << "\n";
-  return kExitServer;
+absl::Status RpcError(absl::string_view what, const grpc::Status& status) {
+  return ServerError(absl::StrCat(what, " failed: ", StatusCodeName(status.error_code()), ": ",
+                                  status.error_message()));
 }
 
 std::string KvModeName(v1::KvMode mode) {
@@ -160,11 +158,41 @@ std::string KvModeName(v1::KvMode mode) {
   }
 }
 
-absl::StatusOr<v1::Nvfp4Convention> ParseConvention(const std::string& name) {
-  if (name == "compressed_tensors" || name == "compressed-tensors") return v1::COMPRESSED_TENSORS;
-  if (name == "modelopt") return v1::MODELOPT;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--convention: expected compressed_tensors or modelopt, got \"", name, "\""));
+v1::KvMode KvModeFromFlag(const std::string& value) {
+  if (value == "per-tensor") return v1::KV_PER_TENSOR;
+  if (value == "off") return v1::KV_OFF;
+  return v1::KV_PER_HEAD;
+}
+
+std::string KvModeFlagValue(v1::KvMode mode) {
+  switch (mode) {
+    case v1::KV_PER_HEAD: return "per-head";
+    case v1::KV_PER_TENSOR: return "per-tensor";
+    default: return "off";
+  }
+}
+
+v1::Nvfp4Convention ConventionFromFlag(const std::string& value) {
+  return value == "modelopt" ? v1::MODELOPT : v1::COMPRESSED_TENSORS;
+}
+
+FlagSpec KvFlag() {
+  return {.name = "kv", .value_name = "MODE", .help = "FP8 KV-cache scales per head, per tensor, or none",
+          .default_value = "per-head", .choices = {"per-head", "per-tensor", "off"},
+          .value_aliases = {{"per_head", "per-head"}, {"per_tensor", "per-tensor"}}};
+}
+
+FlagSpec ConventionFlag() {
+  return {.name = "convention", .value_name = "NAME",
+          .help = "NVFP4 global-scale form: compressed-tensors (divisor) or modelopt (multiplier)",
+          .default_value = "compressed-tensors", .choices = {"compressed-tensors", "modelopt"},
+          .value_aliases = {{"compressed_tensors", "compressed-tensors"}}};
+}
+
+FlagSpec FormatFlag() {
+  return {.name = "format", .value_name = "NAME",
+          .help = "also write engine files: compressed-tensors, modelopt, vllm-legacy",
+          .repeated = true};
 }
 
 std::string HumanBytes(double bytes) {
@@ -329,7 +357,7 @@ void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out) {
   }
 }
 
-int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
+absl::Status FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
                         const RetryPolicy& retry,
                         const v1::Session& session, const v1::Deployment& deployment,
                         v1::Nvfp4Convention convention, const std::vector<std::string>& formats,
@@ -347,17 +375,19 @@ int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
     return stub.GetScales(&context, request, &scales);
   });
-  if (!status.ok()) return ReportRpcError(err, command, "GetScales", status);
+  if (!status.ok()) return RpcError("GetScales", status);
   auto written = WriteScalesOutputs(out_dir, scales, session, deployment);
   if (!written.ok()) {
-    err << "caliper " << command << ": " << written.status().message() << "\n";
-    return written.status().code() == absl::StatusCode::kDataLoss ? kExitServer : kExitUsage;
+    // DataLoss: the server's answer was broken, not the user's input.
+    return written.status().code() == absl::StatusCode::kDataLoss
+               ? ServerError(written.status().message())
+               : written.status();
   }
   PrintScalesSummary(scales, out);
   if (!written->kv_cache_calib.empty()) out << "wrote     " << written->kv_cache_calib << "\n";
   out << "wrote     " << written->scales_json << "\n";
   for (const std::string& path : written->engine_files) out << "wrote     " << path << "\n";
-  return kExitOk;
+  return absl::OkStatus();
 }
 
 }  // namespace caliper::cli

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "client/connection_options.h"
 #include "client/cli_args.h"
+#include "client/command.h"
 #include "client/exit_codes.h"
 #include "client/rpc_retry.h"
 #include "grpcpp/grpcpp.h"
@@ -24,18 +25,24 @@ inline constexpr int kMaxMessageBytes = 64 << 20;
 
 // Plaintext, with CALIPER_TOKEN (if set) as the bearer token.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
-// InvalidArgument naming --tls_ca / --tls_cert / --tls_key when a file cannot be read.
+// InvalidArgument naming --tls-ca / --tls-cert / --tls-key when a file cannot be read.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const ConnectionOptions& security);
 
-// Prints "caliper <command>: <what> failed: <CODE>: <message>" and returns kExitServer.
-int ReportRpcError(std::ostream& err, absl::string_view command, absl::string_view what,
-                   const grpc::Status& status);
+// ServerError("<what> failed: <CODE>: <message>"): RunCommand prints it, exit code 1.
+absl::Status RpcError(absl::string_view what, const grpc::Status& status);
 std::string StatusCodeName(grpc::StatusCode code);
 
-// "per_head" / "per_tensor" / "off" <-> proto.
+// "per_head" / "per_tensor" / "off": LightLLM's quant_type words, as scales.json writes them.
 std::string KvModeName(v1::KvMode mode);
-absl::StatusOr<v1::Nvfp4Convention> ParseConvention(const std::string& name);
+// The --kv / --convention values (kebab-case; the command table checked them) <-> proto.
+v1::KvMode KvModeFromFlag(const std::string& value);
+std::string KvModeFlagValue(v1::KvMode mode);
+v1::Nvfp4Convention ConventionFromFlag(const std::string& value);
+// --kv and --convention as every scales-producing command declares them.
+FlagSpec KvFlag();
+FlagSpec ConventionFlag();
+FlagSpec FormatFlag();
 
 struct WrittenOutputs {
   std::string kv_cache_calib;  // empty when the session has no KV scales
@@ -56,8 +63,8 @@ void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out);
 
 // The tail of `calibrate` and `scales`: asks GetScales for `deployment` (LightLLM plus every
 // --format; retried per `retry`), writes the outputs into out_dir, prints the summary and the
-// paths. Returns the exit code; errors are reported as `caliper <command>: ...`.
-int FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
+// paths. Returns the error to report (RpcError when the server said no).
+absl::Status FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
                         const RetryPolicy& retry,
                         const v1::Session& session, const v1::Deployment& deployment,
                         v1::Nvfp4Convention convention, const std::vector<std::string>& formats,

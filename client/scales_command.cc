@@ -1,6 +1,7 @@
 // caliper scales: the files of a finalized session for another deployment.
 #include "absl/strings/str_cat.h"
 #include "client/cli_args.h"
+#include "client/command.h"
 #include "client/remote_commands.h"
 #include "client/remote_common.h"
 #include "client/rpc_retry.h"
@@ -8,85 +9,81 @@
 namespace caliper::cli {
 namespace {
 
-const std::vector<FlagSpec>& ScalesFlags() {
-  static const std::vector<FlagSpec> flags = WithConnectionFlags({
-      {"server", "ADDR", "caliper-server address"},
-      {"session", "ID", "session id (see `caliper sessions`)"},
-      {"out", "DIR", "output directory (created)"},
-      {"tp", "T", "TP size of the deployment (default 1)"},
-      {"total-heads", "M", "alternatively, total KV heads counted across ranks"},
-      {"rank", "R", "also put TP rank R's K/V slice into scales.json (needs --tp)"},
-      {"convention", "NAME", "NVFP4 form: compressed_tensors (divisor, default) or modelopt"},
-      {"format", "NAME", "also write engine files: compressed-tensors, modelopt, vllm-legacy (repeatable)", true},
-  });
-  return flags;
-}
-
-constexpr absl::string_view kDescription =
-    "Fetches the scales of a finalized session for one deployment and writes into DIR the same\n"
-    "files as `caliper calibrate`: kv_cache_calib.json (LightLLM, full rows for the deployment's\n"
-    "total KV heads; with T above the model's KV heads, heads are replicated) and scales.json.\n"
-    "Exit codes: 0 written, 1 the server refused (e.g. session not finalized, head counts that\n"
-    "do not divide), 2 usage error.";
-
-int UsageError(std::ostream& err, absl::string_view message) {
-  err << "caliper scales: " << message << " (see caliper scales --help)\n";
-  return kExitUsage;
-}
-
-}  // namespace
-
-int RunScalesCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  auto flags = CliArgs::Parse(args, ScalesFlags());
-  if (!flags.ok()) return UsageError(err, flags.status().message());
-  if (flags->help()) {
-    out << FormatHelp("scales", "--server ADDR --session ID --out DIR [--tp T | --total-heads M] [--rank R]",
-                      kDescription, ScalesFlags());
-    return kExitOk;
+absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& err) {
+  auto tp = flags.GetInt("tp", 1, 1 << 20);
+  auto total_kv_heads = flags.GetInt("total-kv-heads", 1, 1 << 20);
+  auto rank = flags.GetInt("rank", 0, 1 << 20);
+  for (const auto* st : {&tp.status(), &total_kv_heads.status(), &rank.status()}) {
+    if (!st->ok()) return UsageError(st->message());
   }
-  auto flag = [&](const std::string& name, const std::string& fallback = "") {
-    return flags->Get(name).value_or(fallback);
-  };
-  for (const char* required : {"server", "session", "out"}) {
-    if (flag(required).empty()) return UsageError(err, absl::StrCat("--", required, " is required"));
+  if (tp->has_value() && total_kv_heads->has_value()) {
+    return UsageError("give --tp or --total-kv-heads, not both");
   }
-  auto tp = flags->GetInt("tp", 1, 1 << 20);
-  auto total_heads = flags->GetInt("total-heads", 1, 1 << 20);
-  auto rank = flags->GetInt("rank", 0, 1 << 20);
-  for (const auto* st : {&tp.status(), &total_heads.status(), &rank.status()}) {
-    if (!st->ok()) return UsageError(err, st->message());
-  }
-  if (tp->has_value() && total_heads->has_value()) return UsageError(err, "give --tp or --total-heads, not both");
-  if (rank->has_value() && !tp->has_value()) return UsageError(err, "--rank needs --tp");
-  auto convention = ParseConvention(flag("convention", "compressed_tensors"));
-  if (!convention.ok()) return UsageError(err, convention.status().message());
+  if (rank->has_value() && !tp->has_value()) return UsageError("--rank needs --tp");
+  const v1::Nvfp4Convention convention = ConventionFromFlag(*flags.Get("convention"));
 
-  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
-  if (!security.ok()) return UsageError(err, security.status().message());
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(flag("server"), *security);
-  if (!channel.ok()) return UsageError(err, channel.status().message());
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
+  if (!security.ok()) return UsageError(security.status().message());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      MakeChannel(*flags.Get("server"), *security);
+  if (!channel.ok()) return UsageError(channel.status().message());
   auto stub = v1::Calibration::NewStub(*channel);
   const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, *channel);
   v1::Session session;
   {
     v1::GetSessionRequest request;
-    request.set_session_id(flag("session"));
+    request.set_session_id(*flags.Get("session"));
     Backoff backoff(retry, &err, "caliper scales: GetSession");
     grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
       return stub->GetSession(&context, request, &session);
     });
-    if (!status.ok()) return ReportRpcError(err, "scales", "GetSession", status);
+    if (!status.ok()) return RpcError("GetSession", status);
   }
   v1::Deployment deployment;
-  if (total_heads->has_value()) {
-    deployment.set_total_kv_heads(static_cast<int>(**total_heads));
+  if (total_kv_heads->has_value()) {
+    deployment.set_total_kv_heads(static_cast<int>(**total_kv_heads));
   } else {
     deployment.set_tp_size(static_cast<int>(tp->value_or(1)));
   }
   if (rank->has_value()) deployment.set_rank(static_cast<int>(**rank));
   out << "session   " << session.id() << "\n";
-  return FetchAndWriteScales(*stub, "scales", retry, session, deployment, *convention,
-                             flags->GetAll("format"), flag("out"), out, err);
+  return FetchAndWriteScales(*stub, "scales", retry, session, deployment, convention,
+                             flags.GetAll("format"), *flags.Get("out"), out, err);
+}
+
+}  // namespace
+
+const CommandSpec& ScalesCommand() {
+  static const CommandSpec command{
+      .name = "scales",
+      .summary = "write a finalized session's scale files for another deployment",
+      .synopsis = "--server ADDR --session ID --out DIR [--tp T | --total-kv-heads M] [--rank R]",
+      .description =
+          "Fetches the scales of a finalized session for one deployment and writes into DIR the same\n"
+          "files as `caliper calibrate`: kv_cache_calib.json (LightLLM, full rows for the deployment's\n"
+          "total KV heads; with T above the model's KV heads, heads are replicated) and scales.json.\n"
+          "The server refuses e.g. a session not finalized or head counts that do not divide.",
+      .server = ServerUse::kAlways,
+      .flags = WithConnectionFlags({
+          {.name = "server", .value_name = "ADDR", .help = "caliper-server address",
+           .required = true},
+          {.name = "session", .value_name = "ID", .help = "session id (see `caliper sessions`)",
+           .required = true},
+          {.name = "out", .value_name = "DIR", .help = "output directory (created)",
+           .required = true},
+          {.name = "tp", .value_name = "T",
+           .help = "deployment TP size (1 when neither --tp nor --total-kv-heads is given)"},
+          {.name = "total-kv-heads", .value_name = "M",
+           .help = "instead of --tp: total KV heads counted across ranks",
+           .aliases = {"total-heads"}},
+          {.name = "rank", .value_name = "R",
+           .help = "also put TP rank R's K/V slice into scales.json (needs --tp)"},
+          ConventionFlag(),
+          FormatFlag(),
+      }),
+      .run = RunScales,
+  };
+  return command;
 }
 
 }  // namespace caliper::cli

@@ -4,23 +4,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli_args.h"
+#include "client/command.h"
 #include "client/remote_commands.h"
 #include "client/remote_common.h"
 #include "client/rpc_retry.h"
 
 namespace caliper::cli {
 namespace {
-
-const std::vector<FlagSpec>& SessionsFlags() {
-  static const std::vector<FlagSpec> flags =
-      WithConnectionFlags({{"server", "ADDR", "caliper-server address"}});
-  return flags;
-}
-
-constexpr absl::string_view kDescription =
-    "Lists the sessions on caliper-server: id, state, recipe, chunks and bytes accepted, chunks\n"
-    "rejected, K/V tokens seen (fewest over layers), modules with weights/inputs, age, name.\n"
-    "Exit codes: 0 ok, 1 the server refused, 2 usage error.";
 
 std::string Age(int64_t created_unix_ms) {
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -33,37 +23,19 @@ std::string Age(int64_t created_unix_ms) {
 }
 
 std::string RecipeText(const v1::Recipe& r) {
-  std::string text = KvModeName(r.kv());
+  std::string text = KvModeFlagValue(r.kv());
   if (r.nvfp4_weights() || r.nvfp4_activations()) {
     absl::StrAppend(&text, "+nvfp4", r.nvfp4_weights() ? "w" : "", r.nvfp4_activations() ? "a" : "");
   }
   return text;
 }
 
-}  // namespace
-
-int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  auto flags = CliArgs::Parse(args, SessionsFlags());
-  if (!flags.ok()) {
-    err << "caliper sessions: " << flags.status().message() << " (see caliper sessions --help)\n";
-    return kExitUsage;
-  }
-  if (flags->help()) {
-    out << FormatHelp("sessions", "--server ADDR", kDescription, SessionsFlags());
-    return kExitOk;
-  }
-  const std::string server = flags->Get("server").value_or("");
-  if (server.empty()) {
-    err << "caliper sessions: --server is required\n";
-    return kExitUsage;
-  }
-  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(*flags);
+absl::Status RunSessions(const CliArgs& flags, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
+  if (!security.ok()) return UsageError(security.status().message());
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      security.ok() ? MakeChannel(server, *security) : security.status();
-  if (!channel.ok()) {
-    err << "caliper sessions: " << channel.status().message() << "\n";
-    return kExitUsage;
-  }
+      MakeChannel(*flags.Get("server"), *security);
+  if (!channel.ok()) return UsageError(channel.status().message());
   auto stub = v1::Calibration::NewStub(*channel);
   v1::ListSessionsResponse response;
   Backoff backoff(RetryPolicyWithAttempts(security->attempts, *channel), &err,
@@ -71,10 +43,10 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
     return stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
   });
-  if (!status.ok()) return ReportRpcError(err, "sessions", "ListSessions", status);
+  if (!status.ok()) return RpcError("ListSessions", status);
   if (response.sessions().empty()) {
     out << "no sessions\n";
-    return kExitOk;
+    return absl::OkStatus();
   }
   out << absl::StrFormat("%-32s  %-9s  %-16s  %8s  %10s  %8s  %9s  %7s  %5s  %s\n", "ID", "STATE",
                          "RECIPE", "CHUNKS", "BYTES", "REJECTED", "KV_TOKENS", "MOD_W/I", "AGE",
@@ -92,22 +64,38 @@ int RunSessionsCommand(const std::vector<std::string>& args, std::ostream& out, 
                            absl::StrCat(s.modules_with_weights(), "/", s.modules_with_inputs()),
                            Age(s.created_unix_ms()), s.name());
   }
-  return kExitOk;
+  return absl::OkStatus();
 }
 
-int RunRemoteAdapt(const std::string& server, const ConnectionOptions& security,
-                   const std::string& lightllm_json, int total_heads,
-                   const std::string& model_config_json, int tp_size, std::string* adapted,
-                   std::ostream& err) {
+}  // namespace
+
+const CommandSpec& SessionsCommand() {
+  static const CommandSpec command{
+      .name = "sessions",
+      .summary = "list the server's sessions and their progress",
+      .synopsis = "--server ADDR",
+      .description =
+          "Lists the sessions on caliper-server: id, state, recipe, chunks and bytes accepted, chunks\n"
+          "rejected, K/V tokens seen (fewest over layers), modules with weights/inputs, age, name.",
+      .server = ServerUse::kAlways,
+      .flags = WithConnectionFlags({{.name = "server", .value_name = "ADDR",
+                                     .help = "caliper-server address", .required = true}}),
+      .run = RunSessions,
+  };
+  return command;
+}
+
+absl::StatusOr<std::string> RemoteAdapt(const std::string& server,
+                                        const ConnectionOptions& security,
+                                        const std::string& lightllm_json, int total_kv_heads,
+                                        const std::string& model_config_json, int tp_size,
+                                        std::ostream& err) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(server, security);
-  if (!channel.ok()) {
-    err << "caliper adapt: " << channel.status().message() << "\n";
-    return kExitUsage;
-  }
+  if (!channel.ok()) return UsageError(channel.status().message());
   auto stub = v1::Calibration::NewStub(*channel);
   v1::AdaptRequest request;
   request.set_lightllm_json(lightllm_json);
-  if (total_heads > 0) request.set_total_heads(total_heads);
+  if (total_kv_heads > 0) request.set_total_kv_heads(total_kv_heads);
   if (!model_config_json.empty()) request.mutable_model()->set_hf_config_json(model_config_json);
   if (tp_size > 0) request.set_tp_size(tp_size);
   v1::AdaptResponse response;
@@ -116,9 +104,9 @@ int RunRemoteAdapt(const std::string& server, const ConnectionOptions& security,
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
     return stub->Adapt(&context, request, &response);
   });
-  if (!status.ok()) return ReportRpcError(err, "adapt", absl::StrCat("Adapt on ", server), status);
-  *adapted = response.lightllm_json();
-  return kExitOk;
+  if (!status.ok()) return RpcError(absl::StrCat("Adapt on ", server), status);
+  return response.lightllm_json();
 }
 
 }  // namespace caliper::cli
+

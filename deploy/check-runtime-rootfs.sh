@@ -69,7 +69,7 @@ uid=$(ps -o uid= -p "$server_pid" | tr -d ' ')
 "$client_bin" ingest --target="$grpc" --layers=2 --tokens=8 --kv_heads=2 --head_dim=4 \
   --weights=1 --bad_chunks=1
 page=$(curl -sf "http://$metrics/metrics")
-grep -qx 'caliper_ingested_bytes_total{kind="kv"} 1024' <<<"$page" \
+grep -qx 'caliper_ingested_bytes_total{kind="key"} 512' <<<"$page" \
   || { echo "FAIL: /metrics:"; grep caliper_ingested <<<"$page"; exit 1; }
 grep -qx 'caliper_backend_info{backend="cpu"} 1' <<<"$page" || { echo "FAIL: backend"; exit 1; }
 

@@ -51,8 +51,8 @@ echo "$line"
 echo
 echo "== 3. caliper calibrate (KV per head + NVFP4 weights and activations, deployment TP=2)"
 "$BIN/client/caliper" calibrate --server="$ADDR" --model="$OUT/data/config.json" \
-  --kv=per_head --nvfp4 --weights="$OUT/data/checkpoint" --tensors="$OUT/data/dumps" \
-  --deploy-tp=2 --name=demo --out="$OUT/tp2" | tee "$OUT/calibrate.txt"
+  --kv=per-head --nvfp4 --weights="$OUT/data/checkpoint" --tensors="$OUT/data/dumps" \
+  --tp=2 --name=demo --out="$OUT/tp2" | tee "$OUT/calibrate.txt"
 SESSION=$(awk '/^session/ {print $2; exit}' "$OUT/calibrate.txt")
 
 echo

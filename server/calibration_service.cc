@@ -247,7 +247,7 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
     absl::StatusOr<LightLlmCalibration> calibration =
         ParseLightLlmCalibration(request->lightllm_json());
     if (!calibration.ok()) return Prefixed("lightllm_json: ", calibration.status());
-    int total = request->total_heads();
+    int total = request->total_kv_heads();
     if (request->has_model()) {
       absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
       if (!model.ok()) return model.status();
@@ -262,12 +262,12 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
       }
     }
     if (total <= 0) {
-      return absl::InvalidArgumentError("total_heads: required (or model and tp_size)");
+      return absl::InvalidArgumentError("total_kv_heads: required (or model and tp_size)");
     }
     absl::StatusOr<LightLlmCalibration> adapted = AdaptLightLlmCalibration(*calibration, total);
     if (!adapted.ok()) return adapted.status();
     response->set_lightllm_json(SerializeLightLlmCalibration(*adapted));
-    response->set_total_heads(total);
+    response->set_total_kv_heads(total);
     return absl::OkStatus();
   };
   return FinishUnary(context, "Adapt", "", start, adapt());

@@ -18,6 +18,22 @@ constexpr absl::string_view kRejectReasons[] = {"invalid_argument",    "not_foun
                                                 "failed_precondition", "resource_exhausted",
                                                 "other"};
 
+// ChunkKind order: kKey, kValue, kWeight, kInput.
+constexpr absl::string_view kKindLabels[] = {"key", "value", "weight", "input_activation"};
+constexpr absl::string_view kUnspecifiedKind = "unspecified";
+
+absl::string_view KindLabel(ChunkKind kind) { return kKindLabels[static_cast<int>(kind)]; }
+
+absl::string_view KindLabel(v1::TargetKind kind) {
+  switch (kind) {
+    case v1::KEY: return KindLabel(ChunkKind::kKey);
+    case v1::VALUE: return KindLabel(ChunkKind::kValue);
+    case v1::WEIGHT: return KindLabel(ChunkKind::kWeight);
+    case v1::INPUT_ACTIVATION: return KindLabel(ChunkKind::kInput);
+    default: return kUnspecifiedKind;
+  }
+}
+
 absl::string_view ReasonOf(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
@@ -41,22 +57,32 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
                     .Name("caliper_ingested_bytes_total")
                     .Help("Tensor bytes accepted into sessions, by target kind.")
                     .Register(*registry_);
-  bytes_kv_ = &bytes.Add({{"kind", "kv"}});
-  bytes_weight_ = &bytes.Add({{"kind", "weight"}});
-  bytes_activation_ = &bytes.Add({{"kind", "activation"}});
   auto& chunks = prometheus::BuildCounter()
                      .Name("caliper_ingested_chunks_total")
                      .Help("Tensor chunks accepted into sessions, by target kind.")
                      .Register(*registry_);
-  chunks_kv_ = &chunks.Add({{"kind", "kv"}});
-  chunks_weight_ = &chunks.Add({{"kind", "weight"}});
-  chunks_activation_ = &chunks.Add({{"kind", "activation"}});
+  auto& skipped = prometheus::BuildCounter()
+                      .Name("caliper_skipped_warmup_chunks_total")
+                      .Help("Chunks of warm-up batches (recipe warmup_batches): acknowledged and "
+                            "counted, not observed; by target kind.")
+                      .Register(*registry_);
+  for (int k = 0; k < 4; ++k) {
+    const std::string kind(kKindLabels[k]);
+    bytes_[k] = &bytes.Add({{"kind", kind}});
+    chunks_[k] = &chunks.Add({{"kind", kind}});
+    skipped_warmup_[k] = &skipped.Add({{"kind", kind}});
+  }
   auto& rejected = prometheus::BuildCounter()
                        .Name("caliper_rejected_chunks_total")
-                       .Help("Tensor chunks rejected, by reason.")
+                       .Help("Tensor chunks rejected, by reason and target kind.")
                        .Register(*registry_);
   for (absl::string_view reason : kRejectReasons) {
-    rejected_.emplace(std::string(reason), &rejected.Add({{"reason", std::string(reason)}}));
+    std::vector<absl::string_view> kinds(std::begin(kKindLabels), std::end(kKindLabels));
+    kinds.push_back(kUnspecifiedKind);
+    for (absl::string_view kind : kinds) {
+      rejected_.emplace(std::make_pair(std::string(reason), std::string(kind)),
+                        &rejected.Add({{"reason", std::string(reason)}, {"kind", std::string(kind)}}));
+    }
   }
   duplicates_ = &prometheus::BuildCounter()
                      .Name("caliper_duplicate_chunks_total")
@@ -97,8 +123,8 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
                       .Help("Bytes of session state written durably.")
                       .Register(*registry_)
                       .Add({});
-  state_write_seconds_ = &prometheus::BuildHistogram()
-                              .Name("caliper_state_write_seconds")
+  state_write_duration_ = &prometheus::BuildHistogram()
+                              .Name("caliper_state_write_duration_seconds")
                               .Help("Latency of one atomic state file write (write, fsync, rename).")
                               .Register(*registry_)
                               .Add({}, prometheus::Histogram::BucketBoundaries{
@@ -119,25 +145,17 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
 }
 
 void ServerMetrics::ChunkAccepted(ChunkKind kind, int64_t bytes) {
-  switch (kind) {
-    case ChunkKind::kKey:
-    case ChunkKind::kValue:
-      bytes_kv_->Increment(static_cast<double>(bytes));
-      chunks_kv_->Increment();
-      break;
-    case ChunkKind::kWeight:
-      bytes_weight_->Increment(static_cast<double>(bytes));
-      chunks_weight_->Increment();
-      break;
-    case ChunkKind::kInput:
-      bytes_activation_->Increment(static_cast<double>(bytes));
-      chunks_activation_->Increment();
-      break;
-  }
+  bytes_[static_cast<int>(kind)]->Increment(static_cast<double>(bytes));
+  chunks_[static_cast<int>(kind)]->Increment();
 }
 
-void ServerMetrics::ChunkRejected(const absl::Status& status) {
-  rejected_.find(ReasonOf(status))->second->Increment();
+void ServerMetrics::ChunkSkippedWarmup(ChunkKind kind) {
+  skipped_warmup_[static_cast<int>(kind)]->Increment();
+}
+
+void ServerMetrics::ChunkRejected(const absl::Status& status, v1::TargetKind kind) {
+  rejected_.find(std::make_pair(std::string(ReasonOf(status)), std::string(KindLabel(kind))))
+      ->second->Increment();
 }
 
 void ServerMetrics::ChunkDuplicate() { duplicates_->Increment(); }
@@ -156,7 +174,7 @@ void ServerMetrics::Finalization(bool ok) { (ok ? finalize_ok_ : finalize_error_
 void ServerMetrics::StateWrite(bool ok, size_t bytes, double seconds) {
   (ok ? state_writes_ok_ : state_writes_error_)->Increment();
   if (ok) state_bytes_->Increment(static_cast<double>(bytes));
-  state_write_seconds_->Observe(seconds);
+  state_write_duration_->Observe(seconds);
 }
 
 void ServerMetrics::StateLoaded(int64_t restored, int64_t corrupt) {

@@ -1,5 +1,8 @@
-// Prometheus metrics of the server (names are a contract with deploy/ dashboards and tests).
-// Label values are bounded sets: no session ids. Thread-safe (prometheus-cpp metrics are).
+// Prometheus metrics of the server (names are a contract with deploy/ dashboards and tests;
+// renames go into CHANGELOG.md). Durations are `_seconds` histograms named `*_duration_seconds`;
+// `kind` labels use the API's target kinds in lower case (key, value, weight, input_activation;
+// unspecified when a rejected chunk named none). Label values are bounded sets: no session ids.
+// Thread-safe (prometheus-cpp metrics are).
 #ifndef CALIPER_SERVER_METRICS_H_
 #define CALIPER_SERVER_METRICS_H_
 
@@ -17,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/session/session.h"
+#include "proto/caliper.pb.h"
 
 namespace caliper {
 
@@ -26,8 +30,10 @@ class ServerMetrics {
   explicit ServerMetrics(absl::string_view backend);
 
   void ChunkAccepted(ChunkKind kind, int64_t bytes);
-  // Reason label from the rejection's status code.
-  void ChunkRejected(const absl::Status& status);
+  // A chunk below the recipe's warm-up batches: acknowledged and counted, not observed.
+  void ChunkSkippedWarmup(ChunkKind kind);
+  // Reason label from the rejection's status code; `kind` as the chunk declared it.
+  void ChunkRejected(const absl::Status& status, v1::TargetKind kind);
   // A re-sent chunk already counted (exactly-once): acknowledged, not a rejection.
   void ChunkDuplicate();
   void SetActiveSessions(int64_t count);
@@ -44,13 +50,12 @@ class ServerMetrics {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Counter* bytes_kv_;
-  prometheus::Counter* bytes_weight_;
-  prometheus::Counter* bytes_activation_;
-  prometheus::Counter* chunks_kv_;
-  prometheus::Counter* chunks_weight_;
-  prometheus::Counter* chunks_activation_;
-  std::map<std::string, prometheus::Counter*, std::less<>> rejected_;
+  // Indexed by ChunkKind.
+  prometheus::Counter* bytes_[4];
+  prometheus::Counter* chunks_[4];
+  prometheus::Counter* skipped_warmup_[4];
+  // By reason, then kind label.
+  std::map<std::pair<std::string, std::string>, prometheus::Counter*, std::less<>> rejected_;
   prometheus::Counter* duplicates_;
   prometheus::Gauge* active_sessions_;
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
@@ -60,7 +65,7 @@ class ServerMetrics {
   prometheus::Counter* state_writes_ok_;
   prometheus::Counter* state_writes_error_;
   prometheus::Counter* state_bytes_;
-  prometheus::Histogram* state_write_seconds_;
+  prometheus::Histogram* state_write_duration_;
   prometheus::Counter* state_restored_;
   prometheus::Counter* state_corrupt_;
 };

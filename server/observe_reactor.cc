@@ -87,7 +87,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     if (fault.ok()) {
       fault = HandleChunk();
     } else {
-      service_->metrics_->ChunkRejected(fault);
+      service_->metrics_->ChunkRejected(fault, v1::TARGET_UNSPECIFIED);
       if (session_) session_->RecordRejected();
     }
     if (!fault.ok()) {
@@ -165,7 +165,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
 
   // Reports one rejected chunk in-band; the stream goes on.
   void RejectChunk(const absl::Status& status) {
-    service_->metrics_->ChunkRejected(status);
+    service_->metrics_->ChunkRejected(status, chunk_.kind());
     summary_.set_rejected_chunks(summary_.rejected_chunks() + 1);
     summary_.set_rejected_bytes(summary_.rejected_bytes() +
                                  static_cast<int64_t>(raw_.data().size()));
@@ -191,7 +191,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
           "chunk.data: ", raw_.data().size(), " bytes (sequence ", chunk_.sequence(),
           ") exceeds the server's --max_message_bytes=", limit,
           "; split the tensor into smaller chunks (along tokens, rows or TP shards)"));
-      service_->metrics_->ChunkRejected(status);
+      service_->metrics_->ChunkRejected(status, chunk_.kind());
       if (session_) session_->RecordRejected();
       return status;
     }
@@ -199,12 +199,12 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       if (chunk_.session_id().empty()) {
         absl::Status status =
             absl::InvalidArgumentError("chunk.session_id: required on the first chunk of a stream");
-        service_->metrics_->ChunkRejected(status);
+        service_->metrics_->ChunkRejected(status, chunk_.kind());
         return status;
       }
       absl::StatusOr<std::shared_ptr<CalibrationSession>> session = BindSession();
       if (!session.ok()) {
-        service_->metrics_->ChunkRejected(session.status());
+        service_->metrics_->ChunkRejected(session.status(), chunk_.kind());
         return Prefixed("chunk.", session.status());
       }
       session_ = *std::move(session);
@@ -229,7 +229,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     if (!chunk_.producer_id().empty() && !producer_) {
       absl::StatusOr<ProducerLedger::Stream> stream = OpenProducer();
       if (!stream.ok()) {
-        service_->metrics_->ChunkRejected(stream.status());
+        service_->metrics_->ChunkRejected(stream.status(), chunk_.kind());
         return stream.status();
       }
       producer_ = *std::move(stream);
@@ -255,7 +255,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
          (outcome.status().code() == absl::StatusCode::kFailedPrecondition &&
           absl::StrContains(outcome.status().message(), "chunk.sequence")))) {
       // A gap or a newer connection of this producer: the stream cannot go on in order.
-      service_->metrics_->ChunkRejected(outcome.status());
+      service_->metrics_->ChunkRejected(outcome.status(), chunk_.kind());
       return outcome.status();
     }
     if (!outcome.ok()) {
@@ -271,6 +271,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         break;
       case ObserveOutcome::kSkippedWarmup:
         summary_.set_skipped_warmup_chunks(summary_.skipped_warmup_chunks() + 1);
+        service_->metrics_->ChunkSkippedWarmup(chunk->kind);
         break;
       case ObserveOutcome::kDuplicate:
         summary_.set_duplicate_chunks(summary_.duplicate_chunks() + 1);

@@ -13,6 +13,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
@@ -63,11 +65,21 @@ ABSL_FLAG(std::string, state_store_import, "",
           "A --state_dir directory whose sessions are imported into --state_store at start-up "
           "(sessions already there are left alone)");
 
+// --help lists the flags defined under server/ (Abseil's default filter wants a file named after
+// the binary, so it listed none); --helpfull adds Abseil's own.
+bool IsServerFlagFile(absl::string_view file) {
+  return absl::StartsWith(file, "server/") || absl::StrContains(file, "/server/");
+}
+
 int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = IsServerFlagFile;
+  usage.contains_helpshort_flags = IsServerFlagFile;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "caliper-server: streamed FP8 KV-cache and NVFP4 calibration over gRPC.\n"
+      "streamed FP8 KV-cache and NVFP4 calibration over gRPC.\n"
       "Usage: caliper-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT] "
-      "[--device=auto|cpu|cuda]");
+      "[--device=auto|cpu|cuda] [flags below]");
   absl::ParseCommandLine(argc, argv);
   // Received chunks are freed and re-allocated every few milliseconds: keep that memory mapped
   // rather than returning it to the kernel and faulting it back in (measured: about a third of

@@ -83,7 +83,7 @@ constexpr char kQwen3Config[] = R"({"architectures": ["Qwen3MoeForCausalLM"],
 TEST_F(AdaptCliTest, Tp8FileTo4HeadsKeepsOneOfEachReplicaPair) {
   CALIPER_REQUIRE_LIGHTLLM_FIXTURES();
   RunResult r = Run("adapt --in " + Fixture("per_head_qwen3_235b") + " --out " + Path("out.json") +
-                    " --num-heads 4");
+                    " --total-kv-heads 4");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("num_head 8 -> 4"));
   EXPECT_EQ(r.err, "");
@@ -105,7 +105,7 @@ TEST_F(AdaptCliTest, Tp8FileTo4HeadsKeepsOneOfEachReplicaPair) {
 TEST_F(AdaptCliTest, Head4FileTo8HeadsRepeatsInPlace) {
   CALIPER_REQUIRE_LIGHTLLM_FIXTURES();
   RunResult r = Run("adapt --in " + Fixture("per_head_qwen3_235b_num_head4") +
-                    " --out=" + Path("out.json") + " --num-heads=8");
+                    " --out=" + Path("out.json") + " --total-kv-heads=8");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const LightLlmCalibration head4 =
       Load(testing::LightLlmFixturePath("test_kv_cache_calib_per_head_qwen3_235b_num_head4.json"));
@@ -139,7 +139,7 @@ TEST_F(AdaptCliTest, ModelAndTpDeriveTotalHeads) {
 TEST_F(AdaptCliTest, PerTensorFileKeepsScales) {
   CALIPER_REQUIRE_LIGHTLLM_FIXTURES();
   RunResult r = Run("adapt --in " + Fixture("per_tensor_qwen3_30b") + " --out " + Path("out.json") +
-                    " --num-heads 16");
+                    " --total-kv-heads 16");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const LightLlmCalibration in =
       Load(testing::LightLlmFixturePath("test_kv_cache_calib_per_tensor_qwen3_30b.json"));
@@ -166,7 +166,7 @@ TEST_F(AdaptCliTest, InPlaceAndPerTensorWithModel) {
 TEST_F(AdaptCliTest, NonDividingHeadsRefused) {
   CALIPER_REQUIRE_LIGHTLLM_FIXTURES();
   ExpectRefused(Run("adapt --in " + Fixture("per_head_qwen3_235b") + " --out " + Path("out.json") +
-                    " --num-heads 3"),
+                    " --total-kv-heads 3"),
                 "neither divides");
   const std::string config = Write("config.json", kQwen3Config);
   ExpectRefused(Run("adapt --in " + Fixture("per_head_qwen3_235b") + " --out " + Path("out.json") +
@@ -182,7 +182,7 @@ TEST_F(AdaptCliTest, WrongQmaxRefused) {
   ASSERT_NE(at, std::string::npos);
   text.replace(at, 13, "\"qmax\": 240.0");
   ExpectRefused(Run("adapt --in " + Write("fnuz.json", text) + " --out " + Path("out.json") +
-                    " --num-heads 4"),
+                    " --total-kv-heads 4"),
                 "qmax");
 }
 
@@ -191,17 +191,17 @@ TEST_F(AdaptCliTest, MalformedFilesRefused) {
   const std::string text = testing::ReadFileOrEmpty(
       testing::LightLlmFixturePath("test_kv_cache_calib_per_head_qwen3_30b.json"));
   ExpectRefused(Run("adapt --in " + Write("cut.json", text.substr(0, text.size() / 2)) + " --out " +
-                    Path("out.json") + " --num-heads 4"),
+                    Path("out.json") + " --total-kv-heads 4"),
                 "malformed JSON");
   std::string shape = text;
   const std::string declared = "\"scales_shape\": [\n        48,\n        8\n";
   ASSERT_NE(shape.find(declared), std::string::npos);
   shape.replace(shape.find(declared), declared.size(), "\"scales_shape\": [\n        48,\n        9\n");
   ExpectRefused(Run("adapt --in " + Write("shape.json", shape) + " --out " + Path("out.json") +
-                    " --num-heads 4"),
+                    " --total-kv-heads 4"),
                 "scales_shape");
   ExpectRefused(Run("adapt --in " + Path("missing.json") + " --out " + Path("out.json") +
-                    " --num-heads 4"),
+                    " --total-kv-heads 4"),
                 "cannot open");
 }
 
@@ -220,29 +220,29 @@ TEST_F(AdaptCliTest, ErrorKeepsAnExistingOutputFile) {
   CALIPER_REQUIRE_LIGHTLLM_FIXTURES();
   Write("keep.json", "previous");
   RunResult r = Run("adapt --in " + Fixture("per_head_qwen3_235b") + " --out " + Path("keep.json") +
-                    " --num-heads 5");
+                    " --total-kv-heads 5");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(testing::ReadFileOrEmpty(Path("keep.json")), "previous");
 }
 
 TEST_F(AdaptCliTest, UsageErrors) {
   const std::string in = "--in " + Path("in.json") + " --out " + Path("out.json");
-  ExpectRefused(Run("adapt " + in), "either --num-heads");
-  ExpectRefused(Run("adapt " + in + " --num-heads 4 --model c.json --tp 2"), "either --num-heads");
+  ExpectRefused(Run("adapt " + in), "either --total-kv-heads");
+  ExpectRefused(Run("adapt " + in + " --total-kv-heads 4 --model c.json --tp 2"), "either --total-kv-heads");
   ExpectRefused(Run("adapt " + in + " --model c.json"), "--model and --tp");
-  ExpectRefused(Run("adapt " + in + " --num-heads four"), "--num-heads");
-  ExpectRefused(Run("adapt " + in + " --num-heads 0"), "--num-heads");
-  ExpectRefused(Run("adapt " + in + " --num-heads 4 --bogus 1"), "unknown flag --bogus");
-  ExpectRefused(Run("adapt --out " + Path("out.json") + " --num-heads 4"), "--in");
-  ExpectRefused(Run("adapt " + in + " --num-heads"), "needs a value");
-  ExpectRefused(Run("adapt " + in + " --num-heads 4 stray"), "unexpected argument");
+  ExpectRefused(Run("adapt " + in + " --total-kv-heads four"), "--total-kv-heads");
+  ExpectRefused(Run("adapt " + in + " --total-kv-heads 0"), "--total-kv-heads");
+  ExpectRefused(Run("adapt " + in + " --total-kv-heads 4 --bogus 1"), "unknown flag --bogus");
+  ExpectRefused(Run("adapt --out " + Path("out.json") + " --total-kv-heads 4"), "--in");
+  ExpectRefused(Run("adapt " + in + " --total-kv-heads"), "needs a value");
+  ExpectRefused(Run("adapt " + in + " --total-kv-heads 4 stray"), "unexpected argument");
 }
 
 TEST_F(AdaptCliTest, HelpAndDispatch) {
   RunResult help = Run("adapt --help");
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_THAT(help.out, HasSubstr("usage: caliper adapt"));
-  EXPECT_THAT(help.out, HasSubstr("--num-heads M"));
+  EXPECT_THAT(help.out, HasSubstr("--total-kv-heads M"));
   RunResult top = Run("--help");
   EXPECT_EQ(top.exit_code, 0);
   EXPECT_THAT(top.out, HasSubstr("adapt"));

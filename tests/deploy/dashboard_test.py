@@ -10,12 +10,13 @@ import sys
 # Exactly what caliper-server exports (server/ metrics).
 SERVER_METRICS = {
     "caliper_ingested_bytes_total", "caliper_ingested_chunks_total",
-    "caliper_rejected_chunks_total", "caliper_active_sessions",
+    "caliper_rejected_chunks_total", "caliper_skipped_warmup_chunks_total",
+    "caliper_active_sessions",
     "caliper_rpc_duration_seconds_bucket", "caliper_rpc_duration_seconds_count",
     "caliper_rpc_duration_seconds_sum", "caliper_finalizations_total", "caliper_backend_info",
     "caliper_state_writes_total", "caliper_state_written_bytes_total",
-    "caliper_state_write_seconds_bucket", "caliper_state_write_seconds_count",
-    "caliper_state_write_seconds_sum", "caliper_state_files_loaded_total",
+    "caliper_state_write_duration_seconds_bucket", "caliper_state_write_duration_seconds_count",
+    "caliper_state_write_duration_seconds_sum", "caliper_state_files_loaded_total",
 }
 # Grafana variables replaced by values any Prometheus accepts.
 VARIABLES = {"$__rate_interval": "1m", "$namespace": ".*"}
@@ -83,6 +84,10 @@ def main(path):
         "ingest rate by kind")
     has(lambda t, e: "caliper_rejected_chunks_total" in e and "by (reason)" in e,
         "rejections by reason")
+    has(lambda t, e: "caliper_rejected_chunks_total" in e and "by (kind)" in e,
+        "rejections by kind")
+    has(lambda t, e: "caliper_skipped_warmup_chunks_total" in e and "by (kind)" in e,
+        "warm-up chunks skipped by kind")
     has(lambda t, e: "caliper_active_sessions" in e, "active sessions")
     for q in ("0.5", "0.95", "0.99"):
         has(lambda t, e, q=q: e.startswith(f"histogram_quantile({q},")

@@ -34,7 +34,9 @@ LAYERS, TOKENS, KV_HEADS, HEAD_DIM, WEIGHTS, BAD = 4, 16, 2, 8, 2, 1
 KV_BYTES = 2 * LAYERS * TOKENS * KV_HEADS * HEAD_DIM * 4   # K and V per layer
 WEIGHT_BYTES = WEIGHTS * HEAD_DIM * (2 * KV_HEADS * HEAD_DIM) * 4
 KV_CHUNKS, WEIGHT_CHUNKS = 2 * LAYERS, WEIGHTS
-KNOWN_LABEL_VALUES = {"kind": {"kv", "weight", "activation"},
+# `kind` values are the API's TargetKind names in lower case (unspecified: a chunk naming none).
+KIND_LABELS = {"key", "value", "weight", "input_activation"}
+KNOWN_LABEL_VALUES = {"kind": KIND_LABELS | {"unspecified"},
                       "result": {"ok", "error", "restored", "corrupt"},
                       "backend": {"cpu", "cuda"}}
 FORBIDDEN_LABELS = {"session", "session_id", "id", "peer", "producer_id", "module"}
@@ -143,7 +145,9 @@ def check_metrics_page(promtool, text):
     ours = {n: t for n, t in types.items() if n.startswith("caliper_")}
     want = {"caliper_ingested_bytes_total": "counter", "caliper_ingested_chunks_total": "counter",
             "caliper_rejected_chunks_total": "counter", "caliper_active_sessions": "gauge",
+            "caliper_skipped_warmup_chunks_total": "counter",
             "caliper_rpc_duration_seconds": "histogram",
+            "caliper_state_write_duration_seconds": "histogram",
             "caliper_finalizations_total": "counter", "caliper_backend_info": "gauge"}
     # Other families may be added; these are the ones the dashboard and the docs rely on.
     check(all(ours.get(n) == t for n, t in want.items()),
@@ -151,6 +155,8 @@ def check_metrics_page(promtool, text):
     for name, kind in ours.items():
         if kind == "counter":
             check(name.endswith("_total"), f"counter {name} lacks _total")
+        if kind == "histogram":  # one unit style for durations
+            check(name.endswith("_duration_seconds"), f"histogram {name} is not *_duration_seconds")
     for m in re.finditer(r"^(caliper_\w+)\{([^}]*)\}", text, re.M):
         for key, value in re.findall(r'(\w+)="([^"]*)"', m.group(2)):
             check(key not in FORBIDDEN_LABELS, f"{m.group(1)} has unbounded label {key}")
@@ -244,13 +250,16 @@ scrape_configs:
     log(f"Prometheus: sum(caliper_ingested_bytes_total) == {total} bytes sent, "
         f"{took:.1f}s after the stream ended ({time.monotonic() - t0:.1f}s after it started)")
     expect = {
-        'caliper_ingested_bytes_total{kind="kv"}': KV_BYTES,
+        'caliper_ingested_bytes_total{kind="key"}': KV_BYTES // 2,
+        'caliper_ingested_bytes_total{kind="value"}': KV_BYTES // 2,
         'caliper_ingested_bytes_total{kind="weight"}': WEIGHT_BYTES,
-        'caliper_ingested_bytes_total{kind="activation"}': 0,
+        'caliper_ingested_bytes_total{kind="input_activation"}': 0,
         "sum(caliper_ingested_chunks_total)": KV_CHUNKS + WEIGHT_CHUNKS,
-        'caliper_ingested_chunks_total{kind="kv"}': KV_CHUNKS,
+        'caliper_ingested_chunks_total{kind="key"}': KV_CHUNKS // 2,
         "sum(caliper_rejected_chunks_total)": BAD,
-        'caliper_rejected_chunks_total{reason="invalid_argument"}': BAD,
+        'sum(caliper_rejected_chunks_total{reason="invalid_argument"})': BAD,
+        'caliper_rejected_chunks_total{reason="invalid_argument",kind="key"}': BAD,
+        "sum(caliper_skipped_warmup_chunks_total)": 0,
         "caliper_active_sessions": 1,
         'caliper_backend_info{backend="cpu"}': 1,
         'caliper_rpc_duration_seconds_count{method="CreateSession"}': 1,
@@ -281,7 +290,7 @@ scrape_configs:
         prom.query(expr)  # raises on a query Prometheus rejects
     by_kind = [e for t, e in exprs if "caliper_ingested_bytes_total" in e and "by (kind)" in e]
     kinds = {r["metric"].get("kind") for r in prom.query(by_kind[0])["result"]}
-    check(kinds == {"kv", "weight", "activation"}, f"ingest-by-kind panel shows kinds {kinds}")
+    check(kinds == KIND_LABELS, f"ingest-by-kind panel shows kinds {kinds}")
     p99 = [e for t, e in exprs if e.startswith("histogram_quantile(0.99, sum by (le, method)")]
     methods = {r["metric"].get("method") for r in prom.query(p99[0])["result"]}
     check({"CreateSession", "Observe"} <= methods, f"latency panel methods {methods}")

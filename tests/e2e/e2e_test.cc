@@ -641,7 +641,7 @@ TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
   const std::string out2 = TempDir("out_tp2"), out8 = TempDir("out_tp8");
   const std::string server = absl::StrCat("--server=", server_->address());
   RunResult calibrate = RunCli(absl::StrCat(
-      "calibrate ", server, " --model=", demo.config_json, " --kv=per_head --nvfp4 --weights=",
+      "calibrate ", server, " --model=", demo.config_json, " --kv=per-head --nvfp4 --weights=",
       demo.checkpoint_dir, " --tensors=", fs::path(demo.dumps[0]).parent_path().string(),
       " --out=", out2, " --chunk-bytes=4096 --streams=3"));
   ASSERT_EQ(calibrate.exit_code, 0) << calibrate.output;
@@ -685,11 +685,11 @@ TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
 
   // adapt --server: the Adapt RPC turns the TP=2 file into the TP=8 one; 3 heads do not divide.
   RunResult adapt = RunCli(absl::StrCat("adapt ", server, " --in=", out2,
-                                        "/kv_cache_calib.json --out=", out8, "/adapted.json --num-heads=8"));
+                                        "/kv_cache_calib.json --out=", out8, "/adapted.json --total-kv-heads=8"));
   ASSERT_EQ(adapt.exit_code, 0) << adapt.output;
   EXPECT_EQ(nlohmann::json::parse(ReadFile(out8 + "/adapted.json"))["scales"], file8["scales"]);
   RunResult adapt3 = RunCli(absl::StrCat("adapt ", server, " --in=", out2,
-                                         "/kv_cache_calib.json --out=", out8, "/three.json --num-heads=3"));
+                                         "/kv_cache_calib.json --out=", out8, "/three.json --total-kv-heads=3"));
   EXPECT_EQ(adapt3.exit_code, 1) << adapt3.output;
   EXPECT_TRUE(absl::StrContains(adapt3.output, "INVALID_ARGUMENT")) << adapt3.output;
   EXPECT_FALSE(fs::exists(out8 + "/three.json"));
@@ -714,7 +714,7 @@ TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
 TEST_F(E2eTest, CliResumesAcrossDroppedConnections) {
   const DemoFiles demo = Demo("demo", /*tp=*/2, 1234, /*tokens=*/48, /*batches=*/3);
   const std::string common = absl::StrCat(
-      " --model=", demo.config_json, " --kv=per_head --nvfp4 --weights=", demo.checkpoint_dir,
+      " --model=", demo.config_json, " --kv=per-head --nvfp4 --weights=", demo.checkpoint_dir,
       " --tensors=", fs::path(demo.dumps[0]).parent_path().string(),
       " --chunk-bytes=4096 --streams=3 --name=resume-test");
   const std::string plain_out = TempDir("plain"), cut_out = TempDir("cut");
@@ -755,7 +755,7 @@ TEST_F(E2eTest, CliTokensScopeSessionsToTheirTenant) {
   }
   const std::string server = absl::StrCat("--server=", server_->address());
   RunResult calibrate = RunCli(absl::StrCat(
-      "calibrate ", server, " --token_file=", dir, "/alpha.token --model=", demo.config_json,
+      "calibrate ", server, " --token-file=", dir, "/alpha.token --model=", demo.config_json,
       " --tensors=", fs::path(demo.dumps[0]).parent_path().string(), " --out=", dir, "/out"));
   ASSERT_EQ(calibrate.exit_code, 0) << calibrate.output;
   std::smatch match;
@@ -780,10 +780,10 @@ TEST_F(E2eTest, CliTokensScopeSessionsToTheirTenant) {
   EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
   EXPECT_TRUE(absl::StrContains(wrong.output, "UNAUTHENTICATED")) << wrong.output;
 
-  // adapt --server sends the token like the other remote commands (--token_file here).
+  // adapt --server sends the token like the other remote commands (--token-file here).
   const std::string adapt_args = absl::StrCat("adapt ", server, " --in=", dir,
-                                              "/out/kv_cache_calib.json --num-heads=8 --out=", dir);
-  RunResult adapt = RunCli(absl::StrCat(adapt_args, "/a8.json --token_file=", dir, "/alpha.token"));
+                                              "/out/kv_cache_calib.json --total-kv-heads=8 --out=", dir);
+  RunResult adapt = RunCli(absl::StrCat(adapt_args, "/a8.json --token-file=", dir, "/alpha.token"));
   EXPECT_EQ(adapt.exit_code, 0) << adapt.output;
   EXPECT_EQ(nlohmann::json::parse(ReadFile(dir + "/a8.json"))["num_head"], 8);
   RunResult anonymous = RunCli(absl::StrCat(adapt_args, "/none.json"));
@@ -791,7 +791,7 @@ TEST_F(E2eTest, CliTokensScopeSessionsToTheirTenant) {
   EXPECT_TRUE(absl::StrContains(anonymous.output, "UNAUTHENTICATED")) << anonymous.output;
   EXPECT_FALSE(fs::exists(dir + "/none.json"));
   RunResult offline = RunCli(absl::StrCat("adapt --in=", dir, "/out/kv_cache_calib.json",
-                                          " --num-heads=8 --token=x --out=", dir, "/off.json"));
+                                          " --total-kv-heads=8 --token=x --out=", dir, "/off.json"));
   EXPECT_EQ(offline.exit_code, 2) << offline.output;
   EXPECT_TRUE(absl::StrContains(offline.output, "--token only applies with --server"))
       << offline.output;

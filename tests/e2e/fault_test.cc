@@ -74,7 +74,7 @@ class FaultTest : public ::testing::Test {
                                          int chunk_bytes = 2048, const DemoFiles* demo = nullptr) {
     if (demo == nullptr) demo = &demo_;
     return {e2e::CliPath(), "calibrate", "--server=" + server,
-            "--model=" + demo->config_json, "--kv=per_head", "--nvfp4",
+            "--model=" + demo->config_json, "--kv=per-head", "--nvfp4",
             "--weights=" + demo->checkpoint_dir,
             "--tensors=" + fs::path(demo->dumps[0]).parent_path().string(),
             absl::StrCat("--chunk-bytes=", chunk_bytes), "--streams=4", "--name=fault-test",

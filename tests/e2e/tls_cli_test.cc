@@ -1,5 +1,5 @@
 // Mutual TLS through the real binaries: caliper-server --tls_cert/--tls_key/
-// --tls_client_ca and the `caliper` CLI's --tls_ca/--tls_cert/--tls_key. The right client
+// --tls_client_ca and the `caliper` CLI's --tls-ca/--tls-cert/--tls-key. The right client
 // certificate works; a CA the server's certificate is not from, no client certificate, or a
 // client certificate from another CA are refused, and the CLI says why in one line.
 #include <unistd.h>
@@ -53,8 +53,8 @@ class TlsCliTest : public ::testing::Test {
 };
 
 TEST_F(TlsCliTest, RightClientCertificateIsServed) {
-  e2e::RunResult run = Sessions(absl::StrCat("--tls_ca=", File("ca1.pem"), " --tls_cert=",
-                                             File("good.pem"), " --tls_key=", File("good.key")));
+  e2e::RunResult run = Sessions(absl::StrCat("--tls-ca=", File("ca1.pem"), " --tls-cert=",
+                                             File("good.pem"), " --tls-key=", File("good.key")));
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_TRUE(absl::StrContains(run.output, "no sessions")) << run.output;
 }
@@ -65,12 +65,12 @@ TEST_F(TlsCliTest, WrongCaNoClientCertificateAndForeignCertificateAreRefused) {
   };
   for (const Case& c : std::vector<Case>{
            {"server certificate from a CA the client does not trust",
-            absl::StrCat("--tls_ca=", File("ca2.pem"), " --tls_cert=", File("good.pem"),
-                         " --tls_key=", File("good.key"))},
-           {"no client certificate", absl::StrCat("--tls_ca=", File("ca1.pem"))},
+            absl::StrCat("--tls-ca=", File("ca2.pem"), " --tls-cert=", File("good.pem"),
+                         " --tls-key=", File("good.key"))},
+           {"no client certificate", absl::StrCat("--tls-ca=", File("ca1.pem"))},
            {"client certificate from another CA",
-            absl::StrCat("--tls_ca=", File("ca1.pem"), " --tls_cert=", File("rogue.pem"),
-                         " --tls_key=", File("rogue.key"))},
+            absl::StrCat("--tls-ca=", File("ca1.pem"), " --tls-cert=", File("rogue.pem"),
+                         " --tls-key=", File("rogue.key"))},
            {"plaintext", ""}}) {
     e2e::RunResult run = Sessions(c.flags);
     EXPECT_EQ(run.exit_code, 1) << c.name << ":\n" << run.output;
@@ -81,16 +81,16 @@ TEST_F(TlsCliTest, WrongCaNoClientCertificateAndForeignCertificateAreRefused) {
 }
 
 TEST_F(TlsCliTest, ClientCertificateFlagsAreCheckedBeforeConnecting) {
-  e2e::RunResult no_key = Sessions(absl::StrCat("--tls_ca=", File("ca1.pem"), " --tls_cert=", File("good.pem")));
+  e2e::RunResult no_key = Sessions(absl::StrCat("--tls-ca=", File("ca1.pem"), " --tls-cert=", File("good.pem")));
   EXPECT_EQ(no_key.exit_code, 2) << no_key.output;
-  EXPECT_TRUE(absl::StrContains(no_key.output, "--tls_cert needs --tls_key")) << no_key.output;
-  e2e::RunResult no_ca = Sessions(absl::StrCat("--tls_cert=", File("good.pem"), " --tls_key=", File("good.key")));
+  EXPECT_TRUE(absl::StrContains(no_key.output, "--tls-cert needs --tls-key")) << no_key.output;
+  e2e::RunResult no_ca = Sessions(absl::StrCat("--tls-cert=", File("good.pem"), " --tls-key=", File("good.key")));
   EXPECT_EQ(no_ca.exit_code, 2) << no_ca.output;
-  EXPECT_TRUE(absl::StrContains(no_ca.output, "--tls_cert needs --tls_ca")) << no_ca.output;
-  e2e::RunResult missing = Sessions(absl::StrCat("--tls_ca=", File("ca1.pem"), " --tls_cert=",
-                                                 File("nope.pem"), " --tls_key=", File("good.key")));
+  EXPECT_TRUE(absl::StrContains(no_ca.output, "--tls-cert needs --tls-ca")) << no_ca.output;
+  e2e::RunResult missing = Sessions(absl::StrCat("--tls-ca=", File("ca1.pem"), " --tls-cert=",
+                                                 File("nope.pem"), " --tls-key=", File("good.key")));
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
-  EXPECT_TRUE(absl::StrContains(missing.output, "--tls_cert: ")) << missing.output;
+  EXPECT_TRUE(absl::StrContains(missing.output, "--tls-cert: ")) << missing.output;
 }
 
 }  // namespace

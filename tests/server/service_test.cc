@@ -395,6 +395,32 @@ TEST_F(ServiceTest, OversizedChunkEndsTheStreamWithResourceExhausted) {
   EXPECT_EQ(server_->registry().GetForTenant(id, "").value()->Status().accepted_chunks, 1);
 }
 
+TEST_F(ServiceTest, MetricsCountWarmupSkipsAndRejectionsByKind) {
+  v1::CreateSessionRequest request = TinyRequest();
+  request.mutable_recipe()->set_warmup_batches(1);
+  grpc::ClientContext ctx;
+  v1::Session session;
+  ASSERT_TRUE(stub_->CreateSession(&ctx, request, &session).ok());
+  const std::vector<float> v = Random(kHeads * kHeadDim * 2, 3);
+  v1::TensorChunk warm = KvChunk(session.id(), v1::VALUE, 0, v, 0);  // batch 0 < 1: skipped
+  v1::TensorChunk counted = KvChunk(session.id(), v1::VALUE, 0, v, 1);
+  counted.set_batch(1);
+  v1::TensorChunk no_kind = KvChunk(session.id(), v1::TARGET_UNSPECIFIED, 0, v, 2);
+  no_kind.set_batch(1);
+  v1::ObserveSummary summary;
+  ASSERT_TRUE(Stream({warm, counted, no_kind}, &summary).ok());
+  EXPECT_EQ(summary.skipped_warmup_chunks(), 1);
+  EXPECT_EQ(summary.rejected_chunks(), 1);
+  const std::string page = server_->metrics().Render();
+  EXPECT_THAT(page, HasSubstr("caliper_skipped_warmup_chunks_total{kind=\"value\"} 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_skipped_warmup_chunks_total{kind=\"key\"} 0"));
+  EXPECT_THAT(page, HasSubstr("caliper_ingested_chunks_total{kind=\"value\"} 1"));
+  EXPECT_THAT(page, HasSubstr(
+                        "caliper_rejected_chunks_total{kind=\"unspecified\",reason=\"invalid_argument\"} 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_state_write_duration_seconds"));
+  EXPECT_THAT(page, ::testing::Not(HasSubstr("caliper_state_write_seconds")));
+}
+
 TEST_F(ServiceTest, MetricsCountIngestAndRejections) {
   const std::string id = Create();
   const std::vector<float> k = Random(kHeads * kHeadDim * 2, 1);
@@ -407,10 +433,15 @@ TEST_F(ServiceTest, MetricsCountIngestAndRejections) {
                   .ok());
   ASSERT_TRUE(Finalize(id).ok());
   const std::string page = server_->metrics().Render();
-  EXPECT_THAT(page, HasSubstr(absl::StrCat("caliper_ingested_bytes_total{kind=\"kv\"} ", k.size() * 4)));
+  EXPECT_THAT(page, HasSubstr(absl::StrCat("caliper_ingested_bytes_total{kind=\"key\"} ", k.size() * 4)));
+  EXPECT_THAT(page, HasSubstr("caliper_ingested_bytes_total{kind=\"value\"} 0"));
   EXPECT_THAT(page, HasSubstr("caliper_ingested_bytes_total{kind=\"weight\"} 64"));
-  EXPECT_THAT(page, HasSubstr("caliper_ingested_chunks_total{kind=\"kv\"} 1"));
-  EXPECT_THAT(page, HasSubstr("caliper_rejected_chunks_total{reason=\"invalid_argument\"} 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_ingested_chunks_total{kind=\"key\"} 1"));
+  EXPECT_THAT(page, HasSubstr("caliper_ingested_chunks_total{kind=\"input_activation\"} 0"));
+  EXPECT_THAT(page, HasSubstr(
+                        "caliper_rejected_chunks_total{kind=\"key\",reason=\"invalid_argument\"} 1"));
+  EXPECT_THAT(page, HasSubstr(
+                        "caliper_rejected_chunks_total{kind=\"weight\",reason=\"invalid_argument\"} 0"));
   EXPECT_THAT(page, HasSubstr("caliper_active_sessions 1"));
   EXPECT_THAT(page, HasSubstr("caliper_finalizations_total{result=\"ok\"} 1"));
   EXPECT_THAT(page, HasSubstr("caliper_backend_info{backend=\"cpu\"} 1"));
@@ -449,7 +480,7 @@ TEST_F(ServiceTest, HealthCheckServesAndAdaptWorks) {
       R"({"version":"1.0","architectures":"LlamaForCausalLM","quant_type":"per_head",)"
       R"("qmin":-448.0,"qmax":448.0,"num_layers":1,"num_head":2,"scales_shape":[1,4],)"
       R"("scales":[[0.5,0.25,2.0,4.0]]})");
-  adapt.set_total_heads(4);
+  adapt.set_total_kv_heads(4);
   grpc::ClientContext actx;
   v1::AdaptResponse out;
   grpc::Status s = stub_->Adapt(&actx, adapt, &out);
@@ -459,7 +490,7 @@ TEST_F(ServiceTest, HealthCheckServesAndAdaptWorks) {
   EXPECT_EQ(parsed->num_head, 4);
   EXPECT_THAT(parsed->scales[0],
               ::testing::ElementsAre(0.5f, 0.5f, 0.25f, 0.25f, 2.0f, 2.0f, 4.0f, 4.0f));
-  adapt.set_total_heads(3);
+  adapt.set_total_kv_heads(3);
   grpc::ClientContext bctx;
   EXPECT_EQ(stub_->Adapt(&bctx, adapt, &out).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }

@@ -281,7 +281,7 @@ TEST_F(MergeTest, CommandLine) {
   std::ostringstream out, err;
   EXPECT_EQ(cli::RunMergeCommand({"--checkpoint", ckpt_.string(), "--scales", kv}, out, err),
             cli::kExitUsage);
-  EXPECT_THAT(err.str(), HasSubstr("caliper merge: --out is required"));
+  EXPECT_THAT(err.str(), HasSubstr("caliper merge: --out DIR is required"));
   err.str("");
   EXPECT_EQ(cli::RunMergeCommand({"--help"}, out, err), cli::kExitOk);
   EXPECT_THAT(out.str(), HasSubstr("hard-linked"));
