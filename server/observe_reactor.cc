@@ -244,7 +244,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       // Fenced by a newer stream of the producer, or the session finalized or deleted, as its
       // last merge found: what this stream sends can no longer count.
       if (absl::Status failed = service_->options_.flusher->failure(partial_); !failed.ok()) {
-        service_->metrics_->ChunkRejected(failed);
+        service_->metrics_->ChunkRejected(failed, chunk_.kind());
         return failed;
       }
     }
