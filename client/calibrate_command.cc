@@ -337,13 +337,11 @@ absl::Status RunCalibrate(const CliArgs& flags, std::ostream& out, std::ostream&
 
   // Session.
   const std::string server = *flags.Get("server");
-  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
-  if (!security.ok()) return UsageError(security.status().message());
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> made_channel = MakeChannel(server, *security);
-  if (!made_channel.ok()) return UsageError(made_channel.status().message());
-  auto channel = *std::move(made_channel);
-  auto stub = v1::Calibration::NewStub(channel);
-  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, channel);
+  absl::StatusOr<ServerConnection> connection = Connect(server, flags);
+  if (!connection.ok()) return connection.status();
+  const std::shared_ptr<grpc::Channel>& channel = connection->channel;
+  v1::Calibration::Stub* stub = connection->stub.get();
+  const RetryPolicy& retry = connection->retry;
   v1::Session session;
   grpc::Status created = CreateSessionWithRetry(*channel, *stub, create, &session, retry, &err,
                                                 "calibrate");

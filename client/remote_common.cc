@@ -122,6 +122,23 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
                                                                  std::move(interceptors));
 }
 
+absl::StatusOr<ServerConnection> Connect(const std::string& address,
+                                         const ConnectionOptions& security) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(address, security);
+  if (!channel.ok()) return UsageError(channel.status().message());
+  ServerConnection connection;
+  connection.channel = *std::move(channel);
+  connection.stub = v1::Calibration::NewStub(connection.channel);
+  connection.retry = RetryPolicyWithAttempts(security.attempts, connection.channel);
+  return connection;
+}
+
+absl::StatusOr<ServerConnection> Connect(const std::string& address, const CliArgs& flags) {
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
+  if (!security.ok()) return UsageError(security.status().message());
+  return Connect(address, *security);
+}
+
 std::string StatusCodeName(grpc::StatusCode code) {
   switch (code) {
     case grpc::OK: return "OK";

@@ -29,6 +29,17 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const ConnectionOptions& security);
 
+// A command's way to the server: channel, stub, and the retry policy of --attempts.
+struct ServerConnection {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Calibration::Stub> stub;
+  RetryPolicy retry;
+};
+// From the connection flags (connection_options.h); UsageError naming the flag when one is bad.
+absl::StatusOr<ServerConnection> Connect(const std::string& address,
+                                         const ConnectionOptions& security);
+absl::StatusOr<ServerConnection> Connect(const std::string& address, const CliArgs& flags);
+
 // ServerError("<what> failed: <CODE>: <message>"): RunCommand prints it, exit code 1.
 absl::Status RpcError(absl::string_view what, const grpc::Status& status);
 std::string StatusCodeName(grpc::StatusCode code);

@@ -22,13 +22,10 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
   if (rank->has_value() && !tp->has_value()) return UsageError("--rank needs --tp");
   const v1::Nvfp4Convention convention = ConventionFromFlag(*flags.Get("convention"));
 
-  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
-  if (!security.ok()) return UsageError(security.status().message());
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      MakeChannel(*flags.Get("server"), *security);
-  if (!channel.ok()) return UsageError(channel.status().message());
-  auto stub = v1::Calibration::NewStub(*channel);
-  const RetryPolicy retry = RetryPolicyWithAttempts(security->attempts, *channel);
+  absl::StatusOr<ServerConnection> server = Connect(*flags.Get("server"), flags);
+  if (!server.ok()) return server.status();
+  v1::Calibration::Stub* stub = server->stub.get();
+  const RetryPolicy& retry = server->retry;
   v1::Session session;
   {
     v1::GetSessionRequest request;

@@ -31,17 +31,12 @@ std::string RecipeText(const v1::Recipe& r) {
 }
 
 absl::Status RunSessions(const CliArgs& flags, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
-  if (!security.ok()) return UsageError(security.status().message());
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      MakeChannel(*flags.Get("server"), *security);
-  if (!channel.ok()) return UsageError(channel.status().message());
-  auto stub = v1::Calibration::NewStub(*channel);
+  absl::StatusOr<ServerConnection> server = Connect(*flags.Get("server"), flags);
+  if (!server.ok()) return server.status();
   v1::ListSessionsResponse response;
-  Backoff backoff(RetryPolicyWithAttempts(security->attempts, *channel), &err,
-                  "caliper sessions: ListSessions");
+  Backoff backoff(server->retry, &err, "caliper sessions: ListSessions");
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-    return stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
+    return server->stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
   });
   if (!status.ok()) return RpcError("ListSessions", status);
   if (response.sessions().empty()) {
@@ -90,19 +85,17 @@ absl::StatusOr<std::string> RemoteAdapt(const std::string& server,
                                         const std::string& lightllm_json, int total_kv_heads,
                                         const std::string& model_config_json, int tp_size,
                                         std::ostream& err) {
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(server, security);
-  if (!channel.ok()) return UsageError(channel.status().message());
-  auto stub = v1::Calibration::NewStub(*channel);
+  absl::StatusOr<ServerConnection> connection = Connect(server, security);
+  if (!connection.ok()) return connection.status();
   v1::AdaptRequest request;
   request.set_lightllm_json(lightllm_json);
   if (total_kv_heads > 0) request.set_total_kv_heads(total_kv_heads);
   if (!model_config_json.empty()) request.mutable_model()->set_hf_config_json(model_config_json);
   if (tp_size > 0) request.set_tp_size(tp_size);
   v1::AdaptResponse response;
-  Backoff backoff(RetryPolicyWithAttempts(security.attempts, *channel), &err,
-                  "caliper adapt: Adapt");
+  Backoff backoff(connection->retry, &err, "caliper adapt: Adapt");
   grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-    return stub->Adapt(&context, request, &response);
+    return connection->stub->Adapt(&context, request, &response);
   });
   if (!status.ok()) return RpcError(absl::StrCat("Adapt on ", server), status);
   return response.lightllm_json();

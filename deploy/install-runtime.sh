@@ -6,6 +6,8 @@ here=$(dirname "$0")
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 grep -v '^#' "$here/runtime-packages.txt" | xargs apt-get install -y -qq --no-install-recommends
+# Downloaded .debs and package lists are of no use at run time.
+apt-get clean
 rm -rf /var/lib/apt/lists/*
 # Numeric ids that Kubernetes' runAsNonRoot can verify (the manifests use 65532 too).
 groupadd --system --gid 65532 caliper

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Renders every overlay in deploy/overlays with `kubectl kustomize` and checks the objects an
 SRE relies on: kinds, ports that match the server's flags, gRPC probes, graceful termination,
-the security context, resources, and the GPU only where it belongs.
+the security context, resources, and the GPU only where it belongs; that the cpu and gpu
+overlays can run side by side in one namespace (no shared names, selectors that tell them apart);
+and that the TLS overlay passes Secrets mounted as files to caliper-server's --tls_* and
+--tokens_file flags.
 
 With --validate (the kubernetes-validate tool from PyPI), also checks every object against the
 Kubernetes API schemas, strictly (unknown fields fail), for the oldest and newest versions we
-support. With --server, also starts the real caliper-server with the args the overlay renders (listen
-addresses moved to loopback port 0) to prove every flag in the ConfigMap is accepted.
+support. With --server, also starts the real caliper-server with the args the cpu and TLS overlays
+render (listen addresses moved to loopback port 0; for TLS, test certificates and a tokens file
+in place of the mounted Secrets) to prove every flag in the ConfigMap is accepted.
 Exit 77 (CTest skip) when kubectl is absent."""
 import argparse
 import os
@@ -28,9 +32,11 @@ SKIP = 77
 # The server's own flag defaults; the manifests must use the same ports.
 SERVER_GRPC_PORT = 50051
 SERVER_METRICS_PORT = 9464
-EXPECTED_DEVICE = {"gpu": "cuda", "cpu": "cpu", "replicated": "cpu"}
-# Image tag suffix per overlay (replicated runs the cpu image).
-EXPECTED_IMAGE = {"gpu": "-cuda", "cpu": "-cpu", "replicated": "-cpu"}
+EXPECTED_DEVICE = {"gpu": "cuda", "cpu": "cpu", "gpu-tls": "cuda", "replicated": "cpu"}
+NAMESPACE = "caliper"
+# Files the TLS overlay's flags name, each on a read-only Secret volume.
+TLS_FLAGS = ("CALIPER_TLS_CERT", "CALIPER_TLS_KEY", "CALIPER_TOKENS_FILE")
+HERE = os.path.dirname(os.path.abspath(__file__))
 # Overlays whose sessions live in PostgreSQL (--state_store): many replicas, no volume.
 REPLICATED = {"replicated"}
 # The gRPC health service name readiness asks for with --state_store (NOT_SERVING while the
@@ -38,7 +44,7 @@ REPLICATED = {"replicated"}
 READINESS_SERVICE = "caliper.v1.Calibration"
 # 1.27: first release with gRPC probes on by default (GA); 1.37: the newest schema bundled.
 SCHEMA_VERSIONS = ("1.27.0", "1.37.0")
-EXPECTED_KINDS = {"Namespace", "ServiceAccount", "ConfigMap", "Service", "Deployment",
+EXPECTED_KINDS = {"ServiceAccount", "ConfigMap", "Service", "Deployment",
                   "PodDisruptionBudget", "ServiceMonitor", "PersistentVolumeClaim"}
 
 failures = []
@@ -102,12 +108,8 @@ def check_overlay(name, text, objs):
         check(len(by_kind.get(kind, [])) == 1, f"{p} expected exactly one {kind}")
     if len(failures) > before:
         return None
-    ns = by_kind["Namespace"][0]
-    namespaces = {o["metadata"].get("namespace") for o in objs if o["kind"] != "Namespace"}
-    check(namespaces == {ns["metadata"]["name"]},
-          f"{p} objects in namespaces {namespaces}, Namespace is {ns['metadata']['name']}")
-    check(ns["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce") == "restricted",
-          f"{p} namespace does not enforce the restricted Pod Security Standard")
+    namespaces = {o["metadata"].get("namespace") for o in objs}
+    check(namespaces == {NAMESPACE}, f"{p} objects in namespaces {namespaces}, not {NAMESPACE}")
 
     cm = by_kind["ConfigMap"][0]
     flags = cm["data"]
@@ -173,17 +175,32 @@ def check_overlay(name, text, objs):
           and ann.get("prometheus.io/port") == str(metrics_port),
           f"{p} prometheus.io annotations {ann}")
 
-    # Probes: Kubernetes' native gRPC probe on the gRPC port (grpc.health.v1).
+    # The variant label tells overlays apart: in every selector, so a Service, PDB or
+    # ServiceMonitor of one overlay never selects another's pods.
+    variant = pod_labels.get("app.kubernetes.io/variant")
+    check(variant == name.split("-")[0], f"{p} pods labelled variant {variant!r}")
+    for what, selector in (("Service", svc["spec"]["selector"]),
+                           ("Deployment", dep["spec"]["selector"]["matchLabels"]),
+                           ("PodDisruptionBudget", pdb["spec"]["selector"]["matchLabels"]),
+                           ("ServiceMonitor", sm["spec"]["selector"]["matchLabels"])):
+        check(selector.get("app.kubernetes.io/variant") == variant,
+              f"{p} {what} selector {selector} lacks the variant label")
+
+    # Probes: Kubernetes' native gRPC probe on the gRPC port (grpc.health.v1). It speaks
+    # plaintext only, so with TLS the probes check that the gRPC port accepts connections.
+    tls = "CALIPER_TLS_CERT" in flags
+    kind = "tcpSocket" if tls else "grpc"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         pr = c.get(probe)
         if check(pr is not None, f"{p} {probe} missing"):
-            check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"},
-                  f"{p} {probe} must be a grpc probe only")
-            check(pr.get("grpc", {}).get("port") == grpc_port,
-                  f"{p} {probe} probes port {pr.get('grpc', {}).get('port')}, not {grpc_port}")
-            want = READINESS_SERVICE if replicated and probe == "readinessProbe" else ""
-            check(pr.get("grpc", {}).get("service", "") == want,
-                  f"{p} {probe} should check gRPC health service {want!r}")
+            check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {kind},
+                  f"{p} {probe} must be a {kind} probe only")
+            check(pr.get(kind, {}).get("port") == grpc_port,
+                  f"{p} {probe} probes port {pr.get(kind, {}).get('port')}, not {grpc_port}")
+            if not tls:
+                want = READINESS_SERVICE if replicated and probe == "readinessProbe" else ""
+                check(pr.get("grpc", {}).get("service", "") == want,
+                      f"{p} {probe} should check gRPC health service {want!r}")
 
     # Graceful termination longer than the drain.
     drain = seconds(flags["CALIPER_DRAIN_TIMEOUT"])
@@ -207,6 +224,24 @@ def check_overlay(name, text, objs):
     mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
     check("/tmp" in mounts, f"{p} read-only root needs a writable /tmp")
 
+    # TLS and tokens: every file a flag names lies on a read-only Secret volume.
+    check(tls == name.endswith("-tls"), f"{p} TLS flags {'missing' if not tls else 'unexpected'}")
+    if tls:
+        volumes_by_name = {v["name"]: v for v in spec.get("volumes", [])}
+        for key in TLS_FLAGS + ("CALIPER_TLS_CLIENT_CA",):
+            path = flags.get(key, "")
+            if key == "CALIPER_TLS_CLIENT_CA" and not path:
+                continue  # mutual TLS is optional
+            mount = [m for m in c.get("volumeMounts", [])
+                     if path.startswith(m["mountPath"].rstrip("/") + "/")]
+            if check(len(mount) == 1, f"{p} {key}={path!r} is not on a mounted volume"):
+                volume = volumes_by_name.get(mount[0]["name"], {})
+                check("secret" in volume and mount[0].get("readOnly") is True,
+                      f"{p} {key} volume {mount[0]['name']} is not a read-only Secret")
+                check(volume.get("secret", {}).get("defaultMode", 0o644) & 0o007 == 0,
+                      f"{p} {key} Secret files readable by others")
+        check("CALIPER_ALLOW_PLAINTEXT_TOKENS" not in flags, f"{p} plaintext tokens allowed")
+
     if replicated:
         check_replicated(p, dep, spec, c, flags, by_kind["PodDisruptionBudget"][0])
     else:
@@ -219,17 +254,16 @@ def check_overlay(name, text, objs):
         if check(req is not None and lim is not None, f"{p} {r} request/limit missing"):
             check(quantity(req) <= quantity(lim), f"{p} {r} request {req} > limit {lim}")
 
-    # GPU only in the gpu overlay.
+    # GPU only in the gpu overlays.
     gpu_limit = res.get("limits", {}).get("nvidia.com/gpu")
     tolerates_gpu = any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", []))
     image_tag = c["image"].rsplit(":", 1)[-1]
-    if name == "gpu":
+    if EXPECTED_DEVICE[name] == "cuda":
         check(gpu_limit is not None and int(gpu_limit) == 1, f"{p} nvidia.com/gpu limit {gpu_limit}")
         check(tolerates_gpu, f"{p} no toleration for the nvidia.com/gpu taint")
     else:
         check("nvidia.com/gpu" not in text, f"{p} mentions nvidia.com/gpu")
-    check(image_tag.endswith(EXPECTED_IMAGE[name]),
-          f"{p} image {c['image']} is not the {EXPECTED_IMAGE[name]} variant")
+        check(image_tag.endswith("-cpu"), f"{p} image {c['image']} is not the cpu variant")
     return c, flags
 
 
@@ -282,11 +316,32 @@ def validate_schema(validator, name, text):
                   f"[{name}] Kubernetes {version} schema: " + "\n".join(errors or [out.stderr]))
 
 
+def tls_files(work):
+    """Test certificates and a tokens file standing in for the TLS overlay's Secrets."""
+    openssl = shutil.which("openssl")
+    if not check(openssl is not None, "openssl missing: cannot run the TLS overlay's server"):
+        return None
+    subprocess.run(["sh", os.path.join(HERE, "..", "support", "make_test_certs.sh"), openssl, work],
+                   check=True, capture_output=True, timeout=60)
+    with open(os.path.join(work, "tokens"), "w") as f:
+        f.write("tenant-a tenant-a-token-0123456789\n")
+    return {"CALIPER_TLS_CERT": os.path.join(work, "server.pem"),
+            "CALIPER_TLS_KEY": os.path.join(work, "server.key"),
+            "CALIPER_TLS_CLIENT_CA": os.path.join(work, "ca1.pem"),
+            "CALIPER_TOKENS_FILE": os.path.join(work, "tokens")}
+
+
 def run_server_with(server, c, flags, timeout=20):
-    """Starts the real server with the rendered args, listen addresses on loopback port 0."""
+    """Starts the real server with the rendered args, listen addresses on loopback port 0, the
+    CPU backend, and for TLS local files in place of the mounted Secrets."""
     state_dir = tempfile.mkdtemp(prefix="caliper-render-state-")
     env_flags = dict(flags, CALIPER_LISTEN="127.0.0.1:0", CALIPER_METRICS_LISTEN="127.0.0.1:0",
-                     CALIPER_STATE_DIR=state_dir)
+                     CALIPER_STATE_DIR=state_dir, CALIPER_DEVICE="cpu")
+    if "CALIPER_TLS_CERT" in flags:
+        files = tls_files(state_dir)
+        if files is None:
+            return
+        env_flags.update(files)
     args = [re.sub(r"\$\(([A-Z_]+)\)", lambda m: env_flags[m.group(1)], a) for a in c["args"]]
     proc = subprocess.Popen([server] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -320,21 +375,24 @@ def main():
     ap.add_argument("--deploy", required=True, help="the repository's deploy/ folder")
     ap.add_argument("--kubectl", default=shutil.which("kubectl"))
     ap.add_argument("--validate", help="kubernetes-validate executable (schema check)")
-    ap.add_argument("--server", help="caliper-server binary: also run it with the cpu overlay's args")
+    ap.add_argument("--server",
+                    help="caliper-server binary: also run it with the cpu and TLS overlays' args")
     a = ap.parse_args()
     if not a.kubectl or not os.path.exists(a.kubectl):
         print("SKIP: kubectl not found; the render test needs kubectl with kustomize")
         return SKIP
     overlays = sorted(os.listdir(os.path.join(a.deploy, "overlays")))
     check(set(overlays) == set(EXPECTED_DEVICE), f"overlays {overlays} != {sorted(EXPECTED_DEVICE)}")
+    names = {}
     for name in overlays:
         text, objs = render(a.kubectl, os.path.join(a.deploy, "overlays", name))
+        names[name] = {(o["kind"], o["metadata"]["name"]) for o in objs}
         before = len(failures)
         got = check_overlay(name, text, objs)
         print(f"{name}: {len(objs)} objects, {len(failures) - before} problems")
         if a.validate:
             validate_schema(a.validate, name, text)
-        if a.server and name == "cpu" and got:
+        if a.server and name in ("cpu", "gpu-tls") and got:
             run_server_with(a.server, *got)
     # The development database renders and provides the Secret the replicated overlay reads.
     pg_dir = os.path.join(a.deploy, "postgres-dev")
@@ -365,6 +423,18 @@ def main():
         validate_schema(a.validate, "postgres-dev", pg_text)
     print(f"postgres-dev: {len(pg_objs)} objects")
 
+    # cpu runs next to gpu (or gpu-tls, which replaces gpu) in one namespace: no shared names.
+    for other in ("gpu", "gpu-tls"):
+        shared = names.get("cpu", set()) & names.get(other, set())
+        check(not shared, f"cpu and {other} overlays both define {sorted(shared)}")
+    # The namespace all overlays share, applied on its own.
+    text, objs = render(a.kubectl, os.path.join(a.deploy, "namespace"))
+    check([(o["kind"], o["metadata"]["name"]) for o in objs] == [("Namespace", NAMESPACE)],
+          f"deploy/namespace renders {[(o['kind'], o['metadata']['name']) for o in objs]}")
+    check(objs and objs[0]["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce")
+          == "restricted", "namespace does not enforce the restricted Pod Security Standard")
+    if a.validate:
+        validate_schema(a.validate, "namespace", text)
     # The Grafana dashboard ConfigMap renders too.
     _, objs = render(a.kubectl, os.path.join(a.deploy, "grafana"))
     check([o["kind"] for o in objs] == ["ConfigMap"] and

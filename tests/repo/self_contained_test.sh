@@ -19,4 +19,15 @@ if [ -n "$hits" ]; then
   echo "$hits"
   exit 1
 fi
-echo "self-contained: no issue numbers or outside paths"
+# Every docs/ page a file points to exists.
+if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  pages=$(git -C "$src" grep --untracked -hoIE 'docs/[a-z0-9_-]+\.md' | sort -u)
+else
+  pages=$(cd "$src" && grep -rhoIE --exclude-dir=.git --exclude-dir='build*' 'docs/[a-z0-9_-]+\.md' . | sort -u)
+fi
+missing=0
+for page in $pages; do
+  [ -f "$src/$page" ] || { echo "missing page: $page"; missing=1; }
+done
+[ $missing = 0 ] || exit 1
+echo "self-contained: no issue numbers or outside paths; $(echo "$pages" | wc -w) docs pages referenced, all present"
