@@ -1,4 +1,4 @@
-// The `caliper` subcommands that need no server (adapt, merge, convert), as command-table rows
+// The `caliper` subcommands that need no server (adapt, merge, convert, quantize), as command-table rows
 // (client/command.h). The RunXCommand wrappers run one through RunCommand (tests call them).
 #ifndef CALIPER_CLIENT_COMMANDS_H_
 #define CALIPER_CLIENT_COMMANDS_H_
@@ -19,9 +19,12 @@ const CommandSpec& AdaptCommand();
 const CommandSpec& MergeCommand();
 // caliper convert --in PATH --format NAME... --out DIR [--model CONFIG] [--tp T]
 const CommandSpec& ConvertCommand();
+// caliper quantize --checkpoint DIR --scales FILE --out DIR [--format F] [--compat llm-compressor]
+const CommandSpec& QuantizeCommand();
 
 int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunQuantizeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunConvertCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 // `adapt --server ADDR` calls the server's Adapt RPC through this hook, which main.cc installs

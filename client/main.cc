@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
       &cli::AdaptCommand(),
       &cli::MergeCommand(),
       &cli::ConvertCommand(),
+      &cli::QuantizeCommand(),
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
       &cli::CalibrateCommand(),
       &cli::ScalesCommand(),

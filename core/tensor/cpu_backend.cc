@@ -454,6 +454,29 @@ class CpuBackend : public ReductionBackend {
     return absl::OkStatus();
   }
 
+  // Rows split across the pool; every task writes its own slice, so the bytes do not depend on
+  // the split.
+  absl::Status PackNvfp4(const TensorView& t, const Nvfp4PackParams& params,
+                         absl::Span<uint8_t> packed, absl::Span<uint8_t> scales) override {
+    if (absl::Status s = CheckNvfp4PackArgs(t, params, packed, scales); !s.ok()) return s;
+    const int64_t rows = t.shape()[0];
+    const int tasks = static_cast<int>(std::min<int64_t>(
+        std::max<int64_t>(rows, 1), TasksFor(static_cast<int64_t>(t.bytes().size()))));
+    std::vector<int64_t> bad(tasks, 0);
+    pool_.ParallelFor(tasks, [&](int i) {
+      const int64_t r0 = rows * i / tasks, r1 = rows * (i + 1) / tasks;
+      if (r0 < r1) PackNvfp4Rows(t, params, r0, r1, packed.data(), scales.data(), &bad[i]);
+    });
+    int64_t total = 0;
+    for (int64_t b : bad) total += b;
+    if (total > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("weight.data: ", total,
+                                                     " non-finite values (NaN/Inf) in ",
+                                                     t.ShapeString(), "; cannot quantize"));
+    }
+    return absl::OkStatus();
+  }
+
  private:
   int TasksFor(int64_t bytes) const {
     const int64_t by_size = std::max<int64_t>(1, bytes / kMinBytesPerTask);

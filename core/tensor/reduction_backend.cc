@@ -30,4 +30,9 @@ absl::Status CheckAbsMaxPerHeadArgs(const TensorView& t, int64_t num_heads, int6
   return absl::OkStatus();
 }
 
+absl::Status ReductionBackend::PackNvfp4(const TensorView& weight, const Nvfp4PackParams& params,
+                                         absl::Span<uint8_t> packed, absl::Span<uint8_t> scales) {
+  return PackNvfp4Reference(weight, params, packed, scales);
+}
+
 }  // namespace caliper

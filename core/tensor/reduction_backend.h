@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "core/tensor/nvfp4_pack.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
@@ -45,6 +46,12 @@ class ReductionBackend {
   virtual absl::Status AbsMaxPerHead(const TensorView& tensor, int64_t num_heads,
                                      int64_t head_dim, absl::Span<float> out,
                                      int64_t* nonfinite) = 0;
+
+  // NVFP4 packing of a [rows, cols] weight (core/tensor/nvfp4_pack.h): the same bytes as
+  // PackNvfp4Reference, the same errors (arguments, non-finite weights). The default runs the
+  // reference on the calling thread.
+  virtual absl::Status PackNvfp4(const TensorView& weight, const Nvfp4PackParams& params,
+                                 absl::Span<uint8_t> packed, absl::Span<uint8_t> scales);
 };
 
 // The argument checks every AbsMaxPerHead implementation makes first (positive sizes, no
