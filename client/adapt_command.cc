@@ -10,7 +10,9 @@
 #include "client/command.h"
 #include "client/commands.h"
 #include "client/file_io.h"
+#include "client/flag_terms.h"
 #include "core/calibration/kv_scales.h"
+#include "core/formats/lightllm_adapt.h"
 #include "core/formats/lightllm_format.h"
 #include "core/calibration/model_config.h"
 
@@ -66,13 +68,7 @@ absl::Status RunAdapt(const CliArgs& flags, std::ostream& out, std::ostream& err
   if (!calibration.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(in_path, ": ", calibration.status().message()));
   }
-  // Checked even without a model: LightLLM refuses any other range, so the output would be useless.
-  if (absl::Status s = CheckLightLlmFp8Range(*calibration); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(in_path, ": ", s.message()));
-  }
-
-  int total_heads = 0;
-  std::optional<ModelConfig> model_config;
+  LightLlmTarget target;
   if (by_model) {
     auto config_text = ReadWholeFile(*flags.Get("model"));
     if (!config_text.ok()) {
@@ -83,25 +79,22 @@ absl::Status RunAdapt(const CliArgs& flags, std::ostream& out, std::ostream& err
       return absl::InvalidArgumentError(
           absl::StrCat(*flags.Get("model"), ": ", model.status().message()));
     }
-    auto total = DeployedTotalKvHeads(model->num_kv_heads, static_cast<int>(**tp));
-    if (!total.ok()) return absl::InvalidArgumentError(absl::StrCat("--tp: ", total.status().message()));
-    total_heads = *total;
-    model_config = *std::move(model);
+    target.model = *std::move(model);
+    target.tp_size = static_cast<int>(**tp);
   } else {
-    total_heads = static_cast<int>(**total_kv_heads);
+    target.total_kv_heads = static_cast<int>(**total_kv_heads);
   }
-
-  auto adapted = AdaptLightLlmCalibration(*calibration, total_heads);
-  if (!adapted.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(in_path, ": ", adapted.status().message()));
+  // Every check (FP8 range, the model's, the adapted file's) is core's, as for the Adapt RPC.
+  auto adapted_or = AdaptLightLlmForDeployment(*calibration, target);
+  if (!adapted_or.ok()) {
+    const std::string message = InFlagTerms(
+        adapted_or.status().message(), {{"total_kv_heads", "--total-kv-heads"}, {"tp_size", "--tp"}});
+    // A target error names its flag; a file error names the file (and the model it failed).
+    if (message.rfind("--", 0) == 0) return absl::InvalidArgumentError(message);
+    return absl::InvalidArgumentError(absl::StrCat(
+        in_path, by_model ? " vs " + *flags.Get("model") : "", ": ", message));
   }
-  // The loader's checks run on what LightLLM will read: the adapted file.
-  if (model_config.has_value()) {
-    if (absl::Status s = CheckLightLlmForModel(*adapted, *model_config, total_heads); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(in_path, " vs ", *flags.Get("model"), ": ", s.message()));
-    }
-  }
+  const LightLlmCalibration* adapted = &adapted_or->file;
   if (absl::Status s = WriteFileAtomically(out_path, SerializeLightLlmCalibration(*adapted));
       !s.ok()) {
     return Annotate(s, "--out ");

@@ -39,17 +39,12 @@ absl::Status ServerError(absl::string_view message) {
   return WithMark(absl::UnknownError(message), kServer);
 }
 
-absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
-  absl::Status out(status.code(), absl::StrCat(prefix, status.message()));
-  status.ForEachPayload(
-      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
-  return out;
-}
-
 int ExitCodeFor(const absl::Status& status) {
   if (status.ok()) return kExitOk;
   if (HasMark(status, kServer)) return kExitServer;
-  // I/O failures of local files (core's Env) map to kExitIo here.
+  // A read or write of a local file that failed although its path is right (disk full, no
+  // permission, a device error); a missing file or directory is a wrong path: input error.
+  if (IsIoError(status) && !absl::IsNotFound(status)) return kExitIo;
   return kExitUsage;
 }
 
@@ -61,6 +56,7 @@ std::string ExitCodeHelp(ServerUse server) {
     absl::StrAppend(&text, ", 1 with --server: the server said no (its message is printed)");
   }
   absl::StrAppend(&text, ", 2 usage or input error (one line on stderr, nothing written)");
+  absl::StrAppend(&text, ", 3 I/O failure (a file could not be read or written: disk full, ...)");
   return text + ".";
 }
 

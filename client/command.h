@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "client/cli_args.h"
 #include "client/exit_codes.h"
+#include "core/env/env.h"
 
 namespace caliper::cli {
 
@@ -48,7 +49,7 @@ absl::Status UsageError(absl::string_view message);
 // The server refused or failed the request (message already says which call), exit 1.
 absl::Status ServerError(absl::string_view message);
 // `status` with `prefix` before its message, same code and payloads (same exit code).
-absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
+using ::caliper::Annotate;
 // The one place statuses become exit codes.
 int ExitCodeFor(const absl::Status& status);
 

@@ -68,8 +68,7 @@ absl::Status RunConvert(const CliArgs& flags, std::ostream& out, std::ostream& e
   std::vector<ScaleWarning> warnings;
   auto files = RenderOutputs(formats, inputs, &warnings);
   if (!files.ok()) return files.status();
-  fs::create_directories(out_dir, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("--out: cannot create ", out_dir, ": ", ec.message()));
+  if (absl::Status s = CliEnv()->CreateDirs(out_dir); !s.ok()) return Annotate(s, "--out ");
   for (const ScaleWarning& warning : warnings) {
     err << "caliper convert: warning: " << warning.where << ": " << warning.message << "\n";
   }

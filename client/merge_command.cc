@@ -7,6 +7,8 @@
 #include "absl/strings/str_join.h"
 #include "client/cli_args.h"
 #include "client/command.h"
+#include "client/file_io.h"
+#include "client/flag_terms.h"
 #include "client/commands.h"
 #include "core/formats/checkpoint_merge.h"
 
@@ -19,8 +21,16 @@ absl::Status RunMerge(const CliArgs& flags, std::ostream& out, std::ostream& err
   options.scales_path = *flags.Get("scales");
   options.out_dir = *flags.Get("out");
   options.kv_only = flags.Has("kv-only");
+  options.env = CliEnv();
   absl::StatusOr<MergeReport> report = MergeScalesIntoCheckpoint(options);
-  if (!report.ok()) return report.status();
+  if (!report.ok()) {
+    // Core names its options; say them as this command's flags (code and I/O mark kept).
+    const FieldFlags names = {{"checkpoint_dir", "--checkpoint"},
+                              {"scales_path", "--scales"},
+                              {"out_dir", "--out"},
+                              {"kv_only", "--kv-only"}};
+    return InFlagTerms(report.status(), names);
+  }
   for (const ScaleWarning& warning : report->warnings) {
     err << "caliper merge: warning: " << warning.where << ": " << warning.message << "\n";
   }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
+#include "client/channel_credentials.h"
 #include "client/file_io.h"
 #include "client/rpc_retry.h"
 #include "grpcpp/support/client_interceptor.h"
@@ -101,18 +102,17 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!security.tls_ca_file.empty()) {
     absl::StatusOr<std::string> ca = ReadWholeFile(security.tls_ca_file);
-    if (!ca.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-ca: ", ca.status().message()));
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = *std::move(ca);
+    if (!ca.ok()) return Annotate(ca.status(), "--tls-ca: ");
+    std::string cert, key;
     if (!security.tls_cert_file.empty()) {
-      absl::StatusOr<std::string> cert = ReadWholeFile(security.tls_cert_file);
-      if (!cert.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-cert: ", cert.status().message()));
-      absl::StatusOr<std::string> key = ReadWholeFile(security.tls_key_file);
-      if (!key.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-key: ", key.status().message()));
-      ssl.pem_cert_chain = *std::move(cert);
-      ssl.pem_private_key = *std::move(key);
+      absl::StatusOr<std::string> cert_pem = ReadWholeFile(security.tls_cert_file);
+      if (!cert_pem.ok()) return Annotate(cert_pem.status(), "--tls-cert: ");
+      absl::StatusOr<std::string> key_pem = ReadWholeFile(security.tls_key_file);
+      if (!key_pem.ok()) return Annotate(key_pem.status(), "--tls-key: ");
+      cert = *std::move(cert_pem);
+      key = *std::move(key_pem);
     }
-    credentials = grpc::SslCredentials(ssl);
+    credentials = MakeTlsChannelCredentials(*ca, cert, key);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!security.token.empty()) {
@@ -227,9 +227,7 @@ absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
                                                   const v1::ScalesResponse& scales,
                                                   const v1::Session& session,
                                                   const v1::Deployment& deployment) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("--out: cannot create ", dir, ": ", ec.message()));
+  if (absl::Status s = CliEnv()->CreateDirs(dir); !s.ok()) return Annotate(s, "--out ");
   WrittenOutputs written;
 
   // The LightLLM file is the server's rendering for this deployment (full rows of the deployed

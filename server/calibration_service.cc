@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/calibration/kv_scales.h"
+#include "core/formats/lightllm_adapt.h"
 #include "core/formats/lightllm_format.h"
 #include "server/proto_convert.h"
 #include "server/rpc_timing.h"
@@ -247,27 +248,18 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
     absl::StatusOr<LightLlmCalibration> calibration =
         ParseLightLlmCalibration(request->lightllm_json());
     if (!calibration.ok()) return Prefixed("lightllm_json: ", calibration.status());
-    int total = request->total_kv_heads();
+    LightLlmTarget target;
+    target.total_kv_heads = request->total_kv_heads();
+    target.tp_size = request->tp_size();
     if (request->has_model()) {
       absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
       if (!model.ok()) return model.status();
-      if (total <= 0) {
-        absl::StatusOr<int> deployed = DeployedTotalKvHeads(
-            model->num_kv_heads, request->tp_size() > 0 ? request->tp_size() : 1);
-        if (!deployed.ok()) return Prefixed("tp_size: ", deployed.status());
-        total = *deployed;
-      }
-      if (absl::Status s = CheckLightLlmForModel(*calibration, *model, total); !s.ok()) {
-        return Prefixed("lightllm_json: ", s);
-      }
+      target.model = *std::move(model);
     }
-    if (total <= 0) {
-      return absl::InvalidArgumentError("total_kv_heads: required (or model and tp_size)");
-    }
-    absl::StatusOr<LightLlmCalibration> adapted = AdaptLightLlmCalibration(*calibration, total);
+    absl::StatusOr<AdaptedLightLlm> adapted = AdaptLightLlmForDeployment(*calibration, target);
     if (!adapted.ok()) return adapted.status();
-    response->set_lightllm_json(SerializeLightLlmCalibration(*adapted));
-    response->set_total_kv_heads(total);
+    response->set_lightllm_json(SerializeLightLlmCalibration(adapted->file));
+    response->set_total_kv_heads(adapted->total_kv_heads);
     return absl::OkStatus();
   };
   return FinishUnary(context, "Adapt", "", start, adapt());

@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/calibration_service.h"
@@ -248,21 +247,18 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         return failed;
       }
     }
-    absl::StatusOr<ObserveOutcome> outcome = session_->Observe(
+    const StreamObserveResult result = session_->Observe(
         *chunk, *service_->backend_, producer_ ? &*producer_ : nullptr);
-    if (!outcome.ok() && producer_ &&
-        (outcome.status().code() == absl::StatusCode::kAborted ||
-         (outcome.status().code() == absl::StatusCode::kFailedPrecondition &&
-          absl::StrContains(outcome.status().message(), "chunk.sequence")))) {
+    if (!result.status.ok() && result.ends_stream) {
       // A gap or a newer connection of this producer: the stream cannot go on in order.
-      service_->metrics_->ChunkRejected(outcome.status(), chunk_.kind());
-      return outcome.status();
+      service_->metrics_->ChunkRejected(result.status, chunk_.kind());
+      return result.status;
     }
-    if (!outcome.ok()) {
-      RejectChunk(outcome.status());
+    if (!result.status.ok()) {
+      RejectChunk(result.status);
       return absl::OkStatus();
     }
-    switch (*outcome) {
+    switch (result.outcome) {
       case ObserveOutcome::kAccepted:
         summary_.set_accepted_chunks(summary_.accepted_chunks() + 1);
         summary_.set_accepted_bytes(summary_.accepted_bytes() +

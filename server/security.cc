@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/state/state_file.h"
+#include "core/env/env.h"
 
 namespace caliper {
 namespace {
@@ -31,10 +31,8 @@ bool ConstantTimeEquals(absl::string_view known, absl::string_view presented) {
 }
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag) {
-  absl::StatusOr<std::string> text = StateFileEnv::Default()->ReadFile(path);
-  if (!text.ok()) {
-    return absl::Status(text.status().code(), absl::StrCat(flag, ": ", text.status().message()));
-  }
+  absl::StatusOr<std::string> text = Env::Default()->ReadFile(path);
+  if (!text.ok()) return Annotate(text.status(), absl::StrCat(flag, ": "));
   if (!absl::StrContains(*text, "-----BEGIN ")) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not a PEM file"));
   }
@@ -84,7 +82,7 @@ absl::StatusOr<std::vector<TenantToken>> ParseTokensFile(absl::string_view text,
 }
 
 absl::StatusOr<std::vector<TenantToken>> LoadTokensFile(const std::string& path) {
-  absl::StatusOr<std::string> text = StateFileEnv::Default()->ReadFile(path);
+  absl::StatusOr<std::string> text = Env::Default()->ReadFile(path);
   if (!text.ok()) {
     return absl::Status(text.status().code(),
                         absl::StrCat("--tokens_file: ", text.status().message()));
@@ -171,18 +169,6 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
         std::make_shared<TokenAuthMetadataProcessor>(std::move(authenticator)));
   }
   return credentials;
-}
-
-std::shared_ptr<grpc::ChannelCredentials> MakeTlsChannelCredentials(const std::string& ca_pem,
-                                                                    const std::string& cert_pem,
-                                                                    const std::string& key_pem) {
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = ca_pem;
-  if (!cert_pem.empty() && !key_pem.empty()) {
-    ssl.pem_cert_chain = cert_pem;
-    ssl.pem_private_key = key_pem;
-  }
-  return grpc::SslCredentials(ssl);
 }
 
 }  // namespace caliper

@@ -90,12 +90,6 @@ struct SecurityOptions {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
     const SecurityOptions& options, std::shared_ptr<const TokenAuthenticator> authenticator);
 
-// Client side (CLI, tests): TLS channel credentials trusting `ca_pem` (empty: system roots),
-// presenting a client certificate when both cert and key are given.
-std::shared_ptr<grpc::ChannelCredentials> MakeTlsChannelCredentials(const std::string& ca_pem,
-                                                                    const std::string& cert_pem,
-                                                                    const std::string& key_pem);
-
 }  // namespace caliper
 
 #endif  // CALIPER_SERVER_SECURITY_H_

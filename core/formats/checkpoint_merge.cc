@@ -82,8 +82,8 @@ absl::Status LinkInto(const fs::path& source, const fs::path& target, MergeRepor
   return absl::OkStatus();
 }
 
-absl::Status WriteText(const fs::path& path, const std::string& text) {
-  return WriteFileAtomically(path.string(), text);
+absl::Status WriteText(Env* env, const fs::path& path, const std::string& text) {
+  return WriteFileAtomically(path.string(), text, env);
 }
 
 }  // namespace
@@ -113,7 +113,7 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
   if (options.kv_only) imported->nvfp4.modules.clear();
   if (!imported->kv.has_value() && imported->nvfp4.modules.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(options.scales_path, ": nothing to merge (no KV scales, and --kv-only)"));
+        absl::StrCat(options.scales_path, ": nothing to merge (no KV scales, and kv_only is set)"));
   }
 
   absl::StatusOr<std::vector<std::string>> names = ckpt.TensorNames();
@@ -142,7 +142,7 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
     if (!inputs.nvfp4.modules.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           where, ": the checkpoint is already quantized; only KV scales can be merged "
-                 "(use --kv-only)"));
+                 "(set kv_only)"));
     }
     if (ct) {
       if (existing_block->contains("kv_cache_scheme") &&
@@ -184,7 +184,7 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
             options.checkpoint_dir, ": module ", module, " has unquantized weights (no ",
             ct ? "weight_packed" : "weight_scale",
             "); engines load NVFP4 global scales only beside packed FP4 weights. Quantize the "
-            "weights first, or merge only the KV scales (--kv-only)"));
+            "weights first, or merge only the KV scales (kv_only)"));
       }
     }
     (*config)["quantization_config"] =
@@ -220,14 +220,11 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
         absl::StrCat(options.out_dir, ": exists and is not an empty directory"));
   }
   if (fs::equivalent(out_dir, source_dir, ec)) {
-    return absl::InvalidArgumentError("--out: must differ from --checkpoint");
+    return absl::InvalidArgumentError("out_dir: must differ from checkpoint_dir");
   }
   const fs::path staging = out_dir.string() + ".partial-" + std::to_string(::getpid());
   fs::remove_all(staging, ec);
-  if (!fs::create_directories(staging, ec) || ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(staging.string(), ": cannot create: ", ec.message()));
-  }
+  if (absl::Status s = options.env->CreateDirs(staging.string()); !s.ok()) return s;
   auto build = [&]() -> absl::Status {
     std::map<std::string, std::string> renamed;  // source shard -> name in out_dir
     const bool lone_single =
@@ -259,7 +256,7 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
       }
       if (absl::Status s = LinkInto(item.path(), staging / name, &report); !s.ok()) return s;
     }
-    if (absl::Status s = WriteText(staging / kMergedScalesShard, *shard); !s.ok()) return s;
+    if (absl::Status s = WriteText(options.env, staging / kMergedScalesShard, *shard); !s.ok()) return s;
     ojson weight_map = ojson::object();
     for (const std::string& name : *names) {
       absl::StatusOr<std::string> owner = ckpt.ShardOf(name);
@@ -272,26 +269,26 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
     ojson index = ojson::object();
     index["metadata"] = {{"total_size", weight_bytes + scale_bytes}};
     index["weight_map"] = std::move(weight_map);
-    if (absl::Status s = WriteText(staging / kSafetensorsIndexName, index.dump(2) + "\n"); !s.ok()) {
+    if (absl::Status s = WriteText(options.env, staging / kSafetensorsIndexName, index.dump(2) + "\n"); !s.ok()) {
       return s;
     }
-    if (absl::Status s = WriteText(staging / "config.json", config->dump(2) + "\n"); !s.ok()) {
+    if (absl::Status s = WriteText(options.env, staging / "config.json", config->dump(2) + "\n"); !s.ok()) {
       return s;
     }
     if (hf_quant_config.has_value()) {
-      if (absl::Status s = WriteText(staging / kModelOptConfigFile, hf_quant_config->dump(4) + "\n");
+      if (absl::Status s = WriteText(options.env, staging / kModelOptConfigFile, hf_quant_config->dump(4) + "\n");
           !s.ok()) {
         return s;
       }
     }
     std::error_code rename_ec;
     if (fs::exists(out_dir, rename_ec)) fs::remove(out_dir, rename_ec);  // empty, checked above
-    fs::rename(staging, out_dir, rename_ec);
-    if (rename_ec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          options.out_dir, ": cannot move the merged checkpoint into place: ", rename_ec.message()));
+    if (absl::Status s = options.env->RenameFile(staging.string(), options.out_dir); !s.ok()) {
+      return Annotate(s, "moving the merged checkpoint into place: ");
     }
-    return absl::OkStatus();
+    fs::path placed = fs::absolute(out_dir).lexically_normal();
+    if (!placed.has_filename()) placed = placed.parent_path();  // "out/" -> "out"
+    return options.env->SyncDir(placed.parent_path().string());
   };
   absl::Status status;
   try {

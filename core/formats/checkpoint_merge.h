@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/env/env.h"
 #include "core/calibration/warnings.h"
 
 namespace caliper {
@@ -26,6 +27,7 @@ struct MergeOptions {
   std::string scales_path;     // compressed-tensors or ModelOpt scale safetensors
   std::string out_dir;         // must not exist, or be empty
   bool kv_only = false;        // merge only KV scales, dropping NVFP4 global scales
+  Env* env = Env::Default();   // writes of the new files, the staging directory and its rename
 };
 
 struct MergeReport {
@@ -38,7 +40,8 @@ struct MergeReport {
 // FailedPrecondition when the checkpoint already holds any of the scale tensors (engines would
 // load both), already has KV scales configured, uses another quant_method, or when NVFP4 scales
 // meet unquantized weights (engines need packed FP4 weights; use kv_only). InvalidArgument for a
-// scale file that does not match the model. Errors name the file and key.
+// scale file that does not match the model (or out_dir naming checkpoint_dir). Errors name the
+// file and key; failed writes are the Env's I/O errors.
 absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& options);
 
 }  // namespace caliper

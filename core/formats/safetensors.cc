@@ -67,16 +67,13 @@ absl::StatusOr<uint64_t> SafetensorsByteSize(absl::string_view dtype,
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    std::string message = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    return err == ENOENT ? absl::NotFoundError(message) : absl::FailedPreconditionError(message);
-  }
+  // Read through an mmap, not the Env (tensors are read in place); errors are marked the same.
+  if (fd < 0) return IoErrorFromErrno("open", path, errno);
   struct stat info;
   if (::fstat(fd, &info) != 0) {
     const int err = errno;
     ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(path, ": cannot stat: ", std::strerror(err)));
+    return IoErrorFromErrno("stat", path, err);
   }
   if (!S_ISREG(info.st_mode)) {
     ::close(fd);
@@ -91,10 +88,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   void* mapping = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_err = errno;
   ::close(fd);  // the mapping keeps the file alive
-  if (mapping == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(path, ": mmap failed: ", std::strerror(map_err)));
-  }
+  if (mapping == MAP_FAILED) return IoErrorFromErrno("mmap", path, map_err);
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->mapping_ = mapping;
   file->base_ = static_cast<const uint8_t*>(mapping);
@@ -357,49 +351,8 @@ std::string SafetensorsWriter::Serialize() const {
   return out;
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view content) {
-  std::string temp = path + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(temp.data());
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot create a temporary file: ", std::strerror(errno)));
-  }
-  auto fail = [&](absl::string_view what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(temp.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": ", what, ": ", std::strerror(err)));
-  };
-  size_t written = 0;
-  while (written < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + written, content.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail("write failed");
-    }
-    written += static_cast<size_t>(n);
-  }
-  // mkstemp creates 0600; give the file the usual permissions.
-  if (::fchmod(fd, 0644) != 0) return fail("chmod failed");
-  if (::fsync(fd) != 0) return fail("fsync failed");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": close failed: ", std::strerror(err)));
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": rename failed: ", std::strerror(err)));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SafetensorsWriter::WriteFile(const std::string& path) const {
-  return WriteFileAtomically(path, Serialize());
+absl::Status SafetensorsWriter::WriteFile(const std::string& path, Env* env) const {
+  return WriteFileAtomically(path, Serialize(), env);
 }
 
 }  // namespace caliper

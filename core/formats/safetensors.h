@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/env/env.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
@@ -25,10 +26,6 @@ std::optional<int> SafetensorsDTypeBits(absl::string_view dtype);
 absl::StatusOr<uint64_t> SafetensorsByteSize(absl::string_view dtype,
                                              absl::Span<const int64_t> shape,
                                              absl::string_view field);
-
-// Writes `content` to a temporary file beside `path`, fsyncs it and renames it over `path`, so
-// readers never see a half-written file. Errors name the path.
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view content);
 
 struct SafetensorsEntry {
   std::string name;
@@ -86,7 +83,8 @@ class SafetensorsWriter {
                    std::string bytes);
   void SetMetadata(std::string key, std::string value);
   std::string Serialize() const;
-  absl::Status WriteFile(const std::string& path) const;  // atomic: temp file then rename
+  // Serialize() written with WriteFileAtomically through `env`; errors are env's (I/O errors).
+  absl::Status WriteFile(const std::string& path, Env* env = Env::Default()) const;
 
  private:
   struct Pending {

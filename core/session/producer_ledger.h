@@ -45,7 +45,9 @@ class ProducerLedger {
   absl::StatusOr<Stream> OpenStream(absl::string_view producer_id);
 
   // Classifies `sequence` on `stream` (the stream rule plus the producer rule above).
-  // Aborted when a newer stream of the same producer was opened.
+  // InvalidArgument for sequence 0 (that chunk's fault); FailedPrecondition for a gap or a
+  // sequence out of order on the stream, Aborted when a newer stream of the same producer was
+  // opened: the stream cannot go on.
   absl::StatusOr<SequenceVerdict> Accept(const Stream& stream, uint64_t sequence);
 
   // Producer rule only, for callers without streams (e.g. a unary RPC).

@@ -136,7 +136,21 @@ absl::Status CalibrationSession::ValidateChunk(const ChunkRef& chunk) const {
 
 absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(const ChunkRef& chunk,
                                                            ReductionBackend& backend) {
-  return Observe(chunk, backend, nullptr);
+  bool ends_stream = false;  // never set without a producer stream
+  return ObserveChunk(chunk, backend, nullptr, &ends_stream);
+}
+
+StreamObserveResult CalibrationSession::Observe(const ChunkRef& chunk, ReductionBackend& backend,
+                                                const ProducerLedger::Stream* producer) {
+  StreamObserveResult result;
+  absl::StatusOr<ObserveOutcome> outcome = ObserveChunk(chunk, backend, producer,
+                                                        &result.ends_stream);
+  if (outcome.ok()) {
+    result.outcome = *outcome;
+  } else {
+    result.status = outcome.status();
+  }
+  return result;
 }
 
 absl::StatusOr<ProducerLedger::Stream> CalibrationSession::OpenProducerStream(
@@ -150,14 +164,17 @@ absl::StatusOr<ProducerLedger::Stream> CalibrationSession::OpenProducerStream(
   return stream;
 }
 
-absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(
-    const ChunkRef& chunk, ReductionBackend& backend, const ProducerLedger::Stream* producer) {
+absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
+    const ChunkRef& chunk, ReductionBackend& backend, const ProducerLedger::Stream* producer,
+    bool* ends_stream) {
   // Under mu_: consumes the chunk's sequence (producer streams only). Returns the verdict, or
   // an error for a gap / fenced stream.
   auto consume = [&]() -> absl::StatusOr<SequenceVerdict> {
     if (producer == nullptr) return SequenceVerdict::kNew;
     absl::StatusOr<SequenceVerdict> verdict = ledger_.Accept(*producer, chunk.sequence);
     if (!verdict.ok()) {
+      // Sequence 0 is this chunk's fault; a gap or a fence is the stream's (ledger contract).
+      *ends_stream = !absl::IsInvalidArgument(verdict.status());
       return absl::Status(verdict.status().code(),
                           absl::StrCat("chunk.sequence: ", verdict.status().message()));
     }
@@ -236,7 +253,7 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::Observe(
     ++rejected_chunks_;
     return absl::ResourceExhaustedError(absl::StrCat(
         "chunk.module: \"", chunk.module, "\" would be module ", modules_.size() + 1,
-        " of this session, over the server's --max_modules_per_session=", max_modules_));
+        " of this session, over its limit (max_modules_per_session=", max_modules_, ")"));
   }
   switch (chunk.kind) {
     case ChunkKind::kKey:

@@ -70,6 +70,16 @@ struct ChunkRef {
 // kDuplicate: a producer re-sent a sequence already counted (exactly-once); acknowledge, ignore.
 enum class ObserveOutcome { kAccepted, kSkippedWarmup, kDuplicate };
 
+// The verdict on one chunk of a producer stream. On error, `ends_stream` says whether the
+// stream can go on: false when only this chunk was rejected (answer it in-band); true when the
+// stream cannot continue in order (a sequence gap, or a newer stream of the same producer
+// fenced this one), so the transport ends it.
+struct StreamObserveResult {
+  absl::Status status;  // OK: `outcome` holds the verdict
+  ObserveOutcome outcome = ObserveOutcome::kAccepted;
+  bool ends_stream = false;
+};
+
 // Engine conventions for NVFP4 (docs/nvfp4.md): compressed-tensors stores the divisor and shares
 // only weight scales in fused groups; ModelOpt stores the multiplier and shares inputs too.
 enum class Nvfp4Convention { kCompressedTensors, kModelOpt };
@@ -148,8 +158,8 @@ class CalibrationSession {
   // consumed by the chunk's final verdict (accepted, warmup, or rejected for its content), so a
   // re-sent chunk is kDuplicate. Gaps and fenced streams: FailedPrecondition / Aborted.
   absl::StatusOr<ProducerLedger::Stream> OpenProducerStream(absl::string_view producer_id);
-  absl::StatusOr<ObserveOutcome> Observe(const ChunkRef& chunk, ReductionBackend& backend,
-                                         const ProducerLedger::Stream* producer);
+  StreamObserveResult Observe(const ChunkRef& chunk, ReductionBackend& backend,
+                              const ProducerLedger::Stream* producer);
   // The first sequence `producer_id` should send next (1 when unknown).
   uint64_t ResumeFrom(absl::string_view producer_id) const {
     return ledger_.ResumeFrom(producer_id);
@@ -202,7 +212,7 @@ class CalibrationSession {
   int64_t created_unix_ms() const { return created_unix_ms_; }
 
   // Bounds the distinct modules a session tracks (0: unbounded); a chunk naming one more module
-  // is rejected with ResourceExhausted naming --max_modules_per_session. Layers are bounded by
+  // is rejected with ResourceExhausted naming max_modules_per_session. Layers are bounded by
   // the model. Set before the session is shared.
   void set_max_modules(int max_modules) { max_modules_ = max_modules; }
 
@@ -224,6 +234,10 @@ class CalibrationSession {
     std::optional<RangeStats> range;
   };
 
+  // Observe's body; sets *ends_stream for a sequence that breaks the producer stream's order.
+  absl::StatusOr<ObserveOutcome> ObserveChunk(const ChunkRef& chunk, ReductionBackend& backend,
+                                              const ProducerLedger::Stream* producer,
+                                              bool* ends_stream);
   uint64_t ChangeCountLocked() const;
   absl::Status ValidateChunk(const ChunkRef& chunk) const;
   absl::Status CheckOpen() const;  // caller holds mu_ or accepts a racy pre-check

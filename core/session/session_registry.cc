@@ -33,7 +33,7 @@ absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::CreateForTe
     if (owned >= limits.max_sessions_per_tenant) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "tenant \"", tenant.empty() ? "anonymous" : tenant, "\" already has ", owned,
-          " sessions, the server's --max_sessions_per_tenant=", limits.max_sessions_per_tenant,
+          " sessions, its limit (max_sessions_per_tenant=", limits.max_sessions_per_tenant, ")",
           "; delete finished sessions first"));
     }
   }

@@ -10,7 +10,7 @@ namespace caliper {
 // ---- SessionStore ----
 
 absl::StatusOr<std::unique_ptr<SessionStore>> SessionStore::Open(std::string dir,
-                                                                 StateFileEnv* env) {
+                                                                 Env* env) {
   if (dir.empty()) return absl::InvalidArgumentError("state_dir: empty path");
   if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   if (absl::StatusOr<int> removed = RemoveLeftoverTempFiles(dir, env); !removed.ok()) {

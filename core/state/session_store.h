@@ -31,7 +31,7 @@ class SessionStore {
  public:
   // Creates `dir` if needed and removes temp files a crash left there.
   static absl::StatusOr<std::unique_ptr<SessionStore>> Open(
-      std::string dir, StateFileEnv* env = StateFileEnv::Default());
+      std::string dir, Env* env = Env::Default());
 
   struct Loaded {
     std::vector<std::unique_ptr<CalibrationSession>> sessions;
@@ -47,10 +47,10 @@ class SessionStore {
   const std::string& dir() const { return dir_; }
 
  private:
-  SessionStore(std::string dir, StateFileEnv* env) : dir_(std::move(dir)), env_(env) {}
+  SessionStore(std::string dir, Env* env) : dir_(std::move(dir)), env_(env) {}
 
   const std::string dir_;
-  StateFileEnv* const env_;
+  Env* const env_;
 };
 
 // Writes every session of `registry` whose ChangeCount() moved past its DurableChangeCount(),

@@ -1,14 +1,6 @@
 #include "core/state/state_file.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -16,131 +8,6 @@
 
 namespace caliper {
 namespace {
-
-absl::Status ErrnoStatus(absl::string_view op, absl::string_view path, int err) {
-  std::string message = absl::StrCat(op, " ", path, ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(message);
-  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(message);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
-  return absl::InternalError(message);
-}
-
-class PosixWritableFile final : public WritableStateFile {
- public:
-  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
-  ~PosixWritableFile() override {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  absl::Status Append(absl::string_view data) override {
-    const char* p = data.data();
-    size_t left = data.size();
-    while (left > 0) {
-      ssize_t n = ::write(fd_, p, left);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus("write", path_, errno);
-      }
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Sync() override {
-    if (::fsync(fd_) != 0) return ErrnoStatus("fsync", path_, errno);
-    return absl::OkStatus();
-  }
-
-  absl::Status Close() override {
-    int fd = fd_;
-    fd_ = -1;
-    if (fd >= 0 && ::close(fd) != 0) return ErrnoStatus("close", path_, errno);
-    return absl::OkStatus();
-  }
-
- private:
-  std::string path_;
-  int fd_;
-};
-
-class PosixStateFileEnv final : public StateFileEnv {
- public:
-  absl::StatusOr<std::unique_ptr<WritableStateFile>> NewWritableFile(
-      const std::string& path) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoStatus("open", path, errno);
-    return std::unique_ptr<WritableStateFile>(new PosixWritableFile(path, fd));
-  }
-
-  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus("open", path, errno);
-    std::string out;
-    char buffer[1 << 16];
-    while (true) {
-      ssize_t n = ::read(fd, buffer, sizeof(buffer));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        int err = errno;
-        ::close(fd);
-        return ErrnoStatus("read", path, err);
-      }
-      if (n == 0) break;
-      out.append(buffer, static_cast<size_t>(n));
-    }
-    ::close(fd);
-    return out;
-  }
-
-  absl::Status RenameFile(const std::string& from, const std::string& to) override {
-    if (::rename(from.c_str(), to.c_str()) != 0) {
-      return ErrnoStatus("rename", absl::StrCat(from, " -> ", to), errno);
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status SyncDir(const std::string& dir) override {
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus("open directory", dir, errno);
-    absl::Status status;
-    if (::fsync(fd) != 0) status = ErrnoStatus("fsync directory", dir, errno);
-    ::close(fd);
-    return status;
-  }
-
-  absl::Status RemoveFile(const std::string& path) override {
-    if (::unlink(path.c_str()) != 0) return ErrnoStatus("unlink", path, errno);
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) return ErrnoStatus("opendir", dir, errno);
-    std::vector<std::string> names;
-    while (struct dirent* entry = ::readdir(d)) {
-      absl::string_view name = entry->d_name;
-      if (name != "." && name != "..") names.emplace_back(name);
-    }
-    ::closedir(d);
-    return names;
-  }
-
-  absl::Status CreateDirs(const std::string& dir) override {
-    if (dir.empty()) return absl::InvalidArgumentError("state dir: empty path");
-    for (size_t pos = 1; pos <= dir.size(); ++pos) {
-      if (pos != dir.size() && dir[pos] != '/') continue;
-      std::string prefix = dir.substr(0, pos);
-      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-        return ErrnoStatus("mkdir", prefix, errno);
-      }
-    }
-    struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) return ErrnoStatus("stat", dir, errno);
-    if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(dir, ": not a directory"));
-    return absl::OkStatus();
-  }
-};
 
 void PutU32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
@@ -165,24 +32,7 @@ constexpr size_t kLengthAt = 16;
 constexpr size_t kPayloadCrcAt = 24;
 constexpr size_t kHeaderCrcAt = 28;
 
-std::string DirName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string TempPathFor(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  return absl::StrCat(path, kStateTempMarker, ::getpid(), "-", counter.fetch_add(1));
-}
-
 }  // namespace
-
-StateFileEnv* StateFileEnv::Default() {
-  static StateFileEnv* env = new PosixStateFileEnv;
-  return env;
-}
 
 std::string FrameStatePayload(absl::string_view payload) {
   std::string out;
@@ -233,38 +83,18 @@ absl::StatusOr<std::string> UnframeStatePayload(absl::string_view bytes, absl::s
 }
 
 absl::Status WriteStateFileAtomic(const std::string& path, absl::string_view payload,
-                                  StateFileEnv* env) {
-  const std::string temp = TempPathFor(path);
-  auto annotate = [&](const absl::Status& status) {
-    return absl::Status(status.code(),
-                        absl::StrCat("writing state file ", path, ": ", status.message()));
-  };
-  absl::Status status;
-  {
-    absl::StatusOr<std::unique_ptr<WritableStateFile>> file = env->NewWritableFile(temp);
-    if (!file.ok()) return annotate(file.status());
-    status = (*file)->Append(FrameStatePayload(payload));
-    if (status.ok()) status = (*file)->Sync();
-    absl::Status closed = (*file)->Close();
-    if (status.ok()) status = closed;
-  }
-  if (status.ok()) status = env->RenameFile(temp, path);
-  if (!status.ok()) {
-    env->RemoveFile(temp).IgnoreError();  // best effort; start-up removes leftovers too
-    return annotate(status);
-  }
-  status = env->SyncDir(DirName(path));
-  if (!status.ok()) return annotate(status);
-  return absl::OkStatus();
+                                  Env* env) {
+  return Annotate(WriteFileAtomically(path, FrameStatePayload(payload), env),
+                  absl::StrCat("writing state file ", path, ": "));
 }
 
-absl::StatusOr<std::string> ReadStateFile(const std::string& path, StateFileEnv* env) {
+absl::StatusOr<std::string> ReadStateFile(const std::string& path, Env* env) {
   absl::StatusOr<std::string> bytes = env->ReadFile(path);
   if (!bytes.ok()) return bytes.status();
   return UnframeStatePayload(*bytes, path);
 }
 
-absl::Status RemoveStateFile(const std::string& path, StateFileEnv* env) {
+absl::Status RemoveStateFile(const std::string& path, Env* env) {
   absl::Status status = env->RemoveFile(path);
   if (absl::IsNotFound(status)) return absl::OkStatus();
   if (!status.ok()) return status;
@@ -273,7 +103,7 @@ absl::Status RemoveStateFile(const std::string& path, StateFileEnv* env) {
 
 absl::StatusOr<std::vector<std::string>> ListStateFiles(const std::string& dir,
                                                         absl::string_view suffix,
-                                                        StateFileEnv* env) {
+                                                        Env* env) {
   absl::StatusOr<std::vector<std::string>> names = env->ListDir(dir);
   if (!names.ok()) return names.status();
   std::vector<std::string> out;
@@ -286,7 +116,7 @@ absl::StatusOr<std::vector<std::string>> ListStateFiles(const std::string& dir,
   return out;
 }
 
-absl::StatusOr<int> RemoveLeftoverTempFiles(const std::string& dir, StateFileEnv* env) {
+absl::StatusOr<int> RemoveLeftoverTempFiles(const std::string& dir, Env* env) {
   absl::StatusOr<std::vector<std::string>> names = env->ListDir(dir);
   if (!names.ok()) return names.status();
   int removed = 0;

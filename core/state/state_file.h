@@ -2,8 +2,8 @@
 // CRC-32C of the payload, CRC-32C of the header) followed by the payload. Writes are atomic
 // (temp file in the same directory, fsync, rename, fsync of the directory), so a reader sees
 // the old file or the new one, never a torn mix; a corrupt or truncated file is a DataLoss
-// error naming it, never wrong bytes. Every filesystem call goes through StateFileEnv (LevelDB's
-// Env) so tests can inject failures. All functions are thread-safe; one writer per path at a time.
+// error naming it, never wrong bytes. Every filesystem call goes through an Env (core/env/env.h)
+// so tests can inject failures. All functions are thread-safe; one writer per path at a time.
 #ifndef CALIPER_CORE_STATE_STATE_FILE_H_
 #define CALIPER_CORE_STATE_STATE_FILE_H_
 
@@ -15,45 +15,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/env/env.h"
 
 namespace caliper {
-
-// A file being written from the start. Errors name the path.
-class WritableStateFile {
- public:
-  virtual ~WritableStateFile() = default;
-  virtual absl::Status Append(absl::string_view data) = 0;
-  virtual absl::Status Sync() = 0;  // data on stable storage (fsync)
-  virtual absl::Status Close() = 0;
-};
-
-// The filesystem calls state files need. Default() is the POSIX one (process-wide, never deleted).
-class StateFileEnv {
- public:
-  virtual ~StateFileEnv() = default;
-  static StateFileEnv* Default();
-
-  // Creates or truncates `path`.
-  virtual absl::StatusOr<std::unique_ptr<WritableStateFile>> NewWritableFile(
-      const std::string& path) = 0;
-  // Whole file; NotFound when it does not exist.
-  virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
-  // Atomically replaces `to` (POSIX rename).
-  virtual absl::Status RenameFile(const std::string& from, const std::string& to) = 0;
-  // Makes renames and unlinks inside `dir` durable.
-  virtual absl::Status SyncDir(const std::string& dir) = 0;
-  virtual absl::Status RemoveFile(const std::string& path) = 0;
-  // Entry names (not paths) of `dir`, without "." and "..".
-  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
-  // mkdir -p; OK when it already exists.
-  virtual absl::Status CreateDirs(const std::string& dir) = 0;
-};
 
 inline constexpr absl::string_view kStateFileMagic = "CALIPER1";
 inline constexpr uint32_t kStateFileFormatVersion = 1;
 inline constexpr size_t kStateFileHeaderSize = 32;
 // Temp files carry this marker in their name; ListStateFiles skips them.
-inline constexpr absl::string_view kStateTempMarker = ".caliper-tmp-";
+inline constexpr absl::string_view kStateTempMarker = kTempFileMarker;
 
 // Header + payload, the exact bytes WriteStateFileAtomic puts on disk.
 std::string FrameStatePayload(absl::string_view payload);
@@ -65,26 +35,26 @@ absl::StatusOr<std::string> UnframeStatePayload(absl::string_view bytes, absl::s
 // the final directory fsync fails, replaced but not known to be durable) and no temp file is
 // left behind unless the process dies mid-write.
 absl::Status WriteStateFileAtomic(const std::string& path, absl::string_view payload,
-                                  StateFileEnv* env = StateFileEnv::Default());
+                                  Env* env = Env::Default());
 
 // The payload last written to `path`. NotFound when there is none; DataLoss as for
 // UnframeStatePayload.
 absl::StatusOr<std::string> ReadStateFile(const std::string& path,
-                                          StateFileEnv* env = StateFileEnv::Default());
+                                          Env* env = Env::Default());
 
 // Removes `path` and makes the removal durable. OK when it does not exist.
 absl::Status RemoveStateFile(const std::string& path,
-                             StateFileEnv* env = StateFileEnv::Default());
+                             Env* env = Env::Default());
 
 // Sorted names in `dir` ending in `suffix`, excluding temp files left by a crash.
 absl::StatusOr<std::vector<std::string>> ListStateFiles(
     const std::string& dir, absl::string_view suffix,
-    StateFileEnv* env = StateFileEnv::Default());
+    Env* env = Env::Default());
 
 // Deletes temp files a crash left in `dir`; call at start-up before any writer runs.
 // Returns how many were removed.
 absl::StatusOr<int> RemoveLeftoverTempFiles(const std::string& dir,
-                                            StateFileEnv* env = StateFileEnv::Default());
+                                            Env* env = Env::Default());
 
 }  // namespace caliper
 

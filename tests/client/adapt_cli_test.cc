@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/env/env.h"
 #include "core/formats/lightllm_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -69,7 +70,7 @@ class AdaptCliTest : public ::testing::Test {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_FALSE(fs::exists(Path("out.json")));
     for (const auto& entry : fs::directory_iterator(dir_)) {
-      EXPECT_THAT(entry.path().filename().string(), ::testing::Not(HasSubstr(".tmp.")));
+      EXPECT_THAT(entry.path().filename().string(), ::testing::Not(HasSubstr(std::string(kTempFileMarker))));
     }
   }
 

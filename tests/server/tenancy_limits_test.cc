@@ -216,7 +216,7 @@ TEST_F(TenancyLimitsTest, SessionsPerTenantLimit) {
   ASSERT_TRUE(Create(kTokenA, &id).ok());
   grpc::Status s = Create(kTokenA, &id);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(s.error_message(), HasSubstr("--max_sessions_per_tenant=2"));
+  EXPECT_THAT(s.error_message(), HasSubstr("max_sessions_per_tenant=2"));
   EXPECT_TRUE(Create(kTokenB, &id).ok());  // per tenant, not global
 }
 
@@ -237,7 +237,7 @@ TEST_F(TenancyLimitsTest, ModulesPerSessionLimitRejectsTheChunkOnly) {
   ASSERT_EQ(summary.errors_size(), 1);
   EXPECT_EQ(summary.errors(0).code(), "RESOURCE_EXHAUSTED");
   EXPECT_EQ(summary.errors(0).sequence(), 3u);
-  EXPECT_THAT(summary.errors(0).message(), HasSubstr("--max_modules_per_session=2"));
+  EXPECT_THAT(summary.errors(0).message(), HasSubstr("max_modules_per_session=2"));
   EXPECT_EQ(server_->registry().GetForTenant(id, "").value()->Status().modules_with_weights, 2);
 }
 

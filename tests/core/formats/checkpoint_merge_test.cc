@@ -16,6 +16,7 @@
 #include "core/formats/engine_formats.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/fault_injection_env.h"
 #include "nlohmann/json.hpp"
 
 namespace caliper {
@@ -168,6 +169,26 @@ TEST_F(MergeTest, CompressedTensorsKvIntoShardedCheckpoint) {
   EXPECT_THAT(imported->kv->v[0], ElementsAre(0.125f, 1.0f));
 }
 
+TEST_F(MergeTest, AFailedWriteIsAnIoErrorAndLeavesNoOutput) {
+  WriteSharded();
+  const std::string scales = WriteScales("compressed-tensors", KvInputs(KvGranularity::kPerHead));
+  for (int step = 0; step < 3; ++step) {
+    testing_util::FaultInjectionEnv env;
+    env.fail_append = step == 0;      // a full disk while writing config.json or the scale shard
+    env.fail_rename = step == 1;      // the staging directory cannot be moved into place
+    env.fail_create_dirs = step == 2;  // no staging directory
+    MergeOptions options = Options(scales);
+    options.env = &env;
+    auto report = MergeScalesIntoCheckpoint(options);
+    ASSERT_FALSE(report.ok()) << step;
+    EXPECT_TRUE(IsIoError(report.status())) << step << " " << report.status();
+    EXPECT_THAT(report.status().message(), HasSubstr("injected")) << step;
+    EXPECT_FALSE(fs::exists(out_)) << step;
+    EXPECT_FALSE(fs::exists(out_.string() + ".partial-" + std::to_string(::getpid()))) << step;
+  }
+  EXPECT_TRUE(MergeScalesIntoCheckpoint(Options(scales)).ok());  // the real Env works
+}
+
 TEST_F(MergeTest, SingleFileIsLinkedUnderAShardNameAndModelOptWritesItsSideFile) {
   WriteText(ckpt_ / "config.json", kConfig);
   WriteShard(kSingleSafetensorsName, 0);
@@ -224,7 +245,7 @@ TEST_F(MergeTest, RefusalsLeaveNothingBehind) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(),
               HasSubstr("model.layers.0.mlp.up_proj has unquantized weights"));
-  EXPECT_THAT(refused.status().message(), HasSubstr("--kv-only"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("kv_only"));
   EXPECT_FALSE(fs::exists(out_));
   MergeOptions kv_only = Options(nvfp4);
   kv_only.kv_only = true;

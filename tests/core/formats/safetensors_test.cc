@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/fault_injection_env.h"
 
 namespace caliper {
 namespace {
@@ -284,18 +285,31 @@ TEST_F(SafetensorsFileTest, ErrorsNameTheFile) {
   EXPECT_THAT(directory.status().message(), HasSubstr("not a regular file"));
 }
 
-TEST_F(SafetensorsFileTest, AtomicWriteReplacesAndReportsAMissingDirectory) {
-  const std::string path = (dir_ / "x.json").string();
-  ASSERT_TRUE(WriteFileAtomically(path, "first").ok());
-  ASSERT_TRUE(WriteFileAtomically(path, "second").ok());
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_EQ(text.str(), "second");
-  const std::string nowhere = (dir_ / "no" / "such" / "x.json").string();
-  absl::Status status = WriteFileAtomically(nowhere, "x");
-  EXPECT_FALSE(status.ok());
-  EXPECT_THAT(status.message(), HasSubstr(nowhere));
+TEST_F(SafetensorsFileTest, WriteFileGoesThroughTheEnvAndKeepsTheOldFileOnFailure) {
+  SafetensorsWriter writer;
+  ASSERT_TRUE(writer.Add("t", "F32", {1}, std::string(4, '\0')).ok());
+  const std::string path = (dir_ / "x.safetensors").string();
+  ASSERT_TRUE(writer.WriteFile(path).ok());
+  ASSERT_TRUE(SafetensorsFile::Open(path).ok());
+  testing_util::FaultInjectionEnv env;
+  env.fail_append = true;  // a full disk
+  SafetensorsWriter bigger;
+  ASSERT_TRUE(bigger.Add("u", "F32", {2}, std::string(8, '\0')).ok());
+  absl::Status status = bigger.WriteFile(path, &env);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsIoError(status));
+  auto kept = SafetensorsFile::Open(path);  // the old file, whole
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ((*kept)->tensors().size(), 1u);
+  for (const auto& item : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_THAT(item.path().filename().string(), ::testing::Not(HasSubstr(std::string(kTempFileMarker))));
+  }
+}
+
+TEST_F(SafetensorsFileTest, OpenErrorsAreIoErrors) {
+  auto missing = SafetensorsFile::Open((dir_ / "absent.safetensors").string());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(IsIoError(missing.status()));
 }
 
 }  // namespace

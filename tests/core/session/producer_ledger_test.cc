@@ -133,7 +133,7 @@ TEST(ProducerLedgerTest, CrashAndResumeCountsEveryChunkExactlyOnce) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("caliper-ledger-" + std::to_string(::getpid())))
           .string();
-  ASSERT_TRUE(StateFileEnv::Default()->CreateDirs(dir).ok());
+  ASSERT_TRUE(Env::Default()->CreateDirs(dir).ok());
   const std::string path = dir + "/session.state";
   constexpr int kProducers = 3;
   constexpr uint64_t kChunks = 300;
@@ -206,7 +206,7 @@ TEST(ProducerLedgerTest, CrashAndResumeCountsEveryChunkExactlyOnce) {
         if (rng() % 2 == 0) {
           // Die mid-write: a partial temp file is left behind and must never be loaded.
           std::string partial = FrameStatePayload("garbage that is never committed");
-          auto file = StateFileEnv::Default()->NewWritableFile(path + std::string(kStateTempMarker) + "x");
+          auto file = Env::Default()->NewWritableFile(path + std::string(kStateTempMarker) + "x");
           ASSERT_TRUE(file.ok());
           ASSERT_TRUE((*file)->Append(partial.substr(0, rng() % partial.size())).ok());
         }

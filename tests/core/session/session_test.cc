@@ -400,5 +400,41 @@ TEST_F(SessionTest, ModelOptConventionIsTheReciprocalAndSharesInputs) {
   EXPECT_FLOAT_EQ(*mo_q.input_scale, std::max(AbsMax(xq), AbsMax(xk)) / 2688.0f);  // shared
 }
 
+TEST_F(SessionTest, AProducerStreamSaysWhetherAnErrorEndsTheStream) {
+  std::unique_ptr<CalibrationSession> s = NewSession();
+  absl::StatusOr<ProducerLedger::Stream> stream = s->OpenProducerStream("host/a");
+  ASSERT_TRUE(stream.ok());
+  const std::vector<float> k = Random(kTokens * kHeads * kHeadDim, 1);
+  auto numbered = [&](uint64_t sequence, int layer = 0) {
+    ChunkRef c = Kv(ChunkKind::kKey, layer, k, kHeads);
+    c.producer_id = "host/a";
+    c.sequence = sequence;
+    return c;
+  };
+  StreamObserveResult first = s->Observe(numbered(1), *backend_, &*stream);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.outcome, ObserveOutcome::kAccepted);
+  // A bad chunk is its own fault: rejected, the stream goes on (and its sequence is consumed).
+  StreamObserveResult bad = s->Observe(numbered(2, /*layer=*/99), *backend_, &*stream);
+  EXPECT_EQ(bad.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(bad.ends_stream);
+  absl::StatusOr<ProducerLedger::Stream> other = s->OpenProducerStream("host/b");
+  ASSERT_TRUE(other.ok());
+  StreamObserveResult zero = s->Observe(numbered(0), *backend_, &*other);  // unnumbered
+  EXPECT_EQ(zero.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(zero.ends_stream);
+  // A gap: the stream cannot go on in order.
+  StreamObserveResult gap = s->Observe(numbered(5), *backend_, &*stream);
+  EXPECT_EQ(gap.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(gap.ends_stream);
+  // A newer stream of the same producer fences this one.
+  absl::StatusOr<ProducerLedger::Stream> newer = s->OpenProducerStream("host/a");
+  ASSERT_TRUE(newer.ok());
+  StreamObserveResult fenced = s->Observe(numbered(3), *backend_, &*stream);
+  EXPECT_EQ(fenced.status.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(fenced.ends_stream);
+  EXPECT_TRUE(s->Observe(numbered(3), *backend_, &*newer).status.ok());
+}
+
 }  // namespace
 }  // namespace caliper

@@ -132,8 +132,8 @@ class SessionStateTest : public ::testing::Test {
     absl::StatusOr<ProducerLedger::Stream> handle = s.OpenProducerStream(producer);
     ASSERT_TRUE(handle.ok());
     for (size_t i = from; i < to; ++i) {
-      absl::StatusOr<ObserveOutcome> r = s.Observe(Ref(stream[i], i + 1, producer), *backend_, &*handle);
-      ASSERT_TRUE(r.ok()) << r.status();
+      StreamObserveResult r = s.Observe(Ref(stream[i], i + 1, producer), *backend_, &*handle);
+      ASSERT_TRUE(r.status.ok()) << r.status;
     }
   }
   std::unique_ptr<ReductionBackend> backend_ = MakeCpuBackend(1);
@@ -184,9 +184,9 @@ TEST_F(SessionStateTest, ResentChunksAfterRestoreAreDuplicates) {
   absl::StatusOr<ProducerLedger::Stream> handle = (*r)->OpenProducerStream("rank0");
   ASSERT_TRUE(handle.ok());
   for (size_t i = 4; i < a.size(); ++i) {
-    absl::StatusOr<ObserveOutcome> outcome = (*r)->Observe(Ref(a[i], i + 1, "rank0"), *backend_, &*handle);
-    ASSERT_TRUE(outcome.ok()) << outcome.status();
-    EXPECT_EQ(*outcome == ObserveOutcome::kDuplicate, i < 8) << i;
+    StreamObserveResult outcome = (*r)->Observe(Ref(a[i], i + 1, "rank0"), *backend_, &*handle);
+    ASSERT_TRUE(outcome.status.ok()) << outcome.status;
+    EXPECT_EQ(outcome.outcome == ObserveOutcome::kDuplicate, i < 8) << i;
   }
   std::unique_ptr<CalibrationSession> uninterrupted = NewSession();
   Feed(*uninterrupted, a, 0, a.size(), "rank0");

@@ -59,7 +59,7 @@ TEST(StateFileTest, WriteThenReadRoundTrips) {
   ASSERT_TRUE(read.ok());
   EXPECT_EQ(*read, "");
   // No temp file remains after success.
-  auto names = StateFileEnv::Default()->ListDir(dir.path());
+  auto names = Env::Default()->ListDir(dir.path());
   ASSERT_TRUE(names.ok());
   EXPECT_EQ(*names, std::vector<std::string>{"s.state"});
 }
@@ -148,7 +148,7 @@ TEST(StateFileTest, InjectedFailuresLeaveOldFileAndNoTemp) {
     auto read = ReadStateFile(path);
     ASSERT_TRUE(read.ok());
     EXPECT_EQ(*read, "old") << "step " << step;
-    auto names = StateFileEnv::Default()->ListDir(dir.path());
+    auto names = Env::Default()->ListDir(dir.path());
     ASSERT_TRUE(names.ok());
     EXPECT_EQ(*names, std::vector<std::string>{"s.state"}) << "step " << step;
   }
@@ -182,7 +182,7 @@ TEST(StateFileTest, CrashMidWriteNeverLoadsPartialTemp) {
     auto listed = ListStateFiles(dir.path(), ".state");
     ASSERT_TRUE(listed.ok());
     EXPECT_EQ(*listed, std::vector<std::string>{"s.state"});
-    auto all = StateFileEnv::Default()->ListDir(dir.path());
+    auto all = Env::Default()->ListDir(dir.path());
     ASSERT_TRUE(all.ok());
     EXPECT_EQ(all->size(), 2u) << "cut " << cut;
     auto removed = RemoveLeftoverTempFiles(dir.path());
@@ -201,8 +201,8 @@ TEST(StateFileTest, CrashMidWriteNeverLoadsPartialTemp) {
 
 TEST(StateFileTest, ListAndRemove) {
   TempDir dir;
-  ASSERT_TRUE(StateFileEnv::Default()->CreateDirs(dir.File("a/b")).ok());
-  ASSERT_TRUE(StateFileEnv::Default()->CreateDirs(dir.File("a/b")).ok());  // idempotent
+  ASSERT_TRUE(Env::Default()->CreateDirs(dir.File("a/b")).ok());
+  ASSERT_TRUE(Env::Default()->CreateDirs(dir.File("a/b")).ok());  // idempotent
   const std::string sub = dir.File("a/b");
   ASSERT_TRUE(WriteStateFileAtomic(sub + "/z.state", "z").ok());
   ASSERT_TRUE(WriteStateFileAtomic(sub + "/y.state", "y").ok());

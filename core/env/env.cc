@@ -1,0 +1,210 @@
+#include "core/env/env.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+
+namespace caliper {
+namespace {
+
+constexpr char kIoErrorPayload[] = "caliper.dev/io-error";
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  absl::Status Append(absl::string_view data) override {
+    const char* p = data.data();
+    size_t left = data.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd_, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return IoErrorFromErrno("write", path_, errno);
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (::fsync(fd_) != 0) return IoErrorFromErrno("fsync", path_, errno);
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    int fd = fd_;
+    fd_ = -1;
+    if (fd >= 0 && ::close(fd) != 0) return IoErrorFromErrno("close", path_, errno);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixEnv final : public Env {
+ public:
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return IoErrorFromErrno("create", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return IoErrorFromErrno("open", path, errno);
+    std::string out;
+    char buffer[1 << 16];
+    while (true) {
+      ssize_t n = ::read(fd, buffer, sizeof(buffer));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        ::close(fd);
+        return IoErrorFromErrno("read", path, err);
+      }
+      if (n == 0) break;
+      out.append(buffer, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return out;
+  }
+
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return IoErrorFromErrno("rename", absl::StrCat(from, " -> ", to), errno);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncDir(const std::string& dir) override {
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return IoErrorFromErrno("open directory", dir, errno);
+    absl::Status status;
+    if (::fsync(fd) != 0) status = IoErrorFromErrno("fsync directory", dir, errno);
+    ::close(fd);
+    return status;
+  }
+
+  absl::Status RemoveFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return IoErrorFromErrno("remove", path, errno);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return IoErrorFromErrno("list directory", dir, errno);
+    std::vector<std::string> names;
+    while (struct dirent* entry = ::readdir(d)) {
+      absl::string_view name = entry->d_name;
+      if (name != "." && name != "..") names.emplace_back(name);
+    }
+    ::closedir(d);
+    return names;
+  }
+
+  absl::Status CreateDirs(const std::string& dir) override {
+    if (dir.empty()) return absl::InvalidArgumentError("directory: empty path");
+    for (size_t pos = 1; pos <= dir.size(); ++pos) {
+      if (pos != dir.size() && dir[pos] != '/') continue;
+      std::string prefix = dir.substr(0, pos);
+      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        return IoErrorFromErrno("create directory", prefix, errno);
+      }
+    }
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) return IoErrorFromErrno("stat", dir, errno);
+    if (!S_ISDIR(st.st_mode)) {
+      return MarkIoError(absl::FailedPreconditionError(absl::StrCat(dir, ": not a directory")));
+    }
+    return absl::OkStatus();
+  }
+};
+
+std::string TempPathFor(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return absl::StrCat(path, kTempFileMarker, ::getpid(), "-", counter.fetch_add(1));
+}
+
+}  // namespace
+
+Env* Env::Default() {
+  static Env* env = new PosixEnv;
+  return env;
+}
+
+absl::Status MarkIoError(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kIoErrorPayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsIoError(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kIoErrorPayload).has_value();
+}
+
+absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
+  if (status.ok()) return status;
+  absl::Status out(status.code(), absl::StrCat(prefix, status.message()));
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+absl::Status IoErrorFromErrno(absl::string_view op, absl::string_view path, int err) {
+  std::string message = absl::StrCat(path, ": cannot ", op, " (", std::strerror(err), ")");
+  absl::Status status;
+  if (err == ENOENT) {
+    status = absl::NotFoundError(message);
+  } else if (err == ENOSPC || err == EDQUOT) {
+    status = absl::ResourceExhaustedError(message);
+  } else if (err == EACCES || err == EPERM) {
+    status = absl::PermissionDeniedError(message);
+  } else {
+    status = absl::InternalError(message);
+  }
+  return MarkIoError(std::move(status));
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view content, Env* env) {
+  const std::string temp = TempPathFor(path);
+  absl::Status status;
+  {
+    absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(temp);
+    if (!file.ok()) return file.status();
+    status = (*file)->Append(content);
+    if (status.ok()) status = (*file)->Sync();
+    absl::Status closed = (*file)->Close();
+    if (status.ok()) status = closed;
+  }
+  if (status.ok()) status = env->RenameFile(temp, path);
+  if (!status.ok()) {
+    env->RemoveFile(temp).IgnoreError();  // best effort; a directory scan removes leftovers too
+    return status;
+  }
+  return env->SyncDir(DirName(path));
+}
+
+}  // namespace caliper
