@@ -78,7 +78,7 @@ void Observe(CalibrationSession& session, int i, ReductionBackend& backend,
   c.ref.data = ByteSpans(reinterpret_cast<const uint8_t*>(c.data.data()),
                          c.data.size() * sizeof(float));
   c.ref.sequence = sequence;
-  ASSERT_TRUE(session.Observe(c.ref, backend, producer).ok());
+  ASSERT_TRUE(session.Observe(c.ref, backend, producer).status.ok());
 }
 
 // Same statistics: every count, every K/V absmax and every NVFP4 amax bit for bit.

@@ -52,7 +52,7 @@ void Observe(CalibrationSession& s, int i, ReductionBackend& backend,
   c.batch = 70 * i;
   c.sequence = static_cast<uint64_t>(i) + 1;
   c.data = ByteSpans(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float));
-  ASSERT_TRUE(s.Observe(c, backend, producer).ok());
+  ASSERT_TRUE(s.Observe(c, backend, producer).status.ok());
 }
 
 // The committed state is one CalibrationSession; Merge applies a delta once per (partial,
