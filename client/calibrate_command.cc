@@ -379,6 +379,8 @@ const CommandSpec& CalibrateCommand() {
           "batch per file) and, with --weights, the checkpoint's {module}.weight tensors; then\n"
           "finalizes and writes into DIR:\n"
           "  kv_cache_calib.json  LightLLM FP8 KV calibration, full rows for the deployment's heads\n"
+          "                       (--fp8 e4m3fnuz: compressed-tensors files instead; LightLLM\n"
+          "                       holds e4m3fn only)\n"
           "  scales.json          per-layer K/V absmax and scales, NVFP4 global scales per module with\n"
           "                       their fused group, warnings, session id, deployment\n"
           "Tensors are split along the token dimension into chunks; one stream per file, several at\n"

@@ -17,6 +17,7 @@
 #include "client/channel_credentials.h"
 #include "client/file_io.h"
 #include "client/rpc_retry.h"
+#include "core/formats/engine_formats.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "nlohmann/json.hpp"
 
@@ -231,12 +232,13 @@ absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
   WrittenOutputs written;
 
   // The LightLLM file is the server's rendering for this deployment (full rows of the deployed
-  // total heads); a KV session without one is a server fault, not something to paper over.
+  // total heads); an e4m3fn KV session without one is a server fault, not something to paper
+  // over. e4m3fnuz sessions have none (LightLLM holds e4m3fn only): see FetchAndWriteScales.
   const v1::OutputFile* lightllm = nullptr;
   for (const auto& file : scales.files()) {
     if (file.format() == "lightllm") lightllm = &file;
   }
-  if (scales.kv() != v1::KV_OFF) {
+  if (scales.kv() != v1::KV_OFF && scales.fp8_flavor() == v1::FP8_E4M3FN) {
     if (lightllm == nullptr) {
       return absl::DataLossError("GetScales returned no \"lightllm\" file for a KV session");
     }
@@ -381,9 +383,13 @@ absl::Status FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view 
   request.set_session_id(session.id());
   *request.mutable_deployment() = deployment;
   request.set_convention(convention);
-  request.add_formats("lightllm");
+  // The session's default KV file first: LightLLM's, or compressed-tensors for e4m3fnuz.
+  const std::string kv_format =
+      DefaultKvFormat(session.recipe().fp8_flavor() == v1::FP8_E4M3FNUZ ? Fp8Flavor::kE4M3FNUZ
+                                                                        : Fp8Flavor::kE4M3FN);
+  if (session.recipe().kv() != v1::KV_OFF) request.add_formats(kv_format);
   for (const std::string& format : formats) {
-    if (format != "lightllm") request.add_formats(format);
+    if (format != kv_format) request.add_formats(format);
   }
   v1::ScalesResponse scales;
   Backoff backoff(retry, &err, absl::StrCat("caliper ", command, ": GetScales"));

@@ -56,14 +56,14 @@ FlagSpec ConventionFlag();
 FlagSpec FormatFlag();
 
 struct WrittenOutputs {
-  std::string kv_cache_calib;  // empty when the session has no KV scales
+  std::string kv_cache_calib;  // empty without KV scales or for e4m3fnuz (LightLLM: e4m3fn only)
   std::string scales_json;
   std::vector<std::string> engine_files;  // other formats asked for (--format), by path
 };
 // Writes DIR/kv_cache_calib.json (the response's LightLLM file) and DIR/scales.json (everything
 // in the response plus the session id and the deployment asked for). Files are replaced
-// atomically; DIR is created. Errors name the path; DataLoss when a KV response lacks the
-// LightLLM file (a server fault). Files of other formats are written under their own names.
+// atomically; DIR is created. Errors name the path; DataLoss when an e4m3fn KV response lacks
+// the LightLLM file (a server fault; e4m3fnuz has none). Other formats keep their own names.
 absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
                                                   const v1::ScalesResponse& scales,
                                                   const v1::Session& session,

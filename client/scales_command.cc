@@ -59,6 +59,7 @@ const CommandSpec& ScalesCommand() {
           "Fetches the scales of a finalized session for one deployment and writes into DIR the same\n"
           "files as `caliper calibrate`: kv_cache_calib.json (LightLLM, full rows for the deployment's\n"
           "total KV heads; with T above the model's KV heads, heads are replicated) and scales.json.\n"
+          "e4m3fnuz sessions get compressed-tensors files instead of kv_cache_calib.json.\n"
           "The server refuses e.g. a session not finalized or head counts that do not divide.",
       .server = ServerUse::kAlways,
       .flags = WithConnectionFlags({

@@ -132,12 +132,10 @@ Error HostReducer::Drain() {
   return {};
 }
 
-Error HostReducer::Range(const void* host, ElementType type, int64_t n, HostRange* out) {
-  if (n < 0 || (host == nullptr && n > 0) || out == nullptr) return InvalidArgument("Range: bad arguments");
-  CALIPER_CUDA_RETURN(cudaSetDevice(options_.device), "cudaSetDevice");
-  for (Slot& s : slots_) CALIPER_CUDA_RETURN(ResetRange(s.range, s.stream), "ResetRange");
+template <typename Launch>
+Error HostReducer::ForEachPiece(const void* host, ElementType type, int64_t n, int64_t piece,
+                                Launch launch, const char* what) {
   const int64_t size = ElementSize(type);
-  const int64_t piece = options_.staging_bytes / size;
   const auto* src = static_cast<const uint8_t*>(host);
   for (int64_t off = 0, index = 0; off < n; off += piece, ++index) {
     const int64_t count = std::min(piece, n - off);
@@ -146,7 +144,22 @@ Error HostReducer::Range(const void* host, ElementType type, int64_t n, HostRang
       (void)Drain();
       return e;
     }
-    CALIPER_CUDA_RETURN(LaunchRange(s->device, type, count, s->range, s->stream), "LaunchRange");
+    CALIPER_CUDA_RETURN(launch(s, off, count), what);
+  }
+  return {};
+}
+
+Error HostReducer::Range(const void* host, ElementType type, int64_t n, HostRange* out) {
+  if (n < 0 || (host == nullptr && n > 0) || out == nullptr) return InvalidArgument("Range: bad arguments");
+  CALIPER_CUDA_RETURN(cudaSetDevice(options_.device), "cudaSetDevice");
+  for (Slot& s : slots_) CALIPER_CUDA_RETURN(ResetRange(s.range, s.stream), "ResetRange");
+  if (Error e = ForEachPiece(host, type, n, options_.staging_bytes / ElementSize(type),
+                             [&](Slot* s, int64_t, int64_t count) {
+                               return LaunchRange(s->device, type, count, s->range, s->stream);
+                             },
+                             "LaunchRange");
+      !e.ok()) {
+    return e;
   }
   for (Slot& s : slots_) {
     CALIPER_CUDA_RETURN(cudaMemcpyAsync(s.host_result, s.range, sizeof(DeviceRange),
@@ -186,21 +199,18 @@ Error HostReducer::AbsMaxPerHead(const void* host, ElementType type, int64_t n, 
     CALIPER_CUDA_RETURN(cudaMemsetAsync(s.heads, 0, num_heads * sizeof(unsigned int), s.stream), "cudaMemsetAsync");
     CALIPER_CUDA_RETURN(cudaMemsetAsync(s.nonfinite, 0, sizeof(unsigned long long), s.stream), "cudaMemsetAsync");
   }
-  const int64_t size = ElementSize(type);
-  const int64_t staging = options_.staging_bytes / size;
+  const int64_t staging = options_.staging_bytes / ElementSize(type);
   // Whole rows per piece when they fit (the fast column kernel), else 16-byte aligned slices.
   const int64_t piece = staging >= period ? staging / period * period : staging;
-  const auto* src = static_cast<const uint8_t*>(host);
-  for (int64_t off = 0, index = 0; off < n; off += piece, ++index) {
-    const int64_t count = std::min(piece, n - off);
-    Slot* s = nullptr;
-    if (Error e = Stage(src + off * size, count * size, index, &s); !e.ok()) {
-      (void)Drain();
-      return e;
-    }
-    CALIPER_CUDA_RETURN(LaunchAbsMaxPerHead(s->device, type, count, off % period, num_heads,
-                                            head_dim, s->heads, s->nonfinite, s->stream),
-                        "LaunchAbsMaxPerHead");
+  if (Error e = ForEachPiece(host, type, n, piece,
+                             [&](Slot* s, int64_t off, int64_t count) {
+                               return LaunchAbsMaxPerHead(s->device, type, count, off % period,
+                                                          num_heads, head_dim, s->heads,
+                                                          s->nonfinite, s->stream);
+                             },
+                             "LaunchAbsMaxPerHead");
+      !e.ok()) {
+    return e;
   }
   std::vector<unsigned int> best(num_heads, 0);
   unsigned long long bad = 0;

@@ -49,6 +49,11 @@ class HostReducer {
   // launch on its stream.
   Error Stage(const uint8_t* src, int64_t bytes, int64_t index, Slot** slot);
   Error Drain();
+  // Stages `n` elements at `host` in pieces of `piece` elements, each through a free slot, and
+  // calls launch(slot, first element, count) on it; a launch error is reported as `what`.
+  template <typename Launch>
+  Error ForEachPiece(const void* host, ElementType type, int64_t n, int64_t piece, Launch launch,
+                     const char* what);
 
   ReducerOptions options_;
   std::vector<Slot> slots_;

@@ -26,7 +26,7 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto);
 Deployment DeploymentFromProto(const v1::Deployment& proto);
 Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto);
 
-// Renders `formats` through RenderSessionOutputs (empty: "lightllm" when KV is on).
+// Renders `formats` through RenderSessionOutputs (empty: DefaultKvFormat when KV is on).
 // InvalidArgument naming formats[i] for an unknown format or one the session cannot produce.
 absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
                                                  const google::protobuf::RepeatedPtrField<std::string>& formats);

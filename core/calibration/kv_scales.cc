@@ -128,6 +128,37 @@ absl::StatusOr<std::vector<float>> AdaptHeadRow(absl::Span<const float> row, int
   return out;
 }
 
+absl::StatusOr<std::vector<std::vector<float>>> DeployedKvRows(const KvScales& scales,
+                                                               int num_kv_heads, int total_heads) {
+  if (scales.v.size() != scales.k.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("scales: ", scales.k.size(), " K layers but ",
+                                                   scales.v.size(), " V layers"));
+  }
+  const bool per_head = scales.granularity == KvGranularity::kPerHead;
+  const size_t width = per_head ? static_cast<size_t>(std::max(num_kv_heads, 0)) : 1;
+  std::vector<std::vector<float>> rows;
+  rows.reserve(scales.k.size());
+  for (size_t l = 0; l < scales.k.size(); ++l) {
+    if (scales.k[l].size() != width || scales.v[l].size() != width) {
+      return absl::InvalidArgumentError(absl::StrCat("scales[", l, "]: ", scales.k[l].size(),
+                                                     " K and ", scales.v[l].size(),
+                                                     " V entries, expected ", width));
+    }
+    std::vector<float> row = scales.k[l];
+    row.insert(row.end(), scales.v[l].begin(), scales.v[l].end());
+    if (per_head) {
+      absl::StatusOr<std::vector<float>> adapted = AdaptHeadRow(row, num_kv_heads, total_heads);
+      if (!adapted.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("scales[", l, "]: ", adapted.status().message()));
+      }
+      row = *std::move(adapted);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
 absl::StatusOr<RankSlice> SliceRowForRank(absl::Span<const float> row, int m, int rank,
                                           int heads_per_rank) {
   if (m <= 0) return absl::InvalidArgumentError(absl::StrCat("total_heads: must be positive, got ", m));

@@ -43,6 +43,12 @@ absl::StatusOr<int> DeployedTotalKvHeads(int num_kv_heads, int tp_size);
 // head m/n times in place; otherwise InvalidArgument naming both counts.
 absl::StatusOr<std::vector<float>> AdaptHeadRow(absl::Span<const float> row, int n, int m);
 
+// Every layer's row over the deployment's `total_heads` heads, from scales over `num_kv_heads`
+// original heads: per head [K_0..K_{m-1} | V_0..V_{m-1}] via AdaptHeadRow, per tensor [K, V].
+// Independent of the FP8 flavor; InvalidArgument naming the layer whose entries do not fit.
+absl::StatusOr<std::vector<std::vector<float>>> DeployedKvRows(const KvScales& scales,
+                                                               int num_kv_heads, int total_heads);
+
 // K and V of one TP rank holding `heads_per_rank` heads, from a row of 2m entries:
 // K = row[r*h, (r+1)*h), V = row[m + r*h, m + (r+1)*h).
 struct RankSlice {

@@ -11,6 +11,10 @@ std::vector<std::string> KnownOutputFormats() {
   return {kFormatLightLlm, kFormatCompressedTensors, kFormatModelOpt, kFormatVllmLegacy};
 }
 
+std::string DefaultKvFormat(Fp8Flavor flavor) {
+  return flavor == Fp8Flavor::kE4M3FN ? kFormatLightLlm : kFormatCompressedTensors;
+}
+
 absl::StatusOr<std::vector<RenderedFile>> RenderOutputs(absl::Span<const std::string> formats,
                                                         const RenderInputs& inputs,
                                                         std::vector<ScaleWarning>* warnings) {

@@ -22,6 +22,10 @@ namespace caliper {
 // The names RenderOutputs and the CLI's --format accept.
 std::vector<std::string> KnownOutputFormats();
 
+// The file a KV session gets when no format is asked for: "lightllm" for e4m3fn scales;
+// "compressed-tensors" for e4m3fnuz, which LightLLM cannot hold (vLLM on ROCm loads it).
+std::string DefaultKvFormat(Fp8Flavor flavor);
+
 // Renders every format in `formats` (in order). InvalidArgument naming "formats[i]" for an
 // unknown format or one whose inputs are missing (e.g. vllm-legacy without KV scales).
 // Warnings about lossy steps (max(K, V), per head -> per tensor, e4m3fnuz) go to `warnings`.

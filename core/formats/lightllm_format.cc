@@ -282,7 +282,8 @@ absl::StatusOr<LightLlmCalibration> LightLlmFromKvScales(const KvScales& scales,
   if (absl::Status s = ValidateModelConfig(model); !s.ok()) return s;
   if (scales.flavor != Fp8Flavor::kE4M3FN) {
     return absl::InvalidArgumentError(
-        "flavor: LightLLM files hold float8_e4m3fn scales (qmax 448), not e4m3fnuz");
+        "flavor: LightLLM files hold float8_e4m3fn scales (qmax 448) only; this session's "
+        "scales are e4m3fnuz (qmax 240)");
   }
   auto total = DeployedTotalKvHeads(model.num_kv_heads, tp_size);
   if (!total.ok()) return total.status();
@@ -291,28 +292,15 @@ absl::StatusOr<LightLlmCalibration> LightLlmFromKvScales(const KvScales& scales,
     return absl::InvalidArgumentError(absl::StrCat("scales: ", scales.k.size(),
                                                    " layers, but the model has ", model.num_layers));
   }
+  absl::StatusOr<std::vector<std::vector<float>>> rows =
+      DeployedKvRows(scales, model.num_kv_heads, *total);
+  if (!rows.ok()) return rows.status();
   LightLlmCalibration out;
   out.architectures = model.architecture;
   out.quant_type = scales.granularity;
   out.num_layers = model.num_layers;
   out.num_head = *total;
-  const size_t width =
-      scales.granularity == KvGranularity::kPerHead ? static_cast<size_t>(model.num_kv_heads) : 1;
-  for (size_t l = 0; l < scales.k.size(); ++l) {
-    if (scales.k[l].size() != width || scales.v[l].size() != width) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "scales[", l, "]: ", scales.k[l].size(), " K and ", scales.v[l].size(),
-          " V entries, expected ", width));
-    }
-    std::vector<float> row = scales.k[l];
-    row.insert(row.end(), scales.v[l].begin(), scales.v[l].end());
-    if (scales.granularity == KvGranularity::kPerHead) {
-      auto adapted = AdaptHeadRow(row, model.num_kv_heads, *total);
-      if (!adapted.ok()) return adapted.status();
-      row = *std::move(adapted);
-    }
-    out.scales.push_back(std::move(row));
-  }
+  out.scales = *std::move(rows);
   return out;
 }
 

@@ -62,13 +62,16 @@ absl::StatusOr<ResolvedDeployment> ResolveDeployment(const Deployment& deploymen
   return out;
 }
 
-absl::StatusOr<std::vector<RankSlice>> RankSlices(const LightLlmCalibration& file,
+absl::StatusOr<std::vector<RankSlice>> RankSlices(const KvScales& scales, int num_kv_heads,
                                                   const ResolvedDeployment& deployment) {
   std::vector<RankSlice> out;
   if (!deployment.rank.has_value()) return out;
+  absl::StatusOr<std::vector<std::vector<float>>> rows =
+      DeployedKvRows(scales, num_kv_heads, deployment.total_kv_heads);
+  if (!rows.ok()) return rows.status();
   const int heads_per_rank = deployment.total_kv_heads / deployment.tp_size;
-  for (const std::vector<float>& row : file.scales) {
-    if (file.quant_type == KvGranularity::kPerTensor) {
+  for (const std::vector<float>& row : *rows) {
+    if (scales.granularity == KvGranularity::kPerTensor) {
       out.push_back(RankSlice{{row[0]}, {row[1]}});
       continue;
     }

@@ -1,5 +1,5 @@
 // The deployment a caller asks scales for (TP size and/or total KV heads, optionally one rank),
-// resolved against the model's KV heads, and the per-rank K/V slices of a LightLLM file.
+// resolved against the model's KV heads, and the per-rank K/V slices of finalized scales.
 // Pure functions; InvalidArgument naming the deployment.* field a deployment cannot have.
 #ifndef CALIPER_CORE_SESSION_DEPLOYMENT_H_
 #define CALIPER_CORE_SESSION_DEPLOYMENT_H_
@@ -9,7 +9,6 @@
 
 #include "absl/status/statusor.h"
 #include "core/calibration/kv_scales.h"
-#include "core/formats/lightllm_format.h"
 
 namespace caliper {
 
@@ -33,9 +32,10 @@ struct ResolvedDeployment {
 absl::StatusOr<ResolvedDeployment> ResolveDeployment(const Deployment& deployment,
                                                      int num_kv_heads);
 
-// Rank `deployment.rank`'s K/V slice of every layer of `file` (rows over the deployed heads);
-// per tensor: the layer's one K and one V value. Empty when no rank is set.
-absl::StatusOr<std::vector<RankSlice>> RankSlices(const LightLlmCalibration& file,
+// Rank `deployment.rank`'s K/V slice of every layer of `scales` (over `num_kv_heads` original
+// heads), cut from the rows over the deployed heads (DeployedKvRows); per tensor: the layer's one
+// K and one V value. Any FP8 flavor. Empty when no rank is set.
+absl::StatusOr<std::vector<RankSlice>> RankSlices(const KvScales& scales, int num_kv_heads,
                                                   const ResolvedDeployment& deployment);
 
 }  // namespace caliper

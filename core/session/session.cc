@@ -364,13 +364,16 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
   out.model = model_;
 
   if (kv.has_value()) {
-    absl::StatusOr<LightLlmCalibration> file =
-        LightLlmFromKvScales(*kv, model_, resolved->tp_size);
-    if (!file.ok()) return file.status();
-    absl::StatusOr<std::vector<RankSlice>> slices = RankSlices(*file, *resolved);
+    absl::StatusOr<std::vector<RankSlice>> slices =
+        RankSlices(*kv, model_.num_kv_heads, *resolved);
     if (!slices.ok()) return slices.status();
     out.rank_slices = *std::move(slices);
-    out.lightllm = *std::move(file);
+    if (kv->flavor == Fp8Flavor::kE4M3FN) {  // LightLLM files hold e4m3fn scales only
+      absl::StatusOr<LightLlmCalibration> file =
+          LightLlmFromKvScales(*kv, model_, resolved->tp_size);
+      if (!file.ok()) return file.status();
+      out.lightllm = *std::move(file);
+    }
     out.warnings.insert(out.warnings.end(), kv->warnings.begin(), kv->warnings.end());
     out.kv_scales = std::move(kv);
   }
@@ -396,7 +399,9 @@ absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
     const SessionScales& scales, absl::Span<const std::string> formats,
     std::vector<ScaleWarning>* warnings) {
   std::vector<std::string> wanted(formats.begin(), formats.end());
-  if (wanted.empty() && scales.kv_scales.has_value()) wanted.push_back(kFormatLightLlm);
+  if (wanted.empty() && scales.kv_scales.has_value()) {
+    wanted.push_back(DefaultKvFormat(scales.kv_scales->flavor));
+  }
   RenderInputs inputs;
   inputs.model = scales.model;
   inputs.tp_size = scales.tp_size;

@@ -94,7 +94,8 @@ struct SessionScales {
   int tp_size = 1;
   ModelConfig model;
   std::optional<KvScales> kv_scales;           // over original heads; absent when kv is off
-  std::optional<LightLlmCalibration> lightllm;  // the file for this deployment
+  // The file for this deployment; absent when kv is off or e4m3fnuz (LightLLM holds e4m3fn only).
+  std::optional<LightLlmCalibration> lightllm;
   std::optional<int> rank;
   std::vector<RankSlice> rank_slices;  // [layer] when rank is set (per tensor: one value each)
   Nvfp4Convention convention = Nvfp4Convention::kCompressedTensors;
@@ -131,8 +132,9 @@ struct SessionStatus {
 };
 
 // Renders engine files (core/engine_formats.h: "lightllm", "compressed-tensors", "modelopt",
-// "vllm-legacy") for the scales' deployment. Empty `formats` means {"lightllm"} when KV is on,
-// none otherwise. InvalidArgument naming formats[i]; lossy-step warnings go to `warnings`.
+// "vllm-legacy") for the scales' deployment. Empty `formats` means {DefaultKvFormat(flavor)}
+// when KV is on ("lightllm", or "compressed-tensors" for e4m3fnuz), none otherwise.
+// InvalidArgument naming formats[i]; lossy-step warnings go to `warnings`.
 absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
     const SessionScales& scales, absl::Span<const std::string> formats,
     std::vector<ScaleWarning>* warnings);

@@ -708,6 +708,46 @@ TEST_F(E2eTest, CliCalibratesTheDemoAndServesReplicatedHeadsAtTp8) {
   EXPECT_EQ(bad_tp.exit_code, 1) << bad_tp.output;
 }
 
+// LightLLM's file holds e4m3fn only: an e4m3fnuz calibration writes compressed-tensors files in
+// its place, and serves other deployments; asking for lightllm is refused naming it.
+TEST_F(E2eTest, CliCalibratesE4m3fnuzWithCompressedTensorsInsteadOfLightLlm) {
+  const DemoFiles demo = Demo("demo_fnuz", 2);
+  const std::string out = TempDir("out_fnuz"), out8 = TempDir("out_fnuz8");
+  const std::string server = absl::StrCat("--server=", server_->address());
+  RunResult calibrate = RunCli(absl::StrCat(
+      "calibrate ", server, " --model=", demo.config_json, " --kv=per-head --fp8=e4m3fnuz",
+      " --tensors=", fs::path(demo.dumps[0]).parent_path().string(), " --out=", out));
+  ASSERT_EQ(calibrate.exit_code, 0) << calibrate.output;
+  EXPECT_FALSE(fs::exists(out + "/kv_cache_calib.json"));
+  EXPECT_TRUE(fs::exists(out + "/compressed_tensors_scales.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/quantization_config.json"));
+  auto scales = nlohmann::json::parse(ReadFile(out + "/scales.json"));
+  EXPECT_EQ(scales["kv_cache"]["qmax"], 240.0);
+  EXPECT_FALSE(scales["kv_cache"].contains("lightllm_file"));
+  ASSERT_EQ(scales["kv_cache"]["layers"].size(), 4u);
+  for (const auto& layer : scales["kv_cache"]["layers"]) {
+    for (size_t h = 0; h < layer["k_absmax"].size(); ++h) {
+      EXPECT_EQ(layer["k_scale"][h].get<float>(), layer["k_absmax"][h].get<float>() / 240.0f);
+    }
+  }
+  const std::string id = scales["session_id"];
+
+  RunResult tp8 = RunCli(absl::StrCat("scales ", server, " --session=", id,
+                                      " --tp=8 --rank=5 --out=", out8));
+  ASSERT_EQ(tp8.exit_code, 0) << tp8.output;
+  auto scales8 = nlohmann::json::parse(ReadFile(out8 + "/scales.json"));
+  ASSERT_EQ(scales8["kv_cache"]["rank_slices"].size(), 4u);
+  // TP 8 over 4 heads: rank 5 holds original head 2.
+  EXPECT_EQ(scales8["kv_cache"]["rank_slices"][0]["k_scale"][0],
+            scales["kv_cache"]["layers"][0]["k_scale"][2]);
+
+  RunResult lightllm = RunCli(absl::StrCat("scales ", server, " --session=", id,
+                                           " --format=lightllm --out=", out8));
+  EXPECT_EQ(lightllm.exit_code, 1) << lightllm.output;
+  EXPECT_TRUE(absl::StrContains(lightllm.output, "INVALID_ARGUMENT")) << lightllm.output;
+  EXPECT_TRUE(absl::StrContains(lightllm.output, "(lightllm)")) << lightllm.output;
+}
+
 // The CLI behind a relay that cuts every connection three times mid-run: each stream
 // asks the server where it left off and sends the rest, and the files equal those of a run
 // without cuts byte for byte (accepted_chunks in scales.json included: nothing counted twice).

@@ -136,8 +136,12 @@ TEST(LoadTest, SixtyFourStreamsAcrossSixteenSessionsAreExactAndBounded) {
               kStreams, kChunksPerStream, static_cast<long long>(bytes.load() >> 20), kSessions,
               seconds, static_cast<double>(bytes.load()) / (1 << 20) / seconds,
               static_cast<long long>(rss_before >> 10), static_cast<long long>(rss_after >> 10));
-  // Tensor data is never retained: the peak grows by in-flight buffers, not by the 150 MiB sent.
-  EXPECT_LT(rss_after - rss_before, int64_t{512} << 10);
+  // Tensor data is never retained: the peak grows by in-flight buffers (client and server in
+  // this process), measured at 21-23 MiB here, not by the 150 MiB sent. The bound leaves ~3x
+  // headroom and stays far below what keeping the chunks would add.
+  constexpr int64_t kMaxGrowthKiB = int64_t{64} << 10;
+  ASSERT_GE(bytes.load() >> 10, 2 * kMaxGrowthKiB);  // retention would cross the bound
+  EXPECT_LT(rss_after - rss_before, kMaxGrowthKiB);
 
   // Exact: every session equals core fed the same chunks directly.
   std::unique_ptr<ReductionBackend> backend = MakeCpuBackend(1);

@@ -1,5 +1,6 @@
 // In-process gRPC tests: a real caliper-server on 127.0.0.1:0, a real client stub. Scales that
 // come back over the wire must equal core's, computed directly on the same tensors.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -16,6 +17,7 @@
 #include "core/session/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/session_test_util.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
 #include "tests/support/state_test_util.h"
@@ -254,16 +256,8 @@ TEST_F(ServiceTest, ScalesOverTheWireEqualCoreOnTheSameTensors) {
   ASSERT_TRUE(Scales(id, 4, &wire, 3).ok());
 
   // The same tensors through core directly.
-  ModelConfig model;
-  model.architecture = "LlamaForCausalLM";
-  model.model_type = "llama";
-  model.num_layers = kLayers;
-  model.num_attention_heads = 4;
-  model.num_kv_heads = kHeads;
-  model.head_dim = kHeadDim;
-  model.hidden_size = 16;
-  Recipe recipe;
-  recipe.nvfp4_weights = recipe.nvfp4_activations = true;
+  const ModelConfig model = testing::LlamaTestModel(kLayers, kHeads, kHeadDim, 4);
+  const Recipe recipe = testing::AllOnRecipe();
   auto direct = *CalibrationSession::Create(model, recipe);
   auto backend = MakeCpuBackend(1);
   for (const auto& c : chunks) ASSERT_TRUE(direct->Observe(RefOf(c), *backend).ok());
@@ -295,6 +289,71 @@ TEST_F(ServiceTest, ScalesOverTheWireEqualCoreOnTheSameTensors) {
   // q and k share the fused weight scale 2688 / max(amax).
   EXPECT_EQ(wire.modules(0).weight_global_scale(), wire.modules(1).weight_global_scale());
   EXPECT_FALSE(wire.modules(0).fused_group().empty());
+}
+
+TEST_F(ServiceTest, E4m3fnuzSessionServesCompressedTensorsButNotLightLlm) {
+  v1::CreateSessionRequest create = TinyRequest();
+  create.mutable_recipe()->set_fp8_flavor(v1::FP8_E4M3FNUZ);
+  grpc::ClientContext create_ctx;
+  v1::Session session;
+  ASSERT_TRUE(stub_->CreateSession(&create_ctx, create, &session).ok());
+  const std::string id = session.id();
+  std::vector<v1::TensorChunk> chunks;
+  std::vector<float> k_absmax(kLayers * kHeads, 0.0f);
+  uint64_t seq = 0;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const std::vector<float> k = Random(6 * kHeads * kHeadDim, 40 + layer);
+    for (size_t i = 0; i < k.size(); ++i) {
+      float& m = k_absmax[layer * kHeads + (i / kHeadDim) % kHeads];
+      m = std::max(m, std::fabs(k[i]));
+    }
+    chunks.push_back(KvChunk(id, v1::KEY, layer, k, seq++));
+    chunks.push_back(KvChunk(id, v1::VALUE, layer, Random(6 * kHeads * kHeadDim, 50 + layer), seq++));
+  }
+  v1::ObserveSummary summary;
+  ASSERT_TRUE(Stream(chunks, &summary).ok());
+  ASSERT_EQ(summary.rejected_chunks(), 0);
+  ASSERT_TRUE(Finalize(id).ok());
+
+  auto get = [&](std::vector<std::string> formats, v1::ScalesResponse* out) {
+    grpc::ClientContext ctx;
+    v1::ScalesRequest req;
+    req.set_session_id(id);
+    req.mutable_deployment()->set_tp_size(4);  // TP 4 over 2 heads: rank 3 holds head 1
+    req.mutable_deployment()->set_rank(3);
+    for (const std::string& f : formats) req.add_formats(f);
+    return stub_->GetScales(&ctx, req, out);
+  };
+  v1::ScalesResponse wire;
+  grpc::Status ok = get({"compressed-tensors"}, &wire);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(wire.fp8_flavor(), v1::FP8_E4M3FNUZ);
+  ASSERT_EQ(wire.kv_layers_size(), kLayers);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    EXPECT_THAT(wire.kv_layers(layer).k_scale(),
+                ::testing::ElementsAre(k_absmax[layer * kHeads] / 240.0f,
+                                       k_absmax[layer * kHeads + 1] / 240.0f));
+    EXPECT_THAT(wire.rank_slices(layer).k_scale(),
+                ::testing::ElementsAre(k_absmax[layer * kHeads + 1] / 240.0f));
+  }
+  ASSERT_EQ(wire.files_size(), 2);
+  EXPECT_EQ(wire.files(0).name(), "compressed_tensors_scales.safetensors");
+  EXPECT_EQ(wire.files(1).name(), "quantization_config.json");
+  bool warned = false;
+  for (const v1::Warning& w : wire.warnings()) warned |= w.where() == "compressed-tensors";
+  EXPECT_TRUE(warned) << "e4m3fnuz written as absmax / 448 must say so";
+
+  // No format asked: the e4m3fnuz default, compressed-tensors.
+  v1::ScalesResponse fallback;
+  ASSERT_TRUE(get({}, &fallback).ok());
+  ASSERT_EQ(fallback.files_size(), 2);
+  EXPECT_EQ(fallback.files(0).format(), "compressed-tensors");
+
+  v1::ScalesResponse refused;
+  grpc::Status lightllm = get({"compressed-tensors", "lightllm"}, &refused);
+  EXPECT_EQ(lightllm.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(lightllm.error_message(), HasSubstr("formats[1] (lightllm)"));
+  EXPECT_THAT(lightllm.error_message(), HasSubstr("e4m3fnuz"));
 }
 
 TEST_F(ServiceTest, BadChunksAreReportedInBandAndTheStreamGoesOn) {

@@ -11,21 +11,12 @@
 
 #include "core/formats/engine_formats.h"
 #include "core/formats/safetensors.h"
+#include "tests/support/session_test_util.h"
 #include "gtest/gtest.h"
 
 namespace caliper::testing {
 
-inline ModelConfig LlamaLike() {
-  ModelConfig model;
-  model.architecture = "LlamaForCausalLM";
-  model.model_type = "llama";
-  model.num_layers = 2;
-  model.num_attention_heads = 8;
-  model.num_kv_heads = 2;
-  model.head_dim = 4;
-  model.hidden_size = 32;
-  return model;
-}
+inline ModelConfig LlamaLike() { return LlamaTestModel(2, 2, 4, 8); }
 
 inline ModelConfig Qwen3MoeLike() {
   ModelConfig model = LlamaLike();

@@ -1,14 +1,8 @@
 #include "core/formats/modelopt_format.h"
 
-#include <cmath>
-#include <cstring>
-#include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "core/formats/engine_formats.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -1,25 +1,15 @@
 #include "core/formats/render_inputs.h"
 
-#include <cmath>
-#include <cstring>
-#include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "core/formats/engine_formats.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "tests/support/format_test_util.h"
 
 namespace caliper {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using json = nlohmann::json;
 using namespace ::caliper::testing;  // NOLINT: the shared format-test inputs
 
 TEST(ConvertTest, ReciprocalOfKnownValues) {

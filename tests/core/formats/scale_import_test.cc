@@ -2,16 +2,13 @@
 
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/formats/engine_formats.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "tests/support/format_test_util.h"
 
 namespace caliper {
@@ -19,7 +16,6 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using json = nlohmann::json;
 using namespace ::caliper::testing;  // NOLINT: the shared format-test inputs
 
 // A compressed-tensors style file built by hand.

@@ -1,14 +1,8 @@
 #include "core/formats/vllm_legacy_format.h"
 
-#include <cmath>
-#include <cstring>
-#include <map>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "core/formats/engine_formats.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -17,7 +11,6 @@
 namespace caliper {
 namespace {
 
-using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 using namespace ::caliper::testing;  // NOLINT: the shared format-test inputs

@@ -48,32 +48,58 @@ TEST(DeploymentTest, RefusesDeploymentsTheModelCannotHave) {
 }
 
 TEST(DeploymentTest, RankSlicesCutTheDeployedRows) {
-  LightLlmCalibration file;
-  file.quant_type = KvGranularity::kPerHead;
-  file.num_layers = 1;
-  file.num_head = 8;  // TP 8 over H = 4: each head twice
-  file.scales = {{1, 1, 2, 2, 3, 3, 4, 4, 10, 10, 20, 20, 30, 30, 40, 40}};
-  ResolvedDeployment d;
-  d.tp_size = 8;
-  d.total_kv_heads = 8;
-  d.rank = 5;
-  auto slices = RankSlices(file, d);
-  ASSERT_TRUE(slices.ok()) << slices.status();
-  ASSERT_EQ(slices->size(), 1u);
-  EXPECT_THAT((*slices)[0].k, ::testing::ElementsAre(3.0f));
-  EXPECT_THAT((*slices)[0].v, ::testing::ElementsAre(30.0f));
-  d.rank.reset();
-  EXPECT_TRUE(RankSlices(file, d)->empty());
+  for (Fp8Flavor flavor : {Fp8Flavor::kE4M3FN, Fp8Flavor::kE4M3FNUZ}) {  // rows ignore the flavor
+    KvScales scales;
+    scales.granularity = KvGranularity::kPerHead;
+    scales.flavor = flavor;
+    scales.num_kv_heads = 4;
+    scales.k = {{1, 2, 3, 4}};
+    scales.v = {{10, 20, 30, 40}};
+    ResolvedDeployment d;
+    d.tp_size = 8;  // TP 8 over H = 4: each head twice
+    d.total_kv_heads = 8;
+    d.rank = 5;
+    auto slices = RankSlices(scales, 4, d);
+    ASSERT_TRUE(slices.ok()) << slices.status();
+    ASSERT_EQ(slices->size(), 1u);
+    EXPECT_THAT((*slices)[0].k, ::testing::ElementsAre(3.0f));
+    EXPECT_THAT((*slices)[0].v, ::testing::ElementsAre(30.0f));
+    d.tp_size = 2;  // two heads per rank
+    d.total_kv_heads = 4;
+    d.rank = 1;
+    slices = RankSlices(scales, 4, d);
+    ASSERT_TRUE(slices.ok()) << slices.status();
+    EXPECT_THAT((*slices)[0].k, ::testing::ElementsAre(3.0f, 4.0f));
+    EXPECT_THAT((*slices)[0].v, ::testing::ElementsAre(30.0f, 40.0f));
+    d.rank.reset();
+    EXPECT_TRUE(RankSlices(scales, 4, d)->empty());
 
-  LightLlmCalibration per_tensor;
-  per_tensor.quant_type = KvGranularity::kPerTensor;
-  per_tensor.num_layers = 1;
-  per_tensor.scales = {{0.5f, 0.25f}};
-  d.rank = 3;
-  auto one = RankSlices(per_tensor, d);
-  ASSERT_TRUE(one.ok());
-  EXPECT_THAT((*one)[0].k, ::testing::ElementsAre(0.5f));
-  EXPECT_THAT((*one)[0].v, ::testing::ElementsAre(0.25f));
+    KvScales per_tensor;
+    per_tensor.granularity = KvGranularity::kPerTensor;
+    per_tensor.flavor = flavor;
+    per_tensor.k = {{0.5f}};
+    per_tensor.v = {{0.25f}};
+    d.rank = 3;
+    d.tp_size = 8;
+    d.total_kv_heads = 8;
+    auto one = RankSlices(per_tensor, 4, d);
+    ASSERT_TRUE(one.ok());
+    EXPECT_THAT((*one)[0].k, ::testing::ElementsAre(0.5f));
+    EXPECT_THAT((*one)[0].v, ::testing::ElementsAre(0.25f));
+  }
+}
+
+TEST(DeploymentTest, RankSlicesNameTheLayerThatDoesNotFit) {
+  KvScales scales;
+  scales.k = {{1, 2, 3, 4}, {1, 2}};
+  scales.v = {{1, 2, 3, 4}, {1, 2, 3, 4}};
+  ResolvedDeployment d;
+  d.tp_size = 2;
+  d.total_kv_heads = 4;
+  d.rank = 0;
+  absl::Status s = RankSlices(scales, 4, d).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("scales[1]"));
 }
 
 }  // namespace

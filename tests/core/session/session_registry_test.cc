@@ -5,23 +5,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/session_test_util.h"
 
 namespace caliper {
 namespace {
 
 using ::testing::HasSubstr;
 
-ModelConfig TinyModel() {
-  ModelConfig m;
-  m.architecture = "LlamaForCausalLM";
-  m.model_type = "llama";
-  m.num_layers = 2;
-  m.num_attention_heads = 8;
-  m.num_kv_heads = 4;
-  m.head_dim = 8;
-  m.hidden_size = 64;
-  return m;
-}
+ModelConfig TinyModel() { return testing::LlamaTestModel(2, 4, 8, 8); }
 
 Recipe KvOnly() { return Recipe{}; }
 

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/session_test_util.h"
 
 namespace caliper {
 namespace {
@@ -20,25 +21,8 @@ constexpr int kHeads = 4;
 constexpr int kHeadDim = 8;
 constexpr int kTokens = 5;
 
-ModelConfig TinyModel() {
-  ModelConfig m;
-  m.architecture = "LlamaForCausalLM";
-  m.model_type = "llama";
-  m.num_layers = kLayers;
-  m.num_attention_heads = 8;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kHeadDim;
-  m.hidden_size = 64;
-  return m;
-}
-
-Recipe AllOn() {
-  Recipe r;
-  r.kv = KvMode::kPerHead;
-  r.nvfp4_weights = true;
-  r.nvfp4_activations = true;
-  return r;
-}
+ModelConfig TinyModel() { return testing::LlamaTestModel(kLayers, kHeads, kHeadDim, 8); }
+Recipe AllOn() { return testing::AllOnRecipe(); }
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -377,6 +361,63 @@ TEST_F(SessionTest, OneSessionServesManyDeployments) {
   // A deployment always counts at least the model's heads.
   EXPECT_EQ(s->Scales({0, 2, std::nullopt}, Nvfp4Convention::kCompressedTensors).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SessionTest, E4m3fnuzSessionServesScalesAndRankSlicesWithoutALightLlmFile) {
+  const std::vector<float> k = Random(kTokens * kHeads * kHeadDim, 31);
+  const std::vector<float> v = Random(kTokens * kHeads * kHeadDim, 32, 2.0f);
+  for (KvMode mode : {KvMode::kPerHead, KvMode::kPerTensor}) {
+    SCOPED_TRACE(mode == KvMode::kPerHead ? "per head" : "per tensor");
+    Recipe recipe;
+    recipe.kv = mode;
+    recipe.fp8_flavor = Fp8Flavor::kE4M3FNUZ;
+    auto s = NewSession(recipe);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      ObserveOk(*s, Kv(ChunkKind::kKey, layer, k, kHeads));
+      ObserveOk(*s, Kv(ChunkKind::kValue, layer, v, kHeads));
+    }
+    // TP 8 over 4 heads: rank 5 holds original head 2.
+    const SessionScales d8 = Final(*s, {8, 0, 5});
+    EXPECT_EQ(d8.fp8_flavor, Fp8Flavor::kE4M3FNUZ);
+    EXPECT_FALSE(d8.lightllm.has_value());
+    ASSERT_TRUE(d8.kv_scales.has_value());
+    ASSERT_EQ(d8.rank_slices.size(), static_cast<size_t>(kLayers));
+    for (int layer = 0; layer < kLayers; ++layer) {
+      if (mode == KvMode::kPerHead) {
+        for (int h = 0; h < kHeads; ++h) {
+          EXPECT_EQ(d8.kv_scales->k[layer][h], HeadAbsMax(k, kHeads, h) / 240.0f);
+          EXPECT_EQ(d8.kv_scales->v[layer][h], HeadAbsMax(v, kHeads, h) / 240.0f);
+        }
+        EXPECT_THAT(d8.rank_slices[layer].k, ::testing::ElementsAre(HeadAbsMax(k, kHeads, 2) / 240.0f));
+        EXPECT_THAT(d8.rank_slices[layer].v, ::testing::ElementsAre(HeadAbsMax(v, kHeads, 2) / 240.0f));
+      } else {
+        EXPECT_THAT(d8.kv_scales->k[layer], ::testing::ElementsAre(AbsMax(k) / 240.0f));
+        EXPECT_THAT(d8.rank_slices[layer].k, ::testing::ElementsAre(AbsMax(k) / 240.0f));
+        EXPECT_THAT(d8.rank_slices[layer].v, ::testing::ElementsAre(AbsMax(v) / 240.0f));
+      }
+    }
+    if (mode == KvMode::kPerHead) {  // TP 2: rank 1 holds heads 2 and 3
+      absl::StatusOr<SessionScales> d2 = s->Scales({2, 0, 1}, Nvfp4Convention::kCompressedTensors);
+      ASSERT_TRUE(d2.ok()) << d2.status();
+      EXPECT_THAT(d2->rank_slices[1].v, ::testing::ElementsAre(HeadAbsMax(v, kHeads, 2) / 240.0f,
+                                                               HeadAbsMax(v, kHeads, 3) / 240.0f));
+    }
+
+    // No format asked: compressed-tensors (LightLLM cannot hold e4m3fnuz), with its warning.
+    std::vector<ScaleWarning> warnings;
+    absl::StatusOr<std::vector<RenderedFile>> files = RenderSessionOutputs(d8, {}, &warnings);
+    ASSERT_TRUE(files.ok()) << files.status();
+    ASSERT_FALSE(files->empty());
+    EXPECT_EQ((*files)[0].format, "compressed-tensors");
+    EXPECT_EQ((*files)[0].name, "compressed_tensors_scales.safetensors");
+    EXPECT_FALSE(warnings.empty());
+    // Asking for LightLLM's file is refused, naming the format and the flavor.
+    const std::vector<std::string> lightllm = {"lightllm"};
+    absl::Status refused = RenderSessionOutputs(d8, lightllm, &warnings).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused.message(), HasSubstr("formats[0] (lightllm)"));
+    EXPECT_THAT(refused.message(), HasSubstr("e4m3fnuz"));
+  }
 }
 
 TEST_F(SessionTest, ModelOptConventionIsTheReciprocalAndSharesInputs) {

@@ -13,6 +13,7 @@
 #include "core/tensor/reduction_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/session_test_util.h"
 #include "tests/support/state_test_util.h"
 
 namespace caliper {
@@ -29,23 +30,10 @@ constexpr int kLayers = 3;
 constexpr int kHeads = 4;
 constexpr int kHeadDim = 8;
 
-ModelConfig Model() {
-  ModelConfig m;
-  m.architecture = "LlamaForCausalLM";
-  m.model_type = "llama";
-  m.num_layers = kLayers;
-  m.num_attention_heads = 8;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kHeadDim;
-  m.hidden_size = 64;
-  return m;
-}
+ModelConfig Model() { return testing::LlamaTestModel(kLayers, kHeads, kHeadDim, 8); }
 
 Recipe EverythingOn() {
-  Recipe r;
-  r.kv = KvMode::kPerHead;
-  r.nvfp4_weights = true;
-  r.nvfp4_activations = true;
+  Recipe r = testing::AllOnRecipe();
   r.activation_observer = ActivationObserverKind::kMinMax;  // order-dependent: per-batch state
   r.averaging_constant = 0.25;
   r.warmup_batches = 1;

@@ -12,6 +12,7 @@
 #include "core/tensor/tensor_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/session_test_util.h"
 
 namespace caliper {
 namespace {
@@ -247,17 +248,8 @@ TEST(PiecewiseTensorTest, RunsAreInPlaceExceptStraddlingUnits) {
 
 // A whole session fed sliced chunks ends with bit-identical scales.
 TEST(PiecewiseSessionTest, SlicedChunksGiveTheSameScalesAsContiguous) {
-  ModelConfig model;
-  model.architecture = "LlamaForCausalLM";
-  model.model_type = "llama";
-  model.num_layers = 2;
-  model.num_attention_heads = 8;
-  model.num_kv_heads = 4;
-  model.head_dim = 16;
-  model.hidden_size = 128;
-  Recipe recipe;
-  recipe.nvfp4_weights = true;
-  recipe.nvfp4_activations = true;
+  const ModelConfig model = testing::LlamaTestModel(2, 4, 16, 8);
+  const Recipe recipe = testing::AllOnRecipe();
   auto contiguous = CalibrationSession::Create(model, recipe);
   auto sliced = CalibrationSession::Create(model, recipe);
   ASSERT_TRUE(contiguous.ok()) << contiguous.status();
