@@ -96,6 +96,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ad
   // cuts off a busy server's handshake.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Any gRPC target: "host:port", "ipv4:H:P1,H:P2", "dns:///name:port". Streams and calls go
+  // round robin over every resolved address (replicas over a shared --state_store), and a dead
+  // one drops out of the rotation until it reconnects.
+  args.SetLoadBalancingPolicyName("round_robin");
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!security.tls_ca_file.empty()) {
     absl::StatusOr<std::string> ca = ReadWholeFile(security.tls_ca_file);

@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   curl openssl clang libclang-rt-14-dev ccache
+  libpq-dev postgresql-15
 )
 # Optional extras callers can ask for (e.g. prometheus for the scrape test, clang for fuzzing).
 if [[ $# -gt 0 ]]; then PACKAGES+=("$@"); fi

@@ -55,6 +55,9 @@ CalibrationService::CalibrationService(ServiceOptions options, SessionRegistry* 
   if (options_.stream_idle_timeout > absl::ZeroDuration()) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
+  if (options_.store != nullptr) {
+    store_workers_ = std::make_unique<StoreWorkers>(std::max(1, options_.store_threads));
+  }
 }
 
 CalibrationService::~CalibrationService() {
@@ -140,6 +143,7 @@ absl::Status CalibrationService::DeleteWithState(absl::string_view session_id,
 grpc::ServerUnaryReactor* CalibrationService::CreateSession(
     grpc::CallbackServerContext* context, const v1::CreateSessionRequest* request,
     v1::Session* response) {
+  if (options_.store != nullptr) return StoreCreateSession(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   std::shared_ptr<CalibrationSession> created;
   absl::Status status = CatchOutOfMemory("CreateSession", [&]() -> absl::Status {
@@ -175,6 +179,7 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
 grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerContext* context,
                                                          const v1::GetSessionRequest* request,
                                                          v1::Session* response) {
+  if (options_.store != nullptr) return StoreGetSession(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status = CatchOutOfMemory("GetSession", [&]() -> absl::Status {
     absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
@@ -188,6 +193,7 @@ grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CalibrationService::ListSessions(
     grpc::CallbackServerContext* context, const v1::ListSessionsRequest* /*request*/,
     v1::ListSessionsResponse* response) {
+  if (options_.store != nullptr) return StoreListSessions(context, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status = CatchOutOfMemory("ListSessions", [&]() -> absl::Status {
     absl::StatusOr<std::string> tenant = TenantOf(*context);
@@ -203,6 +209,7 @@ grpc::ServerUnaryReactor* CalibrationService::ListSessions(
 grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
     grpc::CallbackServerContext* context, const v1::DeleteSessionRequest* request,
     v1::DeleteSessionResponse* /*response*/) {
+  if (options_.store != nullptr) return StoreDeleteSession(context, request);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status = CatchOutOfMemory("DeleteSession", [&]() -> absl::Status {
     if (absl::Status s = CheckSessionId("session_id", request->session_id()); !s.ok()) return s;
@@ -216,6 +223,7 @@ grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
 grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerContext* context,
                                                        const v1::FinalizeRequest* request,
                                                        v1::Session* response) {
+  if (options_.store != nullptr) return StoreFinalize(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   std::shared_ptr<CalibrationSession> finalized;
   absl::Status status = CatchOutOfMemory("Finalize", [&]() -> absl::Status {
@@ -235,6 +243,7 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerContext* context,
                                                         const v1::ScalesRequest* request,
                                                         v1::ScalesResponse* response) {
+  if (options_.store != nullptr) return StoreGetScales(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status = CatchOutOfMemory("GetScales", [&]() -> absl::Status {
     absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
@@ -294,6 +303,7 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext* context,
                                                      const v1::ResumeRequest* request,
                                                      v1::ResumeResponse* response) {
+  if (options_.store != nullptr) return StoreResume(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status = CatchOutOfMemory("Resume", [&]() -> absl::Status {
     absl::StatusOr<std::shared_ptr<CalibrationSession>> session =

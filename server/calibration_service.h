@@ -23,11 +23,14 @@
 #include "server/inflight_budget.h"
 #include "core/session/session.h"
 #include "core/session/session_registry.h"
+#include "core/state/partial_flusher.h"
 #include "core/state/session_store.h"
+#include "core/state/state_store.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
 #include "server/metrics.h"
 #include "server/security.h"
+#include "server/store_workers.h"
 
 namespace caliper {
 
@@ -46,6 +49,11 @@ struct ServiceOptions {
   absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
   // --state_dir: acknowledgements (stream ends, CreateSession, Finalize, Resume) wait for it.
   SessionPersister* persister = nullptr;
+  // --state_store: sessions live in this shared store (replicas), not in the registry; streams
+  // fold into partials that `flusher` merges. Both set or both null.
+  StateStore* store = nullptr;
+  PartialFlusher* flusher = nullptr;
+  int store_threads = 8;  // threads for unary calls that wait on the store
 };
 
 class CalibrationService final
@@ -98,6 +106,30 @@ class CalibrationService final
   // Deletes the tenant's session and, with a persister, its state file (a write that failed only
   // at the directory fsync may have left one).
   absl::Status DeleteWithState(absl::string_view session_id, absl::string_view tenant);
+  // --state_store: each call runs `call` on a store worker, then finishes with its status.
+  grpc::ServerUnaryReactor* OnStore(grpc::CallbackServerContext* context,
+                                    absl::string_view method, std::string session_id,
+                                    std::function<absl::Status(const std::string& tenant)> call);
+  grpc::ServerUnaryReactor* StoreCreateSession(grpc::CallbackServerContext* context,
+                                               const v1::CreateSessionRequest* request,
+                                               v1::Session* response);
+  grpc::ServerUnaryReactor* StoreGetSession(grpc::CallbackServerContext* context,
+                                            const v1::GetSessionRequest* request,
+                                            v1::Session* response);
+  grpc::ServerUnaryReactor* StoreListSessions(grpc::CallbackServerContext* context,
+                                              v1::ListSessionsResponse* response);
+  grpc::ServerUnaryReactor* StoreDeleteSession(grpc::CallbackServerContext* context,
+                                               const v1::DeleteSessionRequest* request);
+  grpc::ServerUnaryReactor* StoreFinalize(grpc::CallbackServerContext* context,
+                                          const v1::FinalizeRequest* request,
+                                          v1::Session* response);
+  grpc::ServerUnaryReactor* StoreGetScales(grpc::CallbackServerContext* context,
+                                           const v1::ScalesRequest* request,
+                                           v1::ScalesResponse* response);
+  grpc::ServerUnaryReactor* StoreResume(grpc::CallbackServerContext* context,
+                                        const v1::ResumeRequest* request,
+                                        v1::ResumeResponse* response);
+
   // Cancels streams idle for longer than stream_idle_timeout (runs on idle_thread_).
   void IdleWatchLoop();
 
@@ -127,6 +159,7 @@ class CalibrationService final
   std::set<ObserveReactor*> live_streams_;
   bool stopping_ = false;
   std::thread idle_thread_;
+  std::unique_ptr<StoreWorkers> store_workers_;  // with options_.store
 };
 
 }  // namespace caliper

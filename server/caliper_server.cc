@@ -6,7 +6,9 @@
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/postgres/postgres_store.h"
 
 namespace caliper {
 namespace {
@@ -19,6 +21,9 @@ std::string WithPort(const std::string& listen, int port) {
 
 // Room for the TensorChunk envelope around the largest accepted data field, so an oversized
 // chunk reaches our own check and gets the clear message rather than gRPC's generic one.
+// Health-checked name that readiness probes ask for (the store answers); "" is liveness.
+constexpr char kReadinessService[] = "caliper.v1.Calibration";
+
 constexpr int64_t kMessageHeadroomBytes = int64_t{1} << 20;
 
 }  // namespace
@@ -59,8 +64,18 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
     server->metrics_address_ = WithPort(options.metrics_listen, server->metrics_->port());
   }
 
+  if (!options.state_dir.empty() && !options.state_store.empty()) {
+    return absl::InvalidArgumentError(
+        "--state_dir and --state_store: give one (import a state directory into the store "
+        "with --state_store_import)");
+  }
   if (!options.state_dir.empty()) {
     if (absl::Status s = server->RestoreState(options, log); !s.ok()) return s;
+  }
+  if (!options.state_store.empty()) {
+    if (absl::Status s = server->OpenStateStore(options, log); !s.ok()) return s;
+  } else if (!options.state_store_import.empty()) {
+    return absl::InvalidArgumentError("--state_store_import: needs --state_store");
   }
 
   ServiceOptions service_options = options.service;
@@ -69,6 +84,9 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
     server->inflight_ = std::make_unique<InflightBudget>(options.max_inflight_bytes / 2);
     service_options.inflight = server->inflight_.get();
   }
+  service_options.store = server->state_store_.get();
+  service_options.flusher = server->flusher_.get();
+  service_options.store_threads = options.state_store_pool;
   server->service_ = std::make_unique<CalibrationService>(
       service_options, &server->registry_, server->backend_.get(),
       server->server_metrics_.get(), log);
@@ -100,7 +118,90 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   }
   server->address_ = WithPort(options.listen, server->port_);
   if (server->metrics_ != nullptr) server->metrics_->ServeHealth();
+  if (server->state_store_ != nullptr) {
+    CaliperServer* raw = server.get();
+    server->store_watch_ = std::thread([raw, log] { raw->WatchStore(log); });
+  }
   return server;
+}
+
+absl::Status CaliperServer::OpenStateStore(const ServerOptions& options, EventLog* log) {
+  if (options.state_flush_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state_flush_interval: must be positive, got ",
+        absl::FormatDuration(options.state_flush_interval)));
+  }
+  if (!absl::StartsWith(options.state_store, "postgresql://") &&
+      !absl::StartsWith(options.state_store, "postgres://")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state_store: \"", RedactedPostgresName(options.state_store),
+        "\" is not a postgresql:// URI (the only store so far)"));
+  }
+  PostgresStoreOptions store_options;
+  store_options.uri = options.state_store;
+  store_options.pool_size = options.state_store_pool;
+  absl::StatusOr<std::unique_ptr<StateStore>> store = OpenPostgresStore(store_options);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("--state_store: ", store.status().message()));
+  }
+  state_store_ = *std::move(store);
+  if (!options.state_store_import.empty()) {
+    absl::StatusOr<std::unique_ptr<SessionStore>> dir =
+        SessionStore::Open(options.state_store_import);
+    if (!dir.ok()) {
+      return absl::Status(dir.status().code(), absl::StrCat("--state_store_import=",
+                                                            options.state_store_import, ": ",
+                                                            dir.status().message()));
+    }
+    SessionStore::Loaded loaded = (*dir)->LoadAll();
+    int imported = 0, present = 0;
+    for (const std::unique_ptr<CalibrationSession>& session : loaded.sessions) {
+      absl::Status s = state_store_->ImportSession(*session);
+      if (s.code() == absl::StatusCode::kAlreadyExists) {
+        ++present;
+      } else if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("--state_store_import: session ",
+                                                   session->id(), ": ", s.message()));
+      } else {
+        ++imported;
+      }
+    }
+    log->Log(loaded.errors.empty() ? Severity::kInfo : Severity::kWarning, "state_imported",
+             {{"state_dir", options.state_store_import},
+              {"imported", absl::StrCat(imported)},
+              {"already_present", absl::StrCat(present)},
+              {"corrupt_files_set_aside", absl::StrCat(loaded.errors.size())}});
+  }
+  ServerMetrics* metrics = server_metrics_.get();
+  flusher_ = std::make_unique<PartialFlusher>(
+      state_store_.get(), options.state_flush_interval,
+      [metrics, log](const PartialFlusher::FlushEvent& event) {
+        metrics->StateWrite(event.status.ok(), 0, absl::ToDoubleSeconds(event.duration));
+        if (!event.status.ok()) {
+          log->Log(Severity::kError, "state_merge_failed",
+                   {{"session", event.session_id}, {"error", std::string(event.status.message())}});
+        }
+      });
+  return absl::OkStatus();
+}
+
+void CaliperServer::WatchStore(EventLog* log) {
+  bool was_ok = true;
+  while (true) {
+    const absl::Status status = state_store_->Ping();
+    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus(kReadinessService, status.ok());
+    }
+    if (status.ok() != was_ok) {
+      log->Log(status.ok() ? Severity::kInfo : Severity::kError,
+               status.ok() ? "state_store_back" : "state_store_unavailable",
+               {{"store", state_store_->name()}, {"error", std::string(status.message())}});
+      was_ok = status.ok();
+    }
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    if (watch_cv_.wait_for(lock, std::chrono::seconds(2), [this] { return watch_stop_; })) return;
+  }
 }
 
 absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog* log) {
@@ -152,12 +253,21 @@ CaliperServer::~CaliperServer() {
 void CaliperServer::Shutdown(absl::Duration drain) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
+  if (store_watch_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    store_watch_.join();
+  }
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->Shutdown();  // probes see NOT_SERVING while we drain
   }
   server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   server_->Wait();
   if (persister_ != nullptr) persister_->Stop();  // after the last stream: nothing changes now
+  if (flusher_ != nullptr) flusher_->Stop();
 }
 
 void CaliperServer::Wait() {

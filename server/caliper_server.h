@@ -5,7 +5,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <grpcpp/server.h>
 
@@ -14,7 +17,9 @@
 #include "core/tensor/reduction_backend.h"
 #include "core/session/session.h"
 #include "core/session/session_registry.h"
+#include "core/state/partial_flusher.h"
 #include "core/state/session_store.h"
+#include "core/state/state_store.h"
 #include "server/calibration_service.h"
 #include "server/event_log.h"
 #include "server/metrics.h"
@@ -37,6 +42,11 @@ struct ServerOptions {
   // Durable sessions: one state file per session here, restored at start-up; empty: in memory.
   std::string state_dir;
   absl::Duration state_flush_interval = absl::Seconds(1);  // upper bound between writes
+  // Shared sessions for any number of replicas: a libpq URI (postgresql://...); exclusive with
+  // state_dir. Streams fold into partials merged every state_flush_interval.
+  std::string state_store;
+  int state_store_pool = 8;          // database connections at most
+  std::string state_store_import;    // a --state_dir directory whose sessions are imported once
 };
 
 class CaliperServer {
@@ -66,12 +76,19 @@ class CaliperServer {
   CaliperServer() = default;
   // Opens --state_dir, restores its sessions (reporting files set aside) and starts the flusher.
   absl::Status RestoreState(const ServerOptions& options, EventLog* log);
+  // Opens --state_store (schema migrated), imports --state_store_import, starts the flusher.
+  absl::Status OpenStateStore(const ServerOptions& options, EventLog* log);
+  // Readiness follows the store: service "caliper.v1.Calibration" is NOT_SERVING while it does
+  // not answer; the overall service "" (liveness) stays SERVING.
+  void WatchStore(EventLog* log);
 
   std::unique_ptr<ReductionBackend> backend_;
   SessionRegistry registry_;
   std::unique_ptr<ServerMetrics> server_metrics_;
   std::unique_ptr<SessionStore> store_;          // with --state_dir
   std::unique_ptr<SessionPersister> persister_;  // with --state_dir; stopped after the server
+  std::unique_ptr<StateStore> state_store_;      // with --state_store
+  std::unique_ptr<PartialFlusher> flusher_;      // with --state_store; stopped after the server
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<InflightBudget> inflight_;  // with max_inflight_bytes
   std::unique_ptr<CalibrationService> service_;
@@ -79,6 +96,10 @@ class CaliperServer {
   int port_ = 0;
   std::string address_, metrics_address_;
   bool shut_down_ = false;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;
+  std::thread store_watch_;
 };
 
 }  // namespace caliper

@@ -117,6 +117,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
   void OnDone() override {
+    if (partial_ != nullptr) service_->options_.flusher->Release(partial_);
     {
       std::lock_guard<std::mutex> lock(service_->streams_mu_);
       service_->live_streams_.erase(this);
@@ -144,6 +145,12 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
  private:
   // An OK end is acknowledged only once everything the stream accepted is durable.
   void FinishStream(const absl::Status& status) {
+    if (status.ok() && partial_ != nullptr) {
+      // --state_store: OK once every chunk of this stream is committed.
+      service_->options_.flusher->WhenCommitted(
+          partial_, [this](absl::Status committed) { CompleteStream(committed); });
+      return;
+    }
     if (status.ok() && session_ != nullptr && service_->options_.persister != nullptr) {
       service_->options_.persister->WhenDurable(
           session_, [this](absl::Status durable) { CompleteStream(durable); });
@@ -251,8 +258,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         service_->metrics_->ChunkRejected(s, chunk_.kind());
         return s;
       }
-      absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-          service_->registry_->GetForTenant(chunk_.session_id(), tenant_);
+      absl::StatusOr<std::shared_ptr<CalibrationSession>> session = BindSession();
       if (!session.ok()) {
         service_->metrics_->ChunkRejected(session.status(), chunk_.kind());
         return Prefixed("chunk.", session.status());
@@ -277,8 +283,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     chunk->data = raw_.data();
     // Exactly-once: a stream with a producer id is bound to it on its first numbered chunk.
     if (!chunk_.producer_id().empty() && !producer_) {
-      absl::StatusOr<ProducerLedger::Stream> stream =
-          session_->OpenProducerStream(chunk_.producer_id());
+      absl::StatusOr<ProducerLedger::Stream> stream = OpenProducer();
       if (!stream.ok()) {
         service_->metrics_->ChunkRejected(stream.status(), chunk_.kind());
         return stream.status();
@@ -290,6 +295,14 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
           "chunk.producer_id: \"", chunk_.producer_id(), "\" differs from this stream's \"",
           producer_->producer_id, "\"; open one stream per producer")));
       return absl::OkStatus();
+    }
+    if (partial_ != nullptr) {
+      // Fenced by a newer stream of the producer, or the session finalized or deleted, as its
+      // last merge found: what this stream sends can no longer count.
+      if (absl::Status failed = service_->options_.flusher->failure(partial_); !failed.ok()) {
+        service_->metrics_->ChunkRejected(failed, chunk_.kind());
+        return failed;
+      }
     }
     const StreamObserveResult result = session_->Observe(
         *chunk, *service_->backend_, producer_ ? &*producer_ : nullptr);
@@ -326,6 +339,35 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     return absl::OkStatus();
   }
 
+  // The stream's session: the registry's, or with --state_store a partial of the committed one
+  // that only this stream folds into (merged by the flusher).
+  absl::StatusOr<std::shared_ptr<CalibrationSession>> BindSession() {
+    if (service_->options_.store == nullptr) {
+      return service_->registry_->GetForTenant(chunk_.session_id(), tenant_);
+    }
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> empty =
+        service_->options_.store->LoadEmpty(chunk_.session_id(), tenant_);
+    if (!empty.ok()) return empty.status();
+    (*empty)->set_max_modules(service_->options_.limits.max_modules_per_session);
+    std::shared_ptr<CalibrationSession> partial = *std::move(empty);
+    partial_ = service_->options_.flusher->Register(partial);
+    return partial;
+  }
+
+  // With --state_store the producer's committed N comes from the store, which also fences its
+  // earlier streams on every replica.
+  absl::StatusOr<ProducerLedger::Stream> OpenProducer() {
+    if (partial_ == nullptr) return session_->OpenProducerStream(chunk_.producer_id());
+    absl::StatusOr<OpenedProducer> opened =
+        service_->options_.store->OpenProducer(session_id_, chunk_.producer_id());
+    if (!opened.ok()) return opened.status();
+    session_->RestoreProducers({{chunk_.producer_id(), opened->committed}});
+    absl::StatusOr<ProducerLedger::Stream> stream =
+        session_->OpenProducerStream(chunk_.producer_id());
+    if (stream.ok()) service_->options_.flusher->BindProducer(partial_, *stream, opened->epoch);
+    return stream;
+  }
+
   CalibrationService* const service_;
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;  // summary_ serialized, when the stream finishes
@@ -344,6 +386,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   RawTensorChunk raw_;
   const v1::TensorChunk& chunk_ = raw_.header();  // every field but data, which stays in raw_
   std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
+  std::shared_ptr<PartialFlusher::Partial> partial_;  // with --state_store
   std::optional<ProducerLedger::Stream> producer_;  // bound by the first chunk with a producer
   std::string session_id_;
   absl::Status final_status_;

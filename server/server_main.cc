@@ -20,6 +20,7 @@
 #include "core/tensor/reduction_backend.h"
 #include "core/session/limits.h"
 #include "server/caliper_server.h"
+#include "server/postgres/postgres_store.h"
 #include "server/device.h"
 #include "server/event_log.h"
 #include "server/security.h"
@@ -101,6 +102,14 @@ ABSL_FLAG(std::string, state_dir, "",
 ABSL_FLAG(absl::Duration, state_flush_interval, absl::Seconds(1),
           "Longest time between writes of a changed session's state (stream ends, "
           "CreateSession and Finalize also wait for a write)");
+ABSL_FLAG(std::string, state_store, "",
+          "Shared session state for any number of replicas: a PostgreSQL libpq URI "
+          "(postgresql://USER:PASSWORD@HOST:PORT/DB?sslmode=verify-full; also from "
+          "$CALIPER_STATE_STORE). Exclusive with --state_dir");
+ABSL_FLAG(int, state_store_pool, 8, "Database connections at most (per replica)");
+ABSL_FLAG(std::string, state_store_import, "",
+          "A --state_dir directory whose sessions are imported into --state_store at start-up "
+          "(sessions already there are left alone)");
 
 namespace {
 // A byte-count flag; a negative value becomes 0, which ValidateLimits refuses by name.
@@ -201,6 +210,13 @@ int main(int argc, char** argv) {
   options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.state_flush_interval = absl::GetFlag(FLAGS_state_flush_interval);
+  options.state_store = absl::GetFlag(FLAGS_state_store);
+  if (options.state_store.empty()) {
+    // A Secret mounted as an environment variable keeps the password out of the args.
+    if (const char* env = std::getenv("CALIPER_STATE_STORE")) options.state_store = env;
+  }
+  options.state_store_pool = absl::GetFlag(FLAGS_state_store_pool);
+  options.state_store_import = absl::GetFlag(FLAGS_state_store_import);
   absl::StatusOr<std::unique_ptr<caliper::CaliperServer>> server =
       caliper::CaliperServer::Start(options, *std::move(backend), &log);
   if (!server.ok()) {
@@ -224,7 +240,10 @@ int main(int argc, char** argv) {
                        ? "off"
                        : (options.security.tls_client_ca.empty() ? "tls" : "mtls")},
            {"tenants", options.service.authenticator ? "tokens" : "anonymous"},
-           {"state_dir", options.state_dir.empty() ? "none (in memory)" : options.state_dir}});
+           {"state_dir", options.state_dir.empty() ? "none (in memory)" : options.state_dir},
+           {"state_store", options.state_store.empty()
+                               ? "none"
+                               : caliper::RedactedPostgresName(options.state_store)}});
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -30,6 +30,7 @@
 #include "core/session/deployment.h"
 #include "core/session/limits.h"
 #include "core/session/producer_ledger.h"
+#include "core/state/session_delta.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/tensor_view.h"
 #include "core/calibration/warnings.h"
@@ -222,6 +223,17 @@ class CalibrationSession {
   // Every count and string is checked against `limits` before anything is sized by it.
   static absl::StatusOr<std::unique_ptr<CalibrationSession>> Restore(
       absl::string_view bytes, const Limits& limits = Limits());
+
+  // Replicas over a shared store (core/state/state_store.h), where each stream folds into its
+  // own partial session. TakeDelta moves out what was folded in since the last call (observers
+  // and counters start again from empty; module names stay counted) with `producer`'s N.
+  // ApplyDelta folds committed rows in: InvalidArgument naming the field for rows that do not
+  // fit the model or recipe, nothing changed then. RestoreProducers seeds committed sequences.
+  SessionDelta TakeDelta(const ProducerLedger::Stream* producer);
+  absl::Status ApplyDelta(const SessionDelta& delta);
+  void RestoreProducers(const ProducerSequences& committed);
+  // Same identity, model, recipe and creation time; open, no statistics, no producers.
+  std::unique_ptr<CalibrationSession> EmptyLike() const;
 
   // Freezes the session and computes the deployment-independent results. Idempotent.
   absl::Status Finalize();

@@ -32,11 +32,16 @@ SKIP = 77
 # The server's own flag defaults; the manifests must use the same ports.
 SERVER_GRPC_PORT = 50051
 SERVER_METRICS_PORT = 9464
-EXPECTED_DEVICE = {"gpu": "cuda", "cpu": "cpu", "gpu-tls": "cuda"}
+EXPECTED_DEVICE = {"gpu": "cuda", "cpu": "cpu", "gpu-tls": "cuda", "replicated": "cpu"}
 NAMESPACE = "caliper"
 # Files the TLS overlay's flags name, each on a read-only Secret volume.
 TLS_FLAGS = ("CALIPER_TLS_CERT", "CALIPER_TLS_KEY", "CALIPER_TOKENS_FILE")
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Overlays whose sessions live in PostgreSQL (--state_store): many replicas, no volume.
+REPLICATED = {"replicated"}
+# The gRPC health service name readiness asks for with --state_store (NOT_SERVING while the
+# database does not answer); liveness keeps the overall "".
+READINESS_SERVICE = "caliper.v1.Calibration"
 # 1.27: first release with gRPC probes on by default (GA); 1.37: the newest schema bundled.
 SCHEMA_VERSIONS = ("1.27.0", "1.37.0")
 EXPECTED_KINDS = {"ServiceAccount", "ConfigMap", "Service", "Deployment",
@@ -96,8 +101,10 @@ def check_overlay(name, text, objs):
     by_kind = {}
     for o in objs:
         by_kind.setdefault(o["kind"], []).append(o)
-    check(set(by_kind) == EXPECTED_KINDS, f"{p} kinds {sorted(by_kind)} != {sorted(EXPECTED_KINDS)}")
-    for kind in EXPECTED_KINDS:
+    replicated = name in REPLICATED
+    kinds = EXPECTED_KINDS - {"PersistentVolumeClaim"} if replicated else EXPECTED_KINDS
+    check(set(by_kind) == kinds, f"{p} kinds {sorted(by_kind)} != {sorted(kinds)}")
+    for kind in kinds:
         check(len(by_kind.get(kind, [])) == 1, f"{p} expected exactly one {kind}")
     if len(failures) > before:
         return None
@@ -109,7 +116,10 @@ def check_overlay(name, text, objs):
     dep = by_kind["Deployment"][0]
     pod = dep["spec"]["template"]
     spec = pod["spec"]
-    check(dep["spec"].get("replicas") == 1, f"{p} replicas must be 1 (one session store)")
+    if replicated:
+        check(dep["spec"].get("replicas", 1) >= 2, f"{p} replicas must be >= 2 (stateless pods)")
+    else:
+        check(dep["spec"].get("replicas") == 1, f"{p} replicas must be 1 (one session store)")
     check(len(spec["containers"]) == 1, f"{p} one container expected")
     c = spec["containers"][0]
 
@@ -180,6 +190,16 @@ def check_overlay(name, text, objs):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         pr = c.get(probe)
         if check(pr is not None, f"{p} {probe} missing"):
+            if replicated and probe == "readinessProbe":
+                # Readiness follows the state store: the gRPC health service that turns
+                # NOT_SERVING while the database does not answer.
+                check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"},
+                      f"{p} {probe} must be a grpc probe only")
+                check(pr["grpc"].get("port") == grpc_port,
+                      f"{p} {probe} probes port {pr['grpc'].get('port')}, not {grpc_port}")
+                check(pr["grpc"].get("service", "") == READINESS_SERVICE,
+                      f"{p} {probe} should check gRPC health service {READINESS_SERVICE!r}")
+                continue
             check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"httpGet"},
                   f"{p} {probe} must be an httpGet probe only")
             get = pr.get("httpGet", {})
@@ -229,19 +249,10 @@ def check_overlay(name, text, objs):
                       f"{p} {key} Secret files readable by others")
         check("CALIPER_ALLOW_PLAINTEXT_TOKENS" not in flags, f"{p} plaintext tokens allowed")
 
-    # Durable sessions: --state_dir lies on the PersistentVolumeClaim, not in the container.
-    state_dir = flags.get("CALIPER_STATE_DIR", "")
-    volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    state_mounts = [m for m in c.get("volumeMounts", [])
-                    if state_dir == m["mountPath"] or state_dir.startswith(m["mountPath"].rstrip("/") + "/")]
-    pvc = by_kind["PersistentVolumeClaim"][0]
-    if check(len(state_mounts) == 1, f"{p} --state_dir {state_dir!r} is not on a mounted volume"):
-        claim = volumes.get(state_mounts[0]["name"], {}).get("persistentVolumeClaim", {})
-        check(claim.get("claimName") == pvc["metadata"]["name"],
-              f"{p} --state_dir volume is not the PersistentVolumeClaim {pvc['metadata']['name']}")
-    check(pvc["spec"].get("accessModes") == ["ReadWriteOnce"], f"{p} state PVC access modes")
-    check(dep["spec"].get("strategy", {}).get("type") == "Recreate",
-          f"{p} a ReadWriteOnce state volume needs the Recreate strategy")
+    if replicated:
+        check_replicated(p, dep, spec, c, flags, by_kind["PodDisruptionBudget"][0])
+    else:
+        check_state_volume(p, dep, spec, c, flags, by_kind["PersistentVolumeClaim"][0])
 
     # Resources: requests and limits for cpu and memory, requests <= limits.
     res = c.get("resources", {})
@@ -257,11 +268,45 @@ def check_overlay(name, text, objs):
     if EXPECTED_DEVICE[name] == "cuda":
         check(gpu_limit is not None and int(gpu_limit) == 1, f"{p} nvidia.com/gpu limit {gpu_limit}")
         check(tolerates_gpu, f"{p} no toleration for the nvidia.com/gpu taint")
-        check(image_tag.endswith("-cuda"), f"{p} image {c['image']} is not the cuda variant")
     else:
         check("nvidia.com/gpu" not in text, f"{p} mentions nvidia.com/gpu")
         check(image_tag.endswith("-cpu"), f"{p} image {c['image']} is not the cpu variant")
     return c, flags
+
+
+def check_replicated(p, dep, spec, c, flags, pdb):
+    """Replicas over PostgreSQL: rolling, drainable, spread, the URI from a Secret, no volume."""
+    check("CALIPER_STATE_DIR" not in flags, f"{p} replicas must not use --state_dir")
+    strategy = dep["spec"].get("strategy", {})
+    check(strategy.get("type") == "RollingUpdate", f"{p} replicas roll: strategy {strategy}")
+    check(strategy.get("rollingUpdate", {}).get("maxUnavailable") == 0,
+          f"{p} a rollout should never go below the replica count: {strategy}")
+    check("minAvailable" not in pdb["spec"] and pdb["spec"].get("maxUnavailable", 0) >= 1,
+          f"{p} the PodDisruptionBudget must let a drain evict a replica: {pdb['spec']}")
+    anti = spec.get("affinity", {}).get("podAntiAffinity", {})
+    check(bool(anti), f"{p} replicas need pod anti-affinity (spread over nodes)")
+    env = {e["name"]: e for e in c.get("env", [])}
+    ref = env.get("CALIPER_STATE_STORE", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    check(bool(ref.get("name")) and bool(ref.get("key")),
+          f"{p} CALIPER_STATE_STORE must come from a Secret (secretKeyRef), got {env.get('CALIPER_STATE_STORE')}")
+    check(all(v.get("persistentVolumeClaim") is None for v in spec.get("volumes", [])),
+          f"{p} replicas must not mount a PersistentVolumeClaim")
+
+
+def check_state_volume(p, dep, spec, c, flags, pvc):
+    """One pod with --state_dir on its ReadWriteOnce claim."""
+    # Durable sessions: --state_dir lies on the PersistentVolumeClaim, not in the container.
+    state_dir = flags.get("CALIPER_STATE_DIR", "")
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    state_mounts = [m for m in c.get("volumeMounts", [])
+                    if state_dir == m["mountPath"] or state_dir.startswith(m["mountPath"].rstrip("/") + "/")]
+    if check(len(state_mounts) == 1, f"{p} --state_dir {state_dir!r} is not on a mounted volume"):
+        claim = volumes.get(state_mounts[0]["name"], {}).get("persistentVolumeClaim", {})
+        check(claim.get("claimName") == pvc["metadata"]["name"],
+              f"{p} --state_dir volume is not the PersistentVolumeClaim {pvc['metadata']['name']}")
+    check(pvc["spec"].get("accessModes") == ["ReadWriteOnce"], f"{p} state PVC access modes")
+    check(dep["spec"].get("strategy", {}).get("type") == "Recreate",
+          f"{p} a ReadWriteOnce state volume needs the Recreate strategy")
 
 
 def validate_schema(validator, name, text):
@@ -364,6 +409,35 @@ def main():
             validate_schema(a.validate, name, text)
         if a.server and name in ("cpu", "gpu-tls") and got:
             run_server_with(a.server, *got)
+    # The development database renders and provides the Secret the replicated overlay reads.
+    pg_dir = os.path.join(a.deploy, "postgres-dev")
+    pg_text, pg_objs = render(a.kubectl, pg_dir)
+    kinds = sorted(o["kind"] for o in pg_objs)
+    check(kinds == ["Secret", "Secret", "Service", "StatefulSet"],
+          f"[postgres-dev] kinds {kinds}")
+    secrets = {o["metadata"]["name"]: o for o in pg_objs if o["kind"] == "Secret"}
+    rep_text, rep_objs = render(a.kubectl, os.path.join(a.deploy, "overlays", "replicated"))
+    rep_dep = [o for o in rep_objs if o["kind"] == "Deployment"][0]
+    env = {e["name"]: e for e in rep_dep["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+    ref = env.get("CALIPER_STATE_STORE", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    secret = secrets.get(ref.get("name"))
+    if check(secret is not None, f"[postgres-dev] no Secret {ref.get('name')!r} for the replicas"):
+        check(ref.get("key") in secret.get("data", {}), f"[postgres-dev] Secret lacks key {ref.get('key')}")
+        check(secret["metadata"].get("namespace") == rep_dep["metadata"]["namespace"],
+              "[postgres-dev] Secret and replicas in different namespaces")
+    sts = [o for o in pg_objs if o["kind"] == "StatefulSet"]
+    if sts:
+        pod = sts[0]["spec"]["template"]["spec"]
+        sc = pod.get("securityContext", {})
+        csc = pod["containers"][0].get("securityContext", {})
+        check(sc.get("runAsNonRoot") is True and csc.get("allowPrivilegeEscalation") is False and
+              csc.get("capabilities", {}).get("drop") == ["ALL"] and
+              sc.get("seccompProfile", {}).get("type") == "RuntimeDefault",
+              "[postgres-dev] the database pod must pass the restricted Pod Security Standard")
+    if a.validate:
+        validate_schema(a.validate, "postgres-dev", pg_text)
+    print(f"postgres-dev: {len(pg_objs)} objects")
+
     # cpu runs next to gpu (or gpu-tls, which replaces gpu) in one namespace: no shared names.
     for other in ("gpu", "gpu-tls"):
         shared = names.get("cpu", set()) & names.get(other, set())

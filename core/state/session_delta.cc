@@ -1,0 +1,152 @@
+#include "core/state/session_delta.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/session/session.h"
+
+namespace caliper {
+
+void SessionCounters::Add(const SessionCounters& other) {
+  accepted_chunks += other.accepted_chunks;
+  accepted_bytes += other.accepted_bytes;
+  rejected_chunks += other.rejected_chunks;
+  skipped_warmup_chunks += other.skipped_warmup_chunks;
+  duplicate_chunks += other.duplicate_chunks;
+}
+
+bool SessionCounters::empty() const {
+  return accepted_chunks == 0 && accepted_bytes == 0 && rejected_chunks == 0 &&
+         skipped_warmup_chunks == 0 && duplicate_chunks == 0;
+}
+
+bool SessionDelta::empty() const {
+  return kv_layers.empty() && weights.empty() && inputs.empty() && counters.empty();
+}
+
+void SessionDelta::Merge(const SessionDelta& other) {
+  for (const auto& [layer, observer] : other.kv_layers) {
+    auto [it, inserted] = kv_layers.emplace(layer, observer);
+    if (!inserted) it->second.Merge(observer);
+  }
+  for (const auto& [module, observer] : other.weights) weights[module].Merge(observer);
+  for (const auto& [key, observer] : other.inputs) inputs[key].Merge(observer);
+  counters.Add(other.counters);
+  if (other.producer.has_value()) {
+    const uint64_t before = producer.has_value() ? producer->sequence : 0;
+    producer = other.producer;
+    producer->sequence = std::max(producer->sequence, before);
+  }
+}
+
+std::string EncodeWeightRow(const MinMaxObserver& observer) {
+  return EncodeMinMaxObserver(observer);
+}
+
+std::string EncodeInputRow(const ActivationObserver& observer) {
+  return EncodeActivationObserver(observer);
+}
+
+absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes) {
+  return DecodeMinMaxObserver(bytes);
+}
+
+absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block) {
+  absl::StatusOr<ActivationObserver> observer = DecodeActivationObserver(bytes);
+  if (!observer.ok()) return observer.status();
+  for (const auto& [batch, stats] : observer->batches) {
+    if (batch < 0 || ActivationBlockOf(batch) != block) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input row: batch ", batch, " does not belong to block ", block));
+    }
+  }
+  return observer;
+}
+
+// ---- CalibrationSession's side (declared in core/session/session.h) ----
+
+namespace {
+
+bool Untouched(const KvLayerObserver& layer) {
+  auto zero = [](const auto& values) {
+    return std::all_of(values.begin(), values.end(), [](auto v) { return v == 0; });
+  };
+  return zero(layer.k_tokens) && zero(layer.v_tokens) && zero(layer.k_absmax) &&
+         zero(layer.v_absmax);
+}
+
+}  // namespace
+
+SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* producer) {
+  SessionDelta delta;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t layer = 0; layer < kv_layers_.size(); ++layer) {
+    if (Untouched(kv_layers_[layer])) continue;
+    delta.kv_layers.emplace(static_cast<int>(layer), std::move(kv_layers_[layer]));
+    kv_layers_[layer] = KvLayerObserver(model_.num_kv_heads);
+  }
+  for (auto& [name, state] : modules_) {
+    if (state.weight.observations > 0) delta.weights.emplace(name, state.weight);
+    for (const auto& [batch, stats] : state.input.batches) {
+      delta.inputs[{name, ActivationBlockOf(batch)}].batches.emplace(batch, stats);
+    }
+  }
+  // Module names stay (so --max_modules_per_session keeps counting them), their state goes.
+  for (auto& [name, state] : modules_) state = ModuleState{};
+  delta.counters = {accepted_chunks_, accepted_bytes_, rejected_chunks_, skipped_warmup_chunks_,
+                    duplicate_chunks_};
+  accepted_chunks_ = accepted_bytes_ = rejected_chunks_ = skipped_warmup_chunks_ =
+      duplicate_chunks_ = 0;
+  if (producer != nullptr) {
+    delta.producer = ProducerAdvance{producer->producer_id, producer->epoch,
+                                     ledger_.ResumeFrom(producer->producer_id) - 1};
+  }
+  return delta;
+}
+
+absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
+  const size_t heads = static_cast<size_t>(model_.num_kv_heads);
+  for (const auto& [layer, observer] : delta.kv_layers) {
+    if (layer < 0 || static_cast<size_t>(layer) >= kv_layers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_layers[", layer, "]: outside the session's ", kv_layers_.size(), " K/V layers"));
+    }
+    if (observer.k_absmax.size() != heads || observer.v_absmax.size() != heads ||
+        observer.k_tokens.size() != heads || observer.v_tokens.size() != heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_layers[", layer, "]: per-head arrays must have num_kv_heads=", heads, " entries"));
+    }
+  }
+  if (!delta.weights.empty() && !recipe_.nvfp4_weights) {
+    return absl::InvalidArgumentError("weights: the session's recipe has nvfp4_weights off");
+  }
+  if (!delta.inputs.empty() && !recipe_.nvfp4_activations) {
+    return absl::InvalidArgumentError("inputs: the session's recipe has nvfp4_activations off");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [layer, observer] : delta.kv_layers) kv_layers_[layer].Merge(observer);
+  for (const auto& [module, observer] : delta.weights) modules_[module].weight.Merge(observer);
+  for (const auto& [key, observer] : delta.inputs) modules_[key.first].input.Merge(observer);
+  accepted_chunks_ += delta.counters.accepted_chunks;
+  accepted_bytes_ += delta.counters.accepted_bytes;
+  rejected_chunks_ += delta.counters.rejected_chunks;
+  skipped_warmup_chunks_ += delta.counters.skipped_warmup_chunks;
+  duplicate_chunks_ += delta.counters.duplicate_chunks;
+  return absl::OkStatus();
+}
+
+void CalibrationSession::RestoreProducers(const ProducerSequences& committed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ledger_.Restore(committed);
+}
+
+std::unique_ptr<CalibrationSession> CalibrationSession::EmptyLike() const {
+  std::unique_ptr<CalibrationSession> empty(
+      new CalibrationSession(model_, recipe_, id_, name_, tenant_));
+  empty->created_unix_ms_ = created_unix_ms_;
+  empty->max_modules_ = max_modules_;
+  return empty;
+}
+
+}  // namespace caliper

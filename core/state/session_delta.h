@@ -1,0 +1,72 @@
+// What one replica folded into a session since its last flush, in the row layout a shared store
+// keeps (core/state/state_store.h): K/V observers per layer, weight observers per module, and
+// activation observers per (module, block of kActivationBlockBatches batch ids), so a flush
+// rewrites only the rows it touched. Every part merges associatively and commutatively
+// (max/min/sum, per-batch min/max), so replicas merging in any order reach the same state.
+#ifndef CALIPER_CORE_STATE_SESSION_DELTA_H_
+#define CALIPER_CORE_STATE_SESSION_DELTA_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/calibration/observers.h"
+#include "core/state/observer_codec.h"
+
+namespace caliper {
+
+// Batch ids [b * 64, (b + 1) * 64) of a module share one row: a flush during ingestion (which
+// goes batch by batch) touches one or two blocks per module, not the module's whole history.
+inline constexpr int64_t kActivationBlockBatches = 64;
+inline int64_t ActivationBlockOf(int64_t batch) { return batch / kActivationBlockBatches; }
+
+// The session counters reported by GetSession; they add up across replicas.
+struct SessionCounters {
+  int64_t accepted_chunks = 0, accepted_bytes = 0;
+  int64_t rejected_chunks = 0, skipped_warmup_chunks = 0, duplicate_chunks = 0;
+
+  void Add(const SessionCounters& other);
+  bool empty() const;
+};
+
+// A producer's ledger position carried by a delta: `sequence` is the producer's N after the
+// delta; the store applies the delta only while `epoch` is the producer's current stream, so a
+// fenced stream's late flush counts nothing.
+struct ProducerAdvance {
+  std::string producer_id;
+  uint64_t epoch = 0;
+  uint64_t sequence = 0;
+};
+
+struct SessionDelta {
+  // Idempotence: one id per partial (a stream on one replica), flushes numbered 1, 2, ...; a
+  // store applies each (partial_id, flush) once, so retrying a commit whose answer was lost
+  // cannot count it twice.
+  std::string partial_id;
+  uint64_t flush = 0;
+  std::map<int, KvLayerObserver> kv_layers;                   // by layer
+  std::map<std::string, MinMaxObserver> weights;              // by module
+  std::map<std::pair<std::string, int64_t>, ActivationObserver> inputs;  // by (module, block)
+  SessionCounters counters;
+  std::optional<ProducerAdvance> producer;
+
+  // No observer or counter changed.
+  bool empty() const;
+  // Folds `other` in (observers, counters, the later producer position).
+  void Merge(const SessionDelta& other);
+};
+
+// Standalone row blobs (observer_codec.h format, versioned).
+std::string EncodeWeightRow(const MinMaxObserver& observer);
+std::string EncodeInputRow(const ActivationObserver& observer);
+absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes);
+// Also checks every batch id lies in `block`.
+absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block);
+
+}  // namespace caliper
+
+#endif  // CALIPER_CORE_STATE_SESSION_DELTA_H_

@@ -1,0 +1,85 @@
+// Sessions kept in a store that any number of server replicas share (the PostgreSQL one lives in
+// server/postgres/). The store holds the committed state; a replica folds each stream into its
+// own partial session and merges SessionDeltas into the store, each in one transaction with the
+// producer ledger, so replicas never lose each other's updates and a stream's OK means committed.
+// Every call may fail with Unavailable naming the store (its password never shown); then nothing
+// changed. Implementations are thread-safe.
+#ifndef CALIPER_CORE_STATE_STATE_STORE_H_
+#define CALIPER_CORE_STATE_STATE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/session/session.h"
+#include "core/state/session_delta.h"
+
+namespace caliper {
+
+// A producer's committed position when a stream of it opens.
+struct OpenedProducer {
+  uint64_t epoch = 0;      // this stream's; every earlier stream of the producer is fenced
+  uint64_t committed = 0;  // N: the producer resumes at committed + 1
+};
+
+class StateStore {
+ public:
+  virtual ~StateStore() = default;
+
+  // The store as named in errors and logs, e.g. "postgresql://db:5432/caliper".
+  virtual const std::string& name() const = 0;
+
+  // Adds a new, empty session. ResourceExhausted naming --max_sessions_per_tenant when its
+  // tenant already holds `max_sessions_per_tenant` (> 0) sessions; AlreadyExists for a used id.
+  virtual absl::Status CreateSession(const CalibrationSession& session,
+                                     int max_sessions_per_tenant) = 0;
+  // Adds a whole session (observers, counters, ledger, finalized), e.g. one of --state_dir.
+  // AlreadyExists when the id is present (an import run twice changes nothing).
+  virtual absl::Status ImportSession(const CalibrationSession& session) = 0;
+
+  // The committed session rebuilt in memory (finalized again when it is). NotFound naming the
+  // id for a missing session or another tenant's.
+  virtual absl::StatusOr<std::unique_ptr<CalibrationSession>> LoadSession(
+      absl::string_view id, absl::string_view tenant) = 0;
+  // The session as created (identity, model, recipe; no statistics), finalized when it is: what
+  // a replica folds a stream into. NotFound as for LoadSession.
+  virtual absl::StatusOr<std::unique_ptr<CalibrationSession>> LoadEmpty(
+      absl::string_view id, absl::string_view tenant) = 0;
+  // Committed status of one session / all of a tenant's, oldest first.
+  virtual absl::StatusOr<SessionStatus> GetStatus(absl::string_view id,
+                                                  absl::string_view tenant) = 0;
+  virtual absl::StatusOr<std::vector<SessionStatus>> ListSessions(absl::string_view tenant) = 0;
+
+  // NotFound as for LoadSession. Later merges into the session fail with NotFound.
+  virtual absl::Status DeleteSession(absl::string_view id, absl::string_view tenant) = 0;
+  // Marks the session finalized (idempotent); later merges fail with FailedPrecondition.
+  virtual absl::Status FinalizeSession(absl::string_view id, absl::string_view tenant) = 0;
+
+  // Opens a stream of `producer_id`: a new epoch, fencing its earlier streams on every replica.
+  virtual absl::StatusOr<OpenedProducer> OpenProducer(absl::string_view id,
+                                                      absl::string_view producer_id) = 0;
+  // The producer's committed N (0 when unknown). NotFound as for LoadSession.
+  virtual absl::StatusOr<uint64_t> CommittedSequence(absl::string_view id,
+                                                     absl::string_view tenant,
+                                                     absl::string_view producer_id) = 0;
+
+  // Merges `delta` into the session in one transaction: rows touched, counters, the producer's
+  // N, and the (partial_id, flush) mark, so a retried delta is applied once. Aborted (nothing
+  // merged) when the producer's epoch moved on; FailedPrecondition when finalized; NotFound when
+  // deleted; Unavailable when the store cannot be reached or the commit's outcome is unknown
+  // (retry the same delta).
+  virtual absl::Status Merge(absl::string_view id, const SessionDelta& delta) = 0;
+  // Forgets a partial's idempotence mark once it will send nothing more (best effort).
+  virtual void ForgetPartial(absl::string_view id, absl::string_view partial_id) = 0;
+
+  // OK when the store answers now (readiness); Unavailable naming it otherwise.
+  virtual absl::Status Ping() = 0;
+};
+
+}  // namespace caliper
+
+#endif  // CALIPER_CORE_STATE_STATE_STORE_H_

@@ -1,0 +1,381 @@
+// The PostgreSQL StateStore against a real PostgreSQL 15 started for this test: schema
+// migration (concurrent opens run it once), merges from several "replicas" (separate pools and
+// threads) equal one process fed every chunk, fencing, idempotent retries, finalize/delete,
+// tenancy, import, and a database restart (Unavailable naming the store, then recovery).
+#include "server/postgres/postgres_store.h"
+
+#include <libpq-fe.h>
+
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/tensor/reduction_backend.h"
+#include "gtest/gtest.h"
+#include "tests/support/postgres_instance.h"
+
+namespace caliper {
+namespace {
+
+using caliper::testing::PostgresInstance;
+
+constexpr int kLayers = 3, kHeads = 2, kHeadDim = 4, kModules = 5;
+
+ModelConfig TinyModel() {
+  ModelConfig m;
+  m.architecture = "LlamaForCausalLM";
+  m.model_type = "llama";
+  m.num_layers = kLayers;
+  m.num_attention_heads = 4;
+  m.num_kv_heads = kHeads;
+  m.head_dim = kHeadDim;
+  m.hidden_size = 16;
+  return m;
+}
+
+Recipe AllOn() {
+  Recipe r;
+  r.nvfp4_weights = true;
+  r.nvfp4_activations = true;
+  r.activation_observer = ActivationObserverKind::kMinMax;  // order-dependent maths
+  return r;
+}
+
+// Chunk i of a deterministic stream: K, V, weight and input chunks over layers, modules and
+// batches spanning several activation blocks.
+struct TestChunk {
+  std::vector<float> data;
+  std::string module;
+  ChunkRef ref;
+};
+TestChunk MakeChunk(int i) {
+  TestChunk c;
+  std::mt19937 rng(static_cast<uint32_t>(i) * 7919u + 1);
+  std::normal_distribution<float> dist(0.0f, 1.0f + static_cast<float>(i % 13));
+  const int kind = i % 4;
+  c.data.resize(kind < 2 ? 3 * kHeads * kHeadDim : 32);
+  for (float& x : c.data) x = dist(rng);
+  c.module = absl::StrCat("model.layers.", i % kModules, ".mlp.down_proj");
+  c.ref.kind = kind == 0 ? ChunkKind::kKey
+             : kind == 1 ? ChunkKind::kValue
+             : kind == 2 ? ChunkKind::kWeight
+                         : ChunkKind::kInput;
+  c.ref.layer = i % kLayers;
+  c.ref.module = c.module;
+  c.ref.dtype = DType::kF32;
+  c.ref.shape = kind < 2 ? std::vector<int64_t>{3, kHeads, kHeadDim} : std::vector<int64_t>{2, 16};
+  c.ref.batch = (i * 37) % 150;
+  c.ref.sequence = 0;
+  return c;
+}
+void Observe(CalibrationSession& session, int i, ReductionBackend& backend,
+             const ProducerLedger::Stream* producer = nullptr, uint64_t sequence = 0) {
+  TestChunk c = MakeChunk(i);
+  c.ref.data = ByteSpans(reinterpret_cast<const uint8_t*>(c.data.data()),
+                         c.data.size() * sizeof(float));
+  c.ref.sequence = sequence;
+  ASSERT_TRUE(session.Observe(c.ref, backend, producer).status.ok());
+}
+
+// Same statistics: every count, every K/V absmax and every NVFP4 amax bit for bit.
+void ExpectSameResults(CalibrationSession& expected, CalibrationSession& actual) {
+  const SessionStatus a = expected.Status(), b = actual.Status();
+  EXPECT_EQ(a.accepted_chunks, b.accepted_chunks);
+  EXPECT_EQ(a.accepted_bytes, b.accepted_bytes);
+  EXPECT_EQ(a.duplicate_chunks, b.duplicate_chunks);
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    EXPECT_EQ(a.layers[l].k_tokens, b.layers[l].k_tokens) << l;
+    EXPECT_EQ(a.layers[l].v_tokens, b.layers[l].v_tokens) << l;
+  }
+  ASSERT_TRUE(expected.Finalize().ok());
+  ASSERT_TRUE(actual.Finalize().ok());
+  absl::StatusOr<SessionScales> x = expected.Scales({}, Nvfp4Convention::kCompressedTensors);
+  absl::StatusOr<SessionScales> y = actual.Scales({}, Nvfp4Convention::kCompressedTensors);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_EQ(x->kv_scales->k_absmax, y->kv_scales->k_absmax);
+  EXPECT_EQ(x->kv_scales->v_absmax, y->kv_scales->v_absmax);
+  ASSERT_EQ(x->nvfp4.modules.size(), y->nvfp4.modules.size());
+  for (const auto& [name, m] : x->nvfp4.modules) {
+    const ModuleNvfp4Scales& n = y->nvfp4.modules.at(name);
+    EXPECT_EQ(m.weight_amax, n.weight_amax) << name;
+    EXPECT_EQ(m.input_amax, n.input_amax) << name;
+  }
+}
+
+class PostgresStoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<PostgresInstance>> pg = PostgresInstance::Start();
+    if (!pg.ok()) {
+      start_error_ = new absl::Status(pg.status());
+      return;
+    }
+    pg_ = pg->release();
+  }
+  static void TearDownTestSuite() {
+    delete pg_;
+    pg_ = nullptr;
+  }
+  void SetUp() override {
+    if (pg_ == nullptr) {
+      if (absl::IsNotFound(*start_error_)) GTEST_SKIP() << *start_error_;
+      FAIL() << *start_error_;
+    }
+    store_ = Open();
+    ASSERT_NE(store_, nullptr);
+  }
+
+  static std::unique_ptr<StateStore> Open(int pool = 4) {
+    PostgresStoreOptions options;
+    options.uri = pg_->uri();
+    options.pool_size = pool;
+    options.acquire_timeout = absl::Seconds(5);
+    absl::StatusOr<std::unique_ptr<StateStore>> store = OpenPostgresStore(options);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  std::shared_ptr<CalibrationSession> NewSession(const std::string& tenant = "") {
+    static std::atomic<int> counter{0};
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> s = CalibrationSession::Create(
+        TinyModel(), AllOn(), absl::StrCat("s", ++counter, "-", ::getpid()), "name", tenant);
+    EXPECT_TRUE(s.ok());
+    EXPECT_TRUE(store_->CreateSession(**s, 0).ok());
+    return std::shared_ptr<CalibrationSession>(std::move(*s));
+  }
+
+  static PostgresInstance* pg_;
+  static absl::Status* start_error_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<ReductionBackend> backend_ = MakeCpuBackend(1);
+};
+PostgresInstance* PostgresStoreTest::pg_ = nullptr;
+absl::Status* PostgresStoreTest::start_error_ = nullptr;
+
+TEST_F(PostgresStoreTest, ConcurrentOpensMigrateOnceAndAgreeOnTheVersion) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] { ok += Open(1) != nullptr ? 1 : 0; });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 4);
+  PGconn* conn = PQconnectdb(pg_->uri().c_str());
+  PGresult* r = PQexec(conn, "SELECT count(*), max(version) FROM caliper_schema_migrations");
+  ASSERT_EQ(PQresultStatus(r), PGRES_TUPLES_OK);
+  EXPECT_STREQ(PQgetvalue(r, 0, 0), "1");
+  EXPECT_EQ(std::string(PQgetvalue(r, 0, 1)), absl::StrCat(kPostgresSchemaVersion));
+  PQclear(r);
+  // A database migrated by a newer release is refused, not written.
+  PQclear(PQexec(conn, "INSERT INTO caliper_schema_migrations (version) VALUES (99)"));
+  PostgresStoreOptions options;
+  options.uri = pg_->uri();
+  absl::StatusOr<std::unique_ptr<StateStore>> newer = OpenPostgresStore(options);
+  EXPECT_EQ(newer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(newer.status().message(), "schema version 99")) << newer.status();
+  PQclear(PQexec(conn, "DELETE FROM caliper_schema_migrations WHERE version = 99"));
+  PQfinish(conn);
+}
+
+TEST_F(PostgresStoreTest, ReplicasMergingConcurrentlyEqualOneProcess) {
+  std::shared_ptr<CalibrationSession> created = NewSession();
+  std::unique_ptr<CalibrationSession> reference = created->EmptyLike();
+  constexpr int kChunks = 600;
+  for (int i = 0; i < kChunks; ++i) Observe(*reference, i, *backend_);
+
+  // Two replicas (own pools), three streams each, chunks dealt round robin, merging every few
+  // chunks: six partials racing on one session's rows.
+  std::unique_ptr<StateStore> replica_b = Open();
+  std::vector<std::thread> streams;
+  std::atomic<int> failures{0};
+  for (int stream = 0; stream < 6; ++stream) {
+    streams.emplace_back([&, stream] {
+      StateStore& store = stream % 2 == 0 ? *store_ : *replica_b;
+      auto backend = MakeCpuBackend(1);
+      absl::StatusOr<std::unique_ptr<CalibrationSession>> partial =
+          store.LoadEmpty(created->id(), "");
+      if (!partial.ok()) {
+        ++failures;
+        return;
+      }
+      uint64_t flush = 0;
+      auto merge = [&] {
+        SessionDelta delta = (*partial)->TakeDelta(nullptr);
+        delta.partial_id = absl::StrCat("stream-", stream);
+        delta.flush = ++flush;
+        if (!store.Merge(created->id(), delta).ok()) ++failures;
+      };
+      for (int i = stream; i < kChunks; i += 6) {
+        Observe(**partial, i, *backend);
+        if ((i / 6) % 7 == 3) merge();
+      }
+      merge();
+    });
+  }
+  for (std::thread& t : streams) t.join();
+  ASSERT_EQ(failures.load(), 0);
+
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> a = store_->LoadSession(created->id(), "");
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> b = replica_b->LoadSession(created->id(), "");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ((*a)->Snapshot().bytes, (*b)->Snapshot().bytes);  // every replica reads alike
+  absl::StatusOr<SessionStatus> status = replica_b->GetStatus(created->id(), "");
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->accepted_chunks, kChunks);
+  EXPECT_EQ(status->modules_with_weights, kModules);
+  EXPECT_EQ(status->modules_with_inputs, kModules);
+  ExpectSameResults(*reference, **a);
+}
+
+TEST_F(PostgresStoreTest, AFencedStreamsLateFlushCountsNothing) {
+  std::shared_ptr<CalibrationSession> created = NewSession();
+  absl::StatusOr<OpenedProducer> first = store_->OpenProducer(created->id(), "host/file");
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->committed, 0u);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> partial = store_->LoadEmpty(created->id(), "");
+  ASSERT_TRUE(partial.ok());
+  (*partial)->RestoreProducers({});
+  absl::StatusOr<ProducerLedger::Stream> stream = (*partial)->OpenProducerStream("host/file");
+  ASSERT_TRUE(stream.ok());
+  ProducerLedger::Stream fenced{stream->producer_id, first->epoch};
+  for (int i = 0; i < 4; ++i) Observe(**partial, i, *backend_, &*stream, i + 1);
+  SessionDelta delta = (*partial)->TakeDelta(&*stream);
+  delta.producer->epoch = first->epoch;
+  delta.partial_id = "a";
+  delta.flush = 1;
+  ASSERT_TRUE(store_->Merge(created->id(), delta).ok());
+  EXPECT_EQ(*store_->CommittedSequence(created->id(), "", "host/file"), 4u);
+
+  // The producer reconnects elsewhere: a new epoch from the committed 4.
+  absl::StatusOr<OpenedProducer> second = store_->OpenProducer(created->id(), "host/file");
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->committed, 4u);
+  EXPECT_GT(second->epoch, first->epoch);
+  for (int i = 4; i < 8; ++i) Observe(**partial, i, *backend_, &*stream, i + 1);
+  SessionDelta late = (*partial)->TakeDelta(&*stream);
+  late.producer->epoch = fenced.epoch;
+  late.partial_id = "a";
+  late.flush = 2;
+  absl::Status refused = store_->Merge(created->id(), late);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+  EXPECT_EQ(*store_->CommittedSequence(created->id(), "", "host/file"), 4u);
+  EXPECT_EQ(store_->GetStatus(created->id(), "")->accepted_chunks, 4);
+}
+
+TEST_F(PostgresStoreTest, ARetriedFlushIsAppliedOnce) {
+  std::shared_ptr<CalibrationSession> created = NewSession();
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> partial = store_->LoadEmpty(created->id(), "");
+  ASSERT_TRUE(partial.ok());
+  for (int i = 0; i < 8; ++i) Observe(**partial, i, *backend_);
+  SessionDelta delta = (*partial)->TakeDelta(nullptr);
+  delta.partial_id = "p";
+  delta.flush = 1;
+  ASSERT_TRUE(store_->Merge(created->id(), delta).ok());
+  ASSERT_TRUE(store_->Merge(created->id(), delta).ok());  // the answer was "lost": retried
+  EXPECT_EQ(store_->GetStatus(created->id(), "")->accepted_chunks, 8);
+  delta.flush = 2;  // a genuinely new flush counts
+  ASSERT_TRUE(store_->Merge(created->id(), delta).ok());
+  EXPECT_EQ(store_->GetStatus(created->id(), "")->accepted_chunks, 16);
+  store_->ForgetPartial(created->id(), "p");
+}
+
+TEST_F(PostgresStoreTest, FinalizeAndDeleteStopLaterMerges) {
+  std::shared_ptr<CalibrationSession> created = NewSession();
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> partial = store_->LoadEmpty(created->id(), "");
+  ASSERT_TRUE(partial.ok());
+  Observe(**partial, 0, *backend_);
+  SessionDelta delta = (*partial)->TakeDelta(nullptr);
+  delta.partial_id = "p";
+  delta.flush = 1;
+  ASSERT_TRUE(store_->FinalizeSession(created->id(), "").ok());
+  ASSERT_TRUE(store_->FinalizeSession(created->id(), "").ok());  // idempotent
+  EXPECT_EQ(store_->Merge(created->id(), delta).code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> loaded =
+      store_->LoadSession(created->id(), "");
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ((*loaded)->Status().state, SessionState::kFinalized);
+  EXPECT_TRUE((*loaded)->Scales({}, Nvfp4Convention::kCompressedTensors).ok());
+  ASSERT_TRUE(store_->DeleteSession(created->id(), "").ok());
+  EXPECT_EQ(store_->Merge(created->id(), delta).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->DeleteSession(created->id(), "").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(PostgresStoreTest, TenantsAreIsolatedAndLimited) {
+  std::shared_ptr<CalibrationSession> a = NewSession("tenant-a");
+  std::shared_ptr<CalibrationSession> b = NewSession("tenant-b");
+  std::unique_ptr<StateStore> other_replica = Open();
+  for (StateStore* store : {store_.get(), other_replica.get()}) {
+    absl::StatusOr<std::vector<SessionStatus>> listed = store->ListSessions("tenant-a");
+    ASSERT_TRUE(listed.ok());
+    ASSERT_EQ(listed->size(), 1u);
+    EXPECT_EQ(listed->front().id, a->id());
+    EXPECT_EQ(store->LoadSession(a->id(), "tenant-b").status().code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(store->FinalizeSession(a->id(), "tenant-b").code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(store->CommittedSequence(a->id(), "tenant-b", "p").status().code(),
+              absl::StatusCode::kNotFound);
+  }
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> second =
+      CalibrationSession::Create(TinyModel(), AllOn(), "limit-2", "", "tenant-a");
+  absl::Status limited = store_->CreateSession(**second, 1);
+  EXPECT_EQ(limited.code(), absl::StatusCode::kResourceExhausted) << limited;
+  EXPECT_TRUE(absl::StrContains(limited.message(), "--max_sessions_per_tenant"));
+  EXPECT_EQ(store_->CreateSession(*a, 0).code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(PostgresStoreTest, ImportsAStateDirSessionWhole) {
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> local =
+      CalibrationSession::Create(TinyModel(), AllOn(), "imported-1", "from-disk", "t");
+  ASSERT_TRUE(local.ok());
+  absl::StatusOr<ProducerLedger::Stream> stream = (*local)->OpenProducerStream("p");
+  for (int i = 0; i < 40; ++i) Observe(**local, i, *backend_, &*stream, i + 1);
+  ASSERT_TRUE(store_->ImportSession(**local).ok());
+  EXPECT_EQ(store_->ImportSession(**local).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(*store_->CommittedSequence("imported-1", "t", "p"), 40u);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> loaded = store_->LoadSession("imported-1", "t");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->created_unix_ms(), (*local)->created_unix_ms());
+  ExpectSameResults(**local, **loaded);
+}
+
+TEST_F(PostgresStoreTest, ADatabaseRestartIsUnavailableNamingTheStoreThenRecovers) {
+  std::shared_ptr<CalibrationSession> created = NewSession();
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> partial = store_->LoadEmpty(created->id(), "");
+  ASSERT_TRUE(partial.ok());
+  for (int i = 0; i < 10; ++i) Observe(**partial, i, *backend_);
+  SessionDelta committed = (*partial)->TakeDelta(nullptr);
+  committed.partial_id = "p";
+  committed.flush = 1;
+  ASSERT_TRUE(store_->Merge(created->id(), committed).ok());
+
+  ASSERT_TRUE(pg_->Stop().ok());
+  for (int i = 10; i < 20; ++i) Observe(**partial, i, *backend_);
+  SessionDelta pending = (*partial)->TakeDelta(nullptr);
+  pending.partial_id = "p";
+  pending.flush = 2;
+  absl::Status down = store_->Merge(created->id(), pending);
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
+  EXPECT_TRUE(absl::StrContains(down.message(), "state store postgresql://caliper@127.0.0.1:"))
+      << down;
+  EXPECT_EQ(store_->Ping().code(), absl::StatusCode::kUnavailable);
+
+  ASSERT_TRUE(pg_->Restart().ok());
+  ASSERT_TRUE(store_->Ping().ok());
+  ASSERT_TRUE(store_->Merge(created->id(), pending).ok());  // the same delta, retried
+  EXPECT_EQ(store_->GetStatus(created->id(), "")->accepted_chunks, 20);
+}
+
+TEST(PostgresNameTest, HidesThePassword) {
+  EXPECT_EQ(RedactedPostgresName("postgresql://u:secret@db.example:6432/cal?sslmode=require"),
+            "postgresql://u@db.example:6432/cal");
+  EXPECT_EQ(RedactedPostgresName("host=db user=u password=secret dbname=x"),
+            "postgresql://u@db:5432/x");
+}
+
+}  // namespace
+}  // namespace caliper
