@@ -111,6 +111,10 @@ class CudaBackend : public ReductionBackend {
       return absl::InvalidArgumentError(absl::StrCat("weight.data: ", bad,
                                                      " non-finite values (NaN/Inf) in ",
                                                      t.ShapeString(), "; cannot quantize"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
                                       absl::Span<float> absmax,
                                       absl::Span<MagnitudeHistogram> hists,

@@ -348,7 +348,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     absl::StatusOr<std::unique_ptr<CalibrationSession>> empty =
         service_->options_.store->LoadEmpty(chunk_.session_id(), tenant_);
     if (!empty.ok()) return empty.status();
-    (*empty)->set_max_modules(service_->options_.limits.max_modules_per_session);
+    (*empty)->set_limits(service_->options_.limits);
     std::shared_ptr<CalibrationSession> partial = *std::move(empty);
     partial_ = service_->options_.flusher->Register(partial);
     return partial;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/session/limits.h"
 #include "server/calibration_service.h"
 #include "server/proto_convert.h"
 
@@ -43,12 +44,18 @@ grpc::ServerUnaryReactor* CalibrationService::StoreCreateSession(
     grpc::CallbackServerContext* context, const v1::CreateSessionRequest* request,
     v1::Session* response) {
   return OnStore(context, "CreateSession", "", [this, request, response](const std::string& tenant) {
-    absl::StatusOr<ModelConfig> model = ModelFromProto(request->model());
+    if (absl::Status s = CheckString("name", request->name(), "max_name_bytes",
+                                     options_.limits.max_name_bytes);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<ModelConfig> model = ModelFromProto(request->model(), options_.limits.model);
     if (!model.ok()) return model.status();
-    absl::StatusOr<Recipe> recipe = RecipeFromProto(request->recipe());
+    absl::StatusOr<Recipe> recipe = RecipeFromProto(request->recipe(), options_.limits);
     if (!recipe.ok()) return recipe.status();
-    absl::StatusOr<std::unique_ptr<CalibrationSession>> session = CalibrationSession::Create(
-        *std::move(model), *std::move(recipe), NewSessionId(), request->name(), tenant);
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+        CalibrationSession::Create(*std::move(model), *std::move(recipe), NewSessionId(),
+                                   request->name(), tenant, options_.limits);
     if (!session.ok()) return session.status();
     // The id goes out only once it is committed: any replica then knows it.
     if (absl::Status s =
@@ -117,12 +124,16 @@ grpc::ServerUnaryReactor* CalibrationService::StoreGetScales(
                    absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
                        options_.store->LoadSession(request->session_id(), tenant);
                    if (!session.ok()) return session.status();
-                   absl::StatusOr<SessionScales> scales =
-                       (*session)->Scales(DeploymentFromProto(request->deployment()),
-                                          ConventionFromProto(request->convention()));
+                   absl::StatusOr<Deployment> deployment =
+                       DeploymentFromProto(request->deployment(), options_.limits);
+                   if (!deployment.ok()) return deployment.status();
+                   absl::StatusOr<std::vector<std::string>> formats =
+                       FormatsFromProto(request->formats(), options_.limits);
+                   if (!formats.ok()) return formats.status();
+                   absl::StatusOr<SessionScales> scales = (*session)->Scales(
+                       *deployment, ConventionFromProto(request->convention()));
                    if (!scales.ok()) return scales.status();
-                   absl::StatusOr<v1::ScalesResponse> proto =
-                       ScalesToProto(*scales, request->formats());
+                   absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
                    if (!proto.ok()) return proto.status();
                    *response = *std::move(proto);
                    return absl::OkStatus();

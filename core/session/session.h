@@ -253,6 +253,11 @@ class CalibrationSession {
   int64_t created_unix_ms() const { return created_unix_ms_; }
 
   const Limits& limits() const { return limits_; }
+  // A partial loaded from a state store counts against this server's limits (before any chunk).
+  void set_limits(const Limits& limits) {
+    std::lock_guard<std::mutex> lock(mu_);
+    limits_ = limits;
+  }
 
   // Called by the registry on delete: later chunks from streams still open get NotFound.
   void MarkDeleted() { deleted_.store(true); }

@@ -92,7 +92,7 @@ SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* produce
       delta.inputs[{name, ActivationBlockOf(batch)}].batches.emplace(batch, stats);
     }
   }
-  // Module names stay (so --max_modules_per_session keeps counting them), their state goes.
+  // Module names stay (so max_modules_per_session keeps counting them), their state goes.
   for (auto& [name, state] : modules_) state = ModuleState{};
   delta.counters = {accepted_chunks_, accepted_bytes_, rejected_chunks_, skipped_warmup_chunks_,
                     duplicate_chunks_};
@@ -143,9 +143,8 @@ void CalibrationSession::RestoreProducers(const ProducerSequences& committed) {
 
 std::unique_ptr<CalibrationSession> CalibrationSession::EmptyLike() const {
   std::unique_ptr<CalibrationSession> empty(
-      new CalibrationSession(model_, recipe_, id_, name_, tenant_));
+      new CalibrationSession(model_, recipe_, id_, name_, tenant_, limits_));
   empty->created_unix_ms_ = created_unix_ms_;
-  empty->max_modules_ = max_modules_;
   return empty;
 }
 
