@@ -149,18 +149,11 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
   absl::Status status = CatchOutOfMemory("CreateSession", [&]() -> absl::Status {
     absl::StatusOr<std::string> tenant = TenantOf(*context);
     if (!tenant.ok()) return tenant.status();
-    if (absl::Status s = CheckString("name", request->name(), "max_name_bytes",
-                                     options_.limits.max_name_bytes);
-        !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<ModelConfig> model = ModelFromProto(request->model(), options_.limits.model);
-    if (!model.ok()) return model.status();
-    absl::StatusOr<Recipe> recipe = RecipeFromProto(request->recipe(), options_.limits);
-    if (!recipe.ok()) return recipe.status();
+    absl::StatusOr<CreateSessionArgs> args = CreateSessionFromProto(*request, options_.limits);
+    if (!args.ok()) return args.status();
     absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-        registry_->CreateForTenant(*std::move(model), *std::move(recipe), request->name(),
-                                   *std::move(tenant), options_.limits);
+        registry_->CreateForTenant(std::move(args->model), std::move(args->recipe),
+                                   request->name(), *std::move(tenant), options_.limits);
     if (!session.ok()) return session.status();
     created = *std::move(session);
     *response = SessionToProto(created->Status());

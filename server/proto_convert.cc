@@ -311,6 +311,20 @@ absl::StatusOr<std::vector<std::string>> FormatsFromProto(
   return out;
 }
 
+absl::StatusOr<CreateSessionArgs> CreateSessionFromProto(const v1::CreateSessionRequest& proto,
+                                                         const Limits& limits) {
+  if (absl::Status s =
+          CheckString("name", proto.name(), "max_name_bytes", limits.max_name_bytes);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<ModelConfig> model = ModelFromProto(proto.model(), limits.model);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<Recipe> recipe = RecipeFromProto(proto.recipe(), limits);
+  if (!recipe.ok()) return recipe.status();
+  return CreateSessionArgs{*std::move(model), *std::move(recipe)};
+}
+
 absl::StatusOr<AdaptArgs> AdaptFromProto(const v1::AdaptRequest& proto, const Limits& limits) {
   if (absl::Status s = CheckLimit("lightllm_json", static_cast<int64_t>(proto.lightllm_json().size()),
                                   "max_lightllm_json_bytes",

@@ -49,6 +49,15 @@ absl::StatusOr<std::vector<std::string>> FormatsFromProto(
     const google::protobuf::RepeatedPtrField<std::string>& formats,
     const Limits& limits = Limits());
 
+// A CreateSessionRequest's model and recipe, converted; the name, model and recipe each within
+// `limits` (one rule for the in-memory and the state-store paths).
+struct CreateSessionArgs {
+  ModelConfig model;
+  Recipe recipe;
+};
+absl::StatusOr<CreateSessionArgs> CreateSessionFromProto(const v1::CreateSessionRequest& proto,
+                                                         const Limits& limits);
+
 // An AdaptRequest, parsed and bounded: the file within max_lightllm_json_bytes, its num_layers
 // within max_layers and num_head, total_kv_heads within max_total_kv_heads, tp_size within
 // max_tp_size (the adapted file has num_layers x 2 x total_heads entries).

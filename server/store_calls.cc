@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "core/session/limits.h"
 #include "server/calibration_service.h"
 #include "server/proto_convert.h"
 
@@ -44,17 +43,10 @@ grpc::ServerUnaryReactor* CalibrationService::StoreCreateSession(
     grpc::CallbackServerContext* context, const v1::CreateSessionRequest* request,
     v1::Session* response) {
   return OnStore(context, "CreateSession", "", [this, request, response](const std::string& tenant) {
-    if (absl::Status s = CheckString("name", request->name(), "max_name_bytes",
-                                     options_.limits.max_name_bytes);
-        !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<ModelConfig> model = ModelFromProto(request->model(), options_.limits.model);
-    if (!model.ok()) return model.status();
-    absl::StatusOr<Recipe> recipe = RecipeFromProto(request->recipe(), options_.limits);
-    if (!recipe.ok()) return recipe.status();
+    absl::StatusOr<CreateSessionArgs> args = CreateSessionFromProto(*request, options_.limits);
+    if (!args.ok()) return args.status();
     absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-        CalibrationSession::Create(*std::move(model), *std::move(recipe), NewSessionId(),
+        CalibrationSession::Create(std::move(args->model), std::move(args->recipe), NewSessionId(),
                                    request->name(), tenant, options_.limits);
     if (!session.ok()) return session.status();
     // The id goes out only once it is committed: any replica then knows it.
