@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,12 @@ double Get(const json& j, const char* key, double fallback = NAN) {
   return j[key].get<double>();
 }
 
+// `format` is one of this file's literal printf formats for a double ("%.3g", "%.1f", ...).
 std::string Fmt(double v, const char* format = "%.3g") {
-  return std::isfinite(v) ? absl::StrFormat(format, v) : std::string("&ndash;");
+  if (!std::isfinite(v)) return "&ndash;";
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), format, v);
+  return buffer;
 }
 
 // Blue (small) to red (large) on t in [0, 1].
