@@ -180,7 +180,10 @@ TEST_F(MemoryBudgetTest, WorstInputsStayUnderBudget) {
   }
 
   const int64_t peak = StatusKiB(server_->pid(), "VmHWM:") * 1024;
-  const int64_t overhead = EnvInt("CALIPER_MEMTEST_OVERHEAD_MIB", 128) * kMiB;
+  // Fixed overhead: gRPC's per-connection buffers and malloc arenas that keep freed chunk memory
+  // mapped, independent of what clients send. Measured peaks 315 MiB (loaded machine) to 407 MiB
+  // (quiet: more streams read at once) for this 256 MiB budget; without the budget 1139 MiB.
+  const int64_t overhead = EnvInt("CALIPER_MEMTEST_OVERHEAD_MIB", 192) * kMiB;
   std::printf("server RSS at start %lld MiB, peak %lld MiB, budget %lld MiB + overhead %lld MiB\n",
               static_cast<long long>(start_kib_ / 1024), static_cast<long long>(peak / kMiB),
               static_cast<long long>(budget_ / kMiB), static_cast<long long>(overhead / kMiB));
