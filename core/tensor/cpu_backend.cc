@@ -21,21 +21,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/tensor/reduction_backend.h"
+#include "core/tensor/simd.h"
 
-// Hot loops get an AVX2 clone picked at load time; the default clone keeps the binary portable.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CALIPER_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CALIPER_CLONES
-#endif
-#define CALIPER_INLINE inline __attribute__((always_inline))
 
 namespace caliper {
 namespace {
 
-// Unaligned, aliasing loads: views may sit at any byte offset inside a network buffer.
-typedef uint16_t LooseU16 __attribute__((aligned(1), may_alias));
-typedef uint32_t LooseU32 __attribute__((aligned(1), may_alias));
 
 constexpr int kLanes = 32;  // elements per iteration, independent accumulators
 

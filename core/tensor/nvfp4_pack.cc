@@ -6,20 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/tensor/dtype.h"
+#include "core/tensor/simd.h"
 
-// The group loop is the hot path of `caliper quantize`: an AVX2 clone picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CALIPER_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CALIPER_CLONES
-#endif
-#define CALIPER_INLINE inline __attribute__((always_inline))
 
 namespace caliper {
 namespace {
 
-typedef uint16_t LooseU16 __attribute__((aligned(1), may_alias));
-typedef uint32_t LooseU32 __attribute__((aligned(1), may_alias));
 
 CALIPER_INLINE float FromBits(uint32_t bits) {
   float f;
