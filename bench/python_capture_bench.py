@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import statistics as stats
 import subprocess
 import sys
@@ -135,33 +136,67 @@ print(f"oneshot {time.perf_counter() - t0:.2f}")
 '''
 
 
-def bench_e2e(addr, tmp, samples=16, seq=256):
+def bench_e2e(addr, tmp, samples=16, seq=256, reps=3):
     model, config = llama(1024, 4, 16, 8, 64, 2816)
     model = model.to(torch.bfloat16)
     model_dir = tmp / "model"
     model.save_pretrained(model_dir)
+    save_tokenizer(model_dir, 1024)  # oneshot's dataset path initialises a processor from it
     ids = [torch.randint(0, 1024, (seq,)).tolist() for _ in range(samples)]
     (tmp / "ids.json").write_text(json.dumps(ids))
     exe = pathlib.Path(sys.executable).parent / "caliper-capture"
-    t = time.perf_counter()
-    r = subprocess.run([str(exe), f"--server={addr}", f"--model={model_dir}",
-                        f"--token-ids={tmp / 'ids.json'}", "--kv=per-head", "--nvfp4",
-                        "--model-device=cpu", f"--out={tmp / 'capture'}"], capture_output=True,
-                       text=True)
-    capture_s = time.perf_counter() - t
-    assert r.returncode == 0, r.stderr
-    t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", ONESHOT, str(model_dir), str(tmp / "ids.json"),
-                        str(tmp / "oneshot")], capture_output=True, text=True)
-    oneshot_s = time.perf_counter() - t
-    if r.returncode != 0:
-        print(r.stderr[-3000:])
-        raise SystemExit("oneshot failed")
+
+    def capture(i):
+        r = subprocess.run([str(exe), f"--server={addr}", f"--model={model_dir}",
+                            f"--token-ids={tmp / 'ids.json'}", "--kv=per-head", "--nvfp4",
+                            "--model-device=cpu", f"--out={tmp / f'capture{i}'}",
+                            f"--name=bench {i}"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+    def oneshot(i):
+        r = subprocess.run([sys.executable, "-c", ONESHOT, str(model_dir), str(tmp / "ids.json"),
+                            str(tmp / f"oneshot{i}")], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(r.stderr[-3000:])
+            raise SystemExit("oneshot failed")
+
+    # A warm-up of each (the first process after an install pays cold file caches), then
+    # interleaved timed runs, median.
+    # CPU seconds (user + sys of the child) are reported too: less sensitive to a loaded machine.
+    times = {"capture": [], "oneshot": []}
+    cpu = {"capture": [], "oneshot": []}
+    for i in range(reps + 1):
+        for name, fn in (("capture", capture), ("oneshot", oneshot)):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            fn(i)
+            wall = time.perf_counter() - t
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if i:
+                times[name].append(wall)
+                cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime -
+                                 before.ru_stime)
+    capture_s, oneshot_s = stats.median(times["capture"]), stats.median(times["oneshot"])
+    capture_cpu, oneshot_cpu = stats.median(cpu["capture"]), stats.median(cpu["oneshot"])
     print(f"end to end, {samples} samples x {seq} tokens, Llama 4 layers hidden 1024 BF16, "
-          f"FP8 KV per head + NVFP4, CPU (fresh processes, model load included):")
+          f"FP8 KV per head + NVFP4, CPU (fresh processes, model load included, median of {reps}):")
     print(f"  caliper-capture {capture_s:.2f} s, llm-compressor oneshot {oneshot_s:.2f} s; "
-          f"ratio {capture_s / oneshot_s:.3f}")
+          f"ratio {capture_s / oneshot_s:.3f}  (runs: capture "
+          f"{', '.join(f'{t:.2f}' for t in times['capture'])}; oneshot "
+          f"{', '.join(f'{t:.2f}' for t in times['oneshot'])})")
+    print(f"  CPU time (user+sys): caliper-capture {capture_cpu:.2f} s, oneshot {oneshot_cpu:.2f} s;"
+          f" ratio {capture_cpu / oneshot_cpu:.3f}")
     return capture_s / oneshot_s
+
+
+def save_tokenizer(path, vocab):
+    """A word-level tokenizer over the model's vocabulary ("t0" .. "t<vocab-1>")."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t0",
+                                         pad_token="t0").save_pretrained(path)
 
 
 def main():
