@@ -117,9 +117,10 @@ def test_kill9_restart_mid_capture_is_exact(make_server, tmp_path, mode):
 
     srv = make_server(state_dir=str(tmp_path / "state"))
     client = caliper.Client(srv.address)
-    # Small streams, so several are acknowledged (durable) before the kill.
+    # Small streams, so several are acknowledged (durable) before the kill; statistics merged
+    # over 2 batches, so merged statistics are sent, retained and resumed across the kills.
     session = client.create_session(config, RECIPE, mode=mode, retain_bytes=64 << 10,
-                                    chunk_bytes=16 << 10)
+                                    chunk_bytes=16 << 10, merge_batches=2)
     handle = caliper.hooks.attach(model, session)
     with torch.no_grad():
         for i, ids in enumerate(data):
@@ -180,3 +181,171 @@ def test_caliper_capture_cli(server, tmp_path):
                           f"--token-ids={ids_file}", f"--out={tmp_path / 'x'}"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "config.json" in bad.stderr
+
+
+def save_tokenizer(path, vocab):
+    """Word-level: "t<i>" is token i (so a text's ids are known exactly)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t0",
+                                         pad_token="t0").save_pretrained(path)
+
+
+def test_caliper_capture_text_and_flags(server, tmp_path):
+    """--text with the model's tokenizer equals --token-ids of the same ids (raw mode, too);
+    the deployment/format/recipe flags write what `caliper scales` writes for the session;
+    usage errors exit 2 naming the flag, server refusals exit 1."""
+    import subprocess
+    import sys
+    model, config = tiny_model("llama", seed=9)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    save_tokenizer(model_dir, config["vocab_size"])
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, config["vocab_size"], (70,), generator=g).tolist()
+    text = tmp_path / "corpus.txt"
+    text.write_text(" ".join(f"t{i}" for i in ids) + "\n")
+    ids_file = tmp_path / "ids.json"
+    ids_file.write_text(json.dumps([ids[i * 12:(i + 1) * 12] for i in range(5)]))
+    exe = pathlib.Path(sys.executable).parent / "caliper-capture"
+    base = [str(exe), f"--server={server.address}", f"--model={model_dir}", "--nvfp4",
+            "--model-device=cpu"]
+
+    def cap(*args):
+        return subprocess.run(base + list(map(str, args)), capture_output=True, text=True)
+
+    a = cap(f"--text={text}", "--samples=5", "--seq-len=12", f"--out={tmp_path / 'text'}")
+    assert a.returncode == 0, a.stderr
+    b = cap(f"--token-ids={ids_file}", "--mode=raw", f"--out={tmp_path / 'ids'}")
+    assert b.returncode == 0, b.stderr
+    assert scales_doc(tmp_path / "text" / "scales.json") == \
+        scales_doc(tmp_path / "ids" / "scales.json")
+
+    token = tmp_path / "token"
+    token.write_text("\n")
+    flags = ["--tp=2", "--convention=modelopt", "--format=modelopt", "--format=vllm-legacy",
+             "--fp8=e4m3fnuz", "--warmup=1", "--observer=static_minmax", "--kv=per-tensor",
+             "--name=flags", "--merge-batches=0", "--first-batch=3"]
+    c = cap(f"--text={text}", "--samples=4", "--seq-len=16", f"--out={tmp_path / 'flags'}",
+            *flags)
+    assert c.returncode == 0, c.stderr
+    session_id = c.stdout.split()[1]
+    session = caliper.Client(server.address).get_session(session_id)
+    assert session.name == "flags" and session.recipe.fp8_flavor == caliper._pb.caliper_pb2.FP8_E4M3FNUZ
+    assert session.recipe.warmup_batches == 1 and session.skipped_warmup_chunks == 0  # batches 3..6
+    run_cli("scales", f"--server={server.address}", f"--session={session_id}", "--tp=2",
+            "--convention=modelopt", "--format=modelopt", "--format=vllm-legacy",
+            f"--out={tmp_path / 'cli'}")
+    names = sorted(p.name for p in (tmp_path / "cli").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "flags").iterdir())
+    for name in names:
+        assert (tmp_path / "cli" / name).read_bytes() == \
+            (tmp_path / "flags" / name).read_bytes(), name
+
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text(json.dumps(config))
+    usage = [
+        ([f"--text={text}", f"--out={tmp_path / 'x'}"], "--text needs --samples"),
+        ([f"--token-ids={ids_file}", "--samples=2", f"--out={tmp_path / 'x'}"],
+         "--samples and --seq-len go with --text"),
+        ([f"--text={text}", "--samples=9", "--seq-len=9", f"--out={tmp_path / 'x'}"],
+         "has 70 tokens, 81 needed"),
+        ([f"--text={tmp_path / 'missing.txt'}", "--samples=1", "--seq-len=1",
+          f"--out={tmp_path / 'x'}"], "--text:"),
+        ([f"--token-ids={ids_file}", "--engine=vllm", f"--out={tmp_path / 'x'}"],
+         "--engine vllm"),
+        ([f"--token-ids={ids_file}", f"--token-file={token}", f"--out={tmp_path / 'x'}"],
+         "is empty"),
+        ([f"--token-ids={ids_file}", f"--token-file={token}", "--token=abc",
+          f"--out={tmp_path / 'x'}"], "give one of them"),
+        ([f"--token-ids={ids_file}", "--merge-batches=-1", f"--out={tmp_path / 'x'}"],
+         "--merge-batches"),
+        ([f"--token-ids={ids_file}", "--tp=0", f"--out={tmp_path / 'x'}"], "--tp"),
+        ([f"--token-ids={ids_file}", "--convention=ct", f"--out={tmp_path / 'x'}"],
+         "--convention"),
+        ([f"--token-ids={tmp_path / 'corpus.txt'}", f"--out={tmp_path / 'x'}"], "--token-ids"),
+    ]
+    for args, expected in usage:
+        r = cap(*args)
+        assert r.returncode == 2 and expected in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = subprocess.run([str(exe), f"--server={server.address}", f"--model={tmp_path / 'bare'}",
+                        f"--text={text}", "--samples=1", "--seq-len=4", f"--out={tmp_path / 'x'}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no tokenizer in" in r.stderr, r.stderr
+    r = subprocess.run([str(exe), f"--server={server.address}", f"--model={model_dir}",
+                        "--kv=off", f"--token-ids={ids_file}", f"--out={tmp_path / 'x'}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "nothing to calibrate" in r.stderr, r.stderr
+    if not torch.cuda.is_available():
+        r = cap(f"--token-ids={ids_file}", "--model-device=cuda", f"--out={tmp_path / 'x'}")
+        assert r.returncode == 2 and "no CUDA device" in r.stderr, r.stderr
+    assert not (tmp_path / "x").exists()
+    # The server refuses: an unknown session is exit 1 with the server's message.
+    r = cap(f"--token-ids={ids_file}", "--session=0123456789abcdef", f"--out={tmp_path / 'x'}")
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_moe_all_experts(server, tmp_path, kind):
+    """moe_experts="all": every expert observes every token of the batch (as llm-compressor
+    calibrates) while the model's output stays the routed one; the routed tokens are a subset
+    of them; statistics equal raw; the expert input scales are the tokens' absmax."""
+    model, config = tiny_model(kind, seed=11)
+    data = samples(config["vocab_size"], seed=11)
+    with torch.no_grad():
+        plain = [model(ids, use_cache=False).logits for ids in data]
+    experts = {n: m for n, m in model.named_modules() if caliper.hooks._is_fused_experts(m)}
+    assert len(experts) == 2
+    seen = []  # (experts path, hidden) per experts call, in order
+
+    def spy(name):
+        return lambda _m, args: seen.append((name, args[0].detach().clone()))
+    spies = [m.register_forward_pre_hook(spy(n)) for n, m in experts.items()]
+    recs = {}
+    for which in ("routed", "all"):
+        rec = Recorder(RECIPE.to_proto())
+        h = caliper.hooks.attach(model, rec, moe_experts=which)
+        with torch.no_grad():
+            logits = [model(ids, use_cache=False).logits for ids in data]
+        h.detach()
+        assert all(torch.equal(a, b) for a, b in zip(logits, plain)), which
+        recs[which] = rec
+    for s in spies:
+        s.remove()
+    hidden = seen[len(seen) // 2:]  # the "all" run's calls
+    names = {path: caliper.hooks.expert_names(config["model_type"], path) for path in experts}
+    by_module = {}
+    for which, rec in recs.items():
+        for module, batch, x in rec.inputs:
+            by_module.setdefault((which, module), []).append((batch, x))
+    for call, (path, h_states) in enumerate(hidden):
+        batch = call // len(experts)
+        for e in range(4):
+            gate, up, down = names[path](e)
+            got = dict(by_module[("all", gate)])[batch]
+            assert torch.equal(got, h_states)  # every token
+            assert torch.equal(dict(by_module[("all", up)])[batch], h_states)
+            assert dict(by_module[("all", down)])[batch].shape[0] == h_states.shape[0]
+            routed = dict(by_module.get(("routed", gate), [])).get(batch)
+            if routed is not None:  # the routed tokens are rows of all of them
+                rows = {tuple(r.tolist()) for r in h_states}
+                assert all(tuple(r.tolist()) in rows for r in routed)
+    # Against the server: statistics == raw, and the gate inputs' scale is the tokens' absmax.
+    for mode in MODES:
+        client = caliper.Client(server.address)
+        session = client.create_session(config, RECIPE, mode=mode, name=f"all-{mode}")
+        h = caliper.hooks.attach(model, session, moe_experts="all")
+        run(model, data)
+        h.detach()
+        session.finalize()
+        session.scales(tp=1, out=tmp_path / mode)
+    doc = scales_doc(tmp_path / "statistics" / "scales.json")
+    assert doc == scales_doc(tmp_path / "raw" / "scales.json")
+    mods = doc["nvfp4"]["modules"]
+    for path in experts:
+        amax = max(h_states.abs().max().item() for p, h_states in hidden if p == path)
+        for e in range(4):
+            gate = names[path](e)[0]
+            assert mods[gate]["input_amax"] == outputs.short_float(amax), gate

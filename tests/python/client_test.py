@@ -66,6 +66,35 @@ def test_scales_files_equal_caliper_scales(server, tmp_path, mode):
         assert result.tp_size == tp
 
 
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_merged_statistics_give_identical_files_and_fewer_messages(server, tmp_path, warmup):
+    """Statistics merged on the producer (across chunks and batches: static observers) give
+    the same files as one statistic per observe call, and as raw mode, in fewer messages."""
+    client = caliper.Client(server.address)
+    runs = {}
+    for name, mode, merge in (("raw", "raw", 0), ("each", "statistics", 0),
+                              ("merged", "statistics", 3), ("one", "statistics", 64)):
+        s = client.create_session(CONFIG, recipe(warmup=warmup), name=name, mode=mode,
+                                  merge_batches=merge)
+        feed(s, np.random.default_rng(5), batches=7)
+        s.finalize()
+        s.scales(tp=2, out=tmp_path / name, formats=["compressed-tensors"])
+        runs[name] = (s.proto.accepted_chunks + s.proto.skipped_warmup_chunks, s.wire_bytes)
+        s.close()
+    for name in ("each", "merged", "one"):
+        assert scales_doc(tmp_path / name / "scales.json") == \
+            scales_doc(tmp_path / "raw" / "scales.json"), name
+        for f in ("kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
+            assert (tmp_path / name / f).read_bytes() == (tmp_path / "raw" / f).read_bytes()
+    per_batch = 2 * 2 + len(MODULES)  # K and V of 2 layers, the inputs
+    assert runs["each"][0] == 7 * per_batch + len(MODULES)
+    # Warm-up batches stay apart (the server skips them); the rest merge per window of 3:
+    # [0,3) [3,6) [6,7), or 0 | 1 | 2 in [0,3), [3,6), [6,7); the weights join the last.
+    assert runs["merged"][0] == {0: 3, 2: 5}[warmup] * per_batch + len(MODULES)
+    assert runs["one"][0] == (1 + warmup) * per_batch + len(MODULES)
+    assert runs["one"][1] < runs["merged"][1] < runs["each"][1]
+
+
 def test_layouts_give_identical_scales(server, tmp_path):
     """[b,h,s,d], [tokens,h,d], [tokens,h*d], numpy and torch: one result."""
     rng = np.random.default_rng(2)

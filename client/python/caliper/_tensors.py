@@ -60,6 +60,10 @@ class Chunk:
     absmax: Optional[List[float]] = None  # statistics mode, K/V: per local head
     min: Optional[float] = None           # statistics mode, weights and inputs
     max: Optional[float] = None
+    head_min: Optional[List[float]] = None   # K/V per local head, for the minmax KV observer
+    head_max: Optional[List[float]] = None
+    group_min: Optional[List[float]] = None  # inputs per 16-column group, minmax observer
+    group_max: Optional[List[float]] = None
     first_row: int = 0
 
     @property
@@ -138,6 +142,62 @@ def kv_statistics(x: Any, dtype: str, where: str) -> Chunk:
             raise TensorError(f"{where}: NaN or Inf in kv head {head} (the whole tensor is "
                               "refused; nothing of it was sent)")
     return Chunk(dtype, shape, absmax=absmax)
+
+
+def _check_finite(values: List[float], where: str, what: str) -> None:
+    for i, value in enumerate(values):
+        if not math.isfinite(value):
+            raise TensorError(f"{where}: NaN or Inf in {what} {i} (the whole tensor is refused; "
+                              "nothing of it was sent)")
+
+
+def kv_minmax_statistics(x: Any, dtype: str, where: str) -> Chunk:
+    """Per-head min and max of [tokens, heads, head_dim] (the minmax KV observer's form)."""
+    shape = [int(d) for d in x.shape]
+    if shape[0] == 0:
+        lo = hi = [0.0] * shape[1]
+    elif is_torch(x):
+        x = x.detach()
+        lo = x.amin(dim=(0, 2)).float().cpu().tolist()
+        hi = x.amax(dim=(0, 2)).float().cpu().tolist()
+    else:
+        lo = np.min(x, axis=(0, 2)).astype(np.float32).tolist()
+        hi = np.max(x, axis=(0, 2)).astype(np.float32).tolist()
+    _check_finite(lo, where, "kv head")
+    _check_finite(hi, where, "kv head")
+    return Chunk(dtype, shape, head_min=lo, head_max=hi)
+
+
+GROUP_COLUMNS = 16  # the minmax activation observer's group (llm-compressor's NVFP4 group)
+
+
+def group_statistics(x: Any, dtype: str, where: str) -> Chunk:
+    """Min and max per group of 16 consecutive columns of the last dimension (the last group
+    may be shorter) over every other dimension, of [rows, features]."""
+    shape = [int(d) for d in x.shape]
+    if math.prod(shape) == 0:
+        raise TensorError(f"{where}.shape: {shape} has no elements")
+    cols = shape[-1]
+    full = cols // GROUP_COLUMNS * GROUP_COLUMNS
+    if is_torch(x):
+        rows = x.detach().reshape(-1, cols)
+        col_lo, col_hi = rows.amin(dim=0), rows.amax(dim=0)  # exact: min/max of elements
+        lo = col_lo[:full].reshape(-1, GROUP_COLUMNS).amin(dim=1)
+        hi = col_hi[:full].reshape(-1, GROUP_COLUMNS).amax(dim=1)
+        if full < cols:
+            lo = torch.cat([lo, col_lo[full:].amin().reshape(1)])
+            hi = torch.cat([hi, col_hi[full:].amax().reshape(1)])
+        lo, hi = lo.float().cpu().tolist(), hi.float().cpu().tolist()
+    else:
+        rows = np.asarray(x).reshape(-1, cols)
+        # float32 holds every bf16/f16/f32 value exactly: the minima are the same.
+        col_lo = rows.min(axis=0).astype(np.float32)
+        col_hi = rows.max(axis=0).astype(np.float32)
+        lo = [float(col_lo[i:i + GROUP_COLUMNS].min()) for i in range(0, cols, GROUP_COLUMNS)]
+        hi = [float(col_hi[i:i + GROUP_COLUMNS].max()) for i in range(0, cols, GROUP_COLUMNS)]
+    _check_finite(lo, where, "column group")
+    _check_finite(hi, where, "column group")
+    return Chunk(dtype, shape, group_min=lo, group_max=hi)
 
 
 def range_statistics(x: Any, dtype: str, where: str) -> Chunk:

@@ -95,12 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="transformers", metavar="NAME",
                    type=_choice("engine", ["transformers", "vllm"]),
                    help="run the model with transformers (default) or vLLM (eager)")
+    p.add_argument("--moe-experts", default="routed", metavar="WHICH",
+                   type=_choice("moe-experts", ["routed", "all"]),
+                   help="MoE expert inputs: routed (the tokens the router sends each expert, "
+                        "default) or all (every expert sees every token, as llm-compressor "
+                        "calibrates; the model's output stays routed)")
     p.add_argument("--model-device", default="auto", metavar="DEV",
                    type=_choice("model-device", ["cpu", "cuda", "auto"]),
                    help="where the model runs: cpu, cuda, or auto (transformers' device map: "
                         "GPUs, then CPU offload, when CUDA is present; else cpu)")
     p.add_argument("--chunk-bytes", type=int, default=4 << 20, metavar="N",
                    help="largest chunk payload in bytes in raw mode")
+    p.add_argument("--merge-batches", type=int, default=16, metavar="N",
+                   help="statistics mode: merge the statistics of N forward passes on the "
+                        "producer before sending (where the observer allows; 0: one per "
+                        "tensor and pass); keep it when re-running into a session")
     p.add_argument("--allow-rejected", action="store_true",
                    help="finalize and write even if the server rejected chunks")
     p.add_argument("--token", metavar="TOKEN",
@@ -156,7 +165,7 @@ def producer_prefix(config_text: str, samples, args) -> str:
     h = hashlib.sha256()
     h.update(config_text.encode())
     h.update(json.dumps(samples).encode())
-    h.update(f"{args.mode}/{args.first_batch}".encode())
+    h.update(f"{args.mode}/{args.first_batch}/{args.merge_batches}/{args.moe_experts}".encode())
     return f"{socket.gethostname() or 'localhost'}/caliper-capture/{h.hexdigest()[:16]}"
 
 
@@ -190,7 +199,8 @@ def run(argv: Optional[List[str]] = None) -> int:
         if args.kv == "off" and not args.nvfp4:
             raise UsageError("nothing to calibrate: --kv off without --nvfp4")
         for flag, value, low in (("--warmup", args.warmup, 0), ("--first-batch", args.first_batch, 0),
-                                 ("--attempts", args.attempts, 1)):
+                                 ("--attempts", args.attempts, 1),
+                                 ("--merge-batches", args.merge_batches, 0)):
             if value < low:
                 raise UsageError(f"{flag}: must be >= {low}, got {value}")
         if args.tp is not None and args.tp < 1:
@@ -222,7 +232,7 @@ def run(argv: Optional[List[str]] = None) -> int:
     from transformers import AutoModelForCausalLM
 
     options = dict(mode=args.mode, producer_prefix=producer_prefix(config_text, samples, args),
-                   chunk_bytes=args.chunk_bytes)
+                   chunk_bytes=args.chunk_bytes, merge_batches=args.merge_batches)
     try:
         if args.session:
             session = client.session(args.session, **options)
@@ -242,7 +252,8 @@ def run(argv: Optional[List[str]] = None) -> int:
         model = model.to(device)
     model.eval()
     first = next(model.parameters()).device
-    handle = hooks.attach(model, session, first_batch=args.first_batch)
+    handle = hooks.attach(model, session, first_batch=args.first_batch,
+                          moe_experts=args.moe_experts)
     progress = None
     if sys.stderr.isatty():
         from tqdm import tqdm

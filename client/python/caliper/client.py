@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO, Union
 
 import grpc
 
-from . import _retry, _tensors
+from . import _merge, _retry, _tensors
 from ._pb import caliper_pb2 as pb
 from ._pb import caliper_pb2_grpc as pb_grpc
 from ._producer import Producer, RejectedChunksError, StreamError
@@ -21,10 +21,16 @@ from .outputs import WrittenOutputs, write_scales_outputs
 
 MAX_MESSAGE_BYTES = 64 << 20  # as the CLI (client/remote_common.h)
 DEFAULT_CHUNK_BYTES = 4 << 20  # as `caliper calibrate --chunk-bytes`
+DEFAULT_MERGE_BATCHES = 16  # statistics mode: forward passes merged before sending
 MODES = ("statistics", "raw")
 
 _KV = {"per_head": pb.KV_PER_HEAD, "per_tensor": pb.KV_PER_TENSOR, "off": pb.KV_OFF}
 _OBSERVERS = {"static_minmax": pb.STATIC_MINMAX, "minmax": pb.MINMAX}
+_KV_OBSERVERS = {"": pb.KV_OBSERVER_UNSPECIFIED, "static_minmax": pb.KV_OBSERVER_STATIC_MINMAX,
+                 "minmax": pb.KV_OBSERVER_MINMAX, "percentile": pb.KV_OBSERVER_PERCENTILE,
+                 "mse": pb.KV_OBSERVER_MSE}
+_COMPAT = {"": pb.COMPAT_UNSPECIFIED, "caliper": pb.COMPAT_UNSPECIFIED,
+           "llm-compressor": pb.COMPAT_LLM_COMPRESSOR}
 _CONVENTIONS = {"compressed-tensors": pb.COMPRESSED_TENSORS,
                 "compressed_tensors": pb.COMPRESSED_TENSORS, "modelopt": pb.MODELOPT}
 
@@ -40,6 +46,8 @@ class Recipe:
     averaging_constant: float = 0.0      # minmax c; 0 = the server's default 0.01
     fused_groups: str = ""               # "q_proj,k_proj,v_proj;gate_proj,up_proj"; "" = default
     warmup: int = 0                      # batches below this are skipped
+    kv_observer: str = ""                # static_minmax (""), minmax, mse or percentile:P
+    compat: str = ""                     # "" (Caliper's arithmetic) or llm-compressor
 
     def to_proto(self) -> pb.Recipe:
         if self.kv not in _KV:
@@ -49,7 +57,21 @@ class Recipe:
         if self.observer not in _OBSERVERS:
             raise ValueError(f"recipe.observer: expected static_minmax or minmax, got "
                              f"{self.observer!r}")
+        kv_observer, _, percentile = self.kv_observer.partition(":")
+        if kv_observer not in _KV_OBSERVERS or (percentile and kv_observer != "percentile"):
+            raise ValueError(f"recipe.kv_observer: expected static_minmax, minmax, mse or "
+                             f"percentile:P, got {self.kv_observer!r}")
+        try:
+            kv_percentile = float(percentile) if percentile else 0.0
+        except ValueError:
+            raise ValueError(f"recipe.kv_observer: percentile:P needs a number P, got "
+                             f"{self.kv_observer!r}") from None
+        if self.compat not in _COMPAT:
+            raise ValueError(f"recipe.compat: expected \"\" or llm-compressor, got "
+                             f"{self.compat!r}")
         return pb.Recipe(kv=_KV[self.kv],
+                         kv_observer=_KV_OBSERVERS[kv_observer], kv_percentile=kv_percentile,
+                         compat=_COMPAT[self.compat],
                          fp8_flavor=pb.FP8_E4M3FNUZ if self.fp8 == "e4m3fnuz" else pb.FP8_E4M3FN,
                          nvfp4_weights=self.nvfp4_weights,
                          nvfp4_activations=self.nvfp4_activations,
@@ -183,13 +205,22 @@ class Session:
     RejectedChunksError for chunks it refused (tensor name + the server's message).
 
     mode: "statistics" (reduce on the producer: per-head absmax for K/V, min/max for weights
-    and inputs) or "raw" (send the tensors, as `caliper calibrate` does). Each TP rank is one
-    producer with its own Observe stream; producer ids are `<producer_prefix>/rank<R>`.
+    and inputs; per-head / per-16-column-group min and max for the minmax observers) or "raw"
+    (send the tensors, as `caliper calibrate` does). Each TP rank is one producer with its own
+    Observe stream; producer ids are `<producer_prefix>/rank<R>`.
+
+    In statistics mode, statistics of the same tensor are merged locally (caliper/_merge.py)
+    before they are queued: across batches where the observer allows it, and sent once an
+    observation for a batch merge_batches past the window's first arrives, when
+    merge_max_entries are pending, and on flush/finalize/close. merge_batches=0 sends one
+    statistic per observe call. Keep merge_batches the same when re-running a capture into a
+    session (Resume counts the statistics sent).
     """
 
     def __init__(self, client: Client, proto: pb.Session, *, mode: str = "statistics",
                  producer_prefix: Optional[str] = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 queue_bytes: int = 256 << 20, retain_bytes: int = 256 << 20):
+                 queue_bytes: int = 256 << 20, retain_bytes: int = 256 << 20,
+                 merge_batches: int = DEFAULT_MERGE_BATCHES, merge_max_entries: int = 4096):
         if mode not in MODES:
             raise ValueError(f"mode: expected statistics or raw, got {mode!r}")
         if not 1024 <= chunk_bytes <= MAX_MESSAGE_BYTES - (1 << 20):
@@ -201,8 +232,13 @@ class Session:
         self.producer_prefix = producer_prefix or default_producer_prefix()
         self._queue_bytes = queue_bytes
         self._retain_bytes = retain_bytes
+        if merge_batches < 0 or merge_max_entries < 1:
+            raise ValueError("merge_batches: expected >= 0 and merge_max_entries >= 1")
         self._producers: Dict[int, Producer] = {}
         self._lock = threading.Lock()
+        self._merge_lock = threading.RLock()  # merger state and the order of puts
+        self._merger = _merge.Merger(proto.recipe, merge_batches if mode == "statistics" else 0,
+                                     merge_max_entries)
 
     @property
     def id(self) -> str:
@@ -244,12 +280,9 @@ class Session:
             prepared.append((arg, kind, dtype, view))
         chunks = []
         for arg, kind, dtype, view in prepared:
-            for chunk in self._chunks(view, dtype, f"{where}: {arg}", kv=True):
-                chunks.append((f"layer {layer} {arg}{_rows(chunk)} batch {batch}", kind, chunk))
-        self._put(chunks, tp_rank, lambda m: (setattr(m, "layer", layer),
-                                               setattr(m, "tp_rank", tp_rank),
-                                               setattr(m, "tp_size", tp_size),
-                                               setattr(m, "batch", batch)))
+            for chunk in self._chunks(view, dtype, f"{where}: {arg}", kind):
+                chunks.append((f"layer {layer} {arg}{_rows(chunk)}", kind, chunk))
+        self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
 
     def observe_input(self, module: str, x: Any, *, batch: int, tp_rank: int = 0,
                       tp_size: int = 1) -> None:
@@ -260,12 +293,9 @@ class Session:
         _tensors.check_tp(tp_rank, tp_size, where)
         dtype = _tensors.dtype_name(x, f"{where}: x")
         view = _tensors.flatten_rows(x)
-        chunks = [(f"{module} input{_rows(c)} batch {batch}", pb.INPUT_ACTIVATION, c)
-                  for c in self._chunks(view, dtype, f"{where}: x", kv=False)]
-        self._put(chunks, tp_rank, lambda m: (setattr(m, "module", module),
-                                               setattr(m, "tp_rank", tp_rank),
-                                               setattr(m, "tp_size", tp_size),
-                                               setattr(m, "batch", batch)))
+        chunks = [(f"{module} input{_rows(c)}", pb.INPUT_ACTIVATION, c)
+                  for c in self._chunks(view, dtype, f"{where}: x", pb.INPUT_ACTIVATION)]
+        self._put(chunks, dict(module=module, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
 
     def observe_weight(self, module: str, w: Any, *, tp_rank: int = 0, tp_size: int = 1) -> None:
         """The weight (or this rank's TP shard of it) of Linear `module`."""
@@ -275,38 +305,62 @@ class Session:
         dtype = _tensors.dtype_name(w, f"{where}: w")
         _tensors.check_weight(w, f"{where}: w")
         chunks = [(f"{module} weight{_rows(c)}", pb.WEIGHT, c)
-                  for c in self._chunks(w, dtype, f"{where}: w", kv=False)]
-        self._put(chunks, tp_rank, lambda m: (setattr(m, "module", module),
-                                               setattr(m, "tp_rank", tp_rank),
-                                               setattr(m, "tp_size", tp_size)))
+                  for c in self._chunks(w, dtype, f"{where}: w", pb.WEIGHT)]
+        self._put(chunks, dict(module=module, tp_rank=tp_rank, tp_size=tp_size))
 
-    def _chunks(self, x: Any, dtype: str, where: str, kv: bool) -> List[_tensors.Chunk]:
+    def _chunks(self, x: Any, dtype: str, where: str, kind: int) -> List[_tensors.Chunk]:
+        """Raw pieces, or the statistic the session's observer needs (its recipe decides)."""
         if self.mode == "raw":
             return _tensors.raw_chunks(x, dtype, self.chunk_bytes)
-        if kv:
+        recipe = self.proto.recipe
+        if kind in (pb.KEY, pb.VALUE):
+            if recipe.kv_observer == pb.KV_OBSERVER_MINMAX:
+                return [_tensors.kv_minmax_statistics(x, dtype, where)]
             return [_tensors.kv_statistics(x, dtype, where)]
+        if kind == pb.INPUT_ACTIVATION and recipe.activation_observer == pb.MINMAX:
+            return [_tensors.group_statistics(x, dtype, where)]
         return [_tensors.range_statistics(x, dtype, where)]
 
-    def _put(self, chunks, tp_rank: int, fill) -> None:
-        producer = self.producer(tp_rank)
-        for tensor, kind, chunk in chunks:
-            message = pb.TensorChunk(kind=kind, dtype=chunk.dtype, shape=chunk.shape)
-            fill(message)
-            if chunk.data is not None:
-                message.data = chunk.data
+    def _put(self, chunks, fields: dict) -> None:
+        batch = fields.get("batch")
+        with self._merge_lock:
+            for tensor, kind, chunk in chunks:
+                item = _merge.Pending(kind, dict(fields), chunk, tensor, batch, batch)
+                for ready in self._merger.add(item):
+                    self._send(ready)
+
+    def _send(self, item: "_merge.Pending") -> None:
+        chunk = item.chunk
+        message = pb.TensorChunk(kind=item.kind, dtype=chunk.dtype, shape=chunk.shape,
+                                 **item.fields)
+        if chunk.data is not None:
+            message.data = chunk.data
+        else:
+            stats = message.statistics
+            if chunk.absmax is not None:
+                stats.absmax.extend(chunk.absmax)
+            elif chunk.head_min is not None:
+                stats.head_min.extend(chunk.head_min)
+                stats.head_max.extend(chunk.head_max)
+            elif chunk.group_min is not None:
+                stats.group_min.extend(chunk.group_min)
+                stats.group_max.extend(chunk.group_max)
             else:
-                stats = message.statistics
-                if chunk.absmax is not None:
-                    stats.absmax.extend(chunk.absmax)
-                else:
-                    stats.min = chunk.min
-                    stats.max = chunk.max
-            producer.put(message, tensor, chunk.tensor_bytes)
+                stats.min = chunk.min
+                stats.max = chunk.max
+        self.producer(item.fields["tp_rank"]).put(message, item.description, chunk.tensor_bytes)
+
+    def _drain_merged(self) -> None:
+        """Sends every locally merged statistic still pending."""
+        with self._merge_lock:
+            for ready in self._merger.drain():
+                self._send(ready)
 
     # ---- results -------------------------------------------------------------------------
     def flush(self) -> None:
         """Waits until the server holds every chunk observed so far (durably, with
         --state_dir); raises RejectedChunksError / StreamError for what it refused."""
+        self._drain_merged()
         errors = []
         for producer in list(self._producers.values()):
             try:
@@ -319,6 +373,7 @@ class Session:
 
     def close(self) -> None:
         """Flushes and stops the producers' threads."""
+        self._drain_merged()
         producers, self._producers = list(self._producers.values()), {}
         for producer in producers:
             producer.close()
@@ -354,9 +409,14 @@ class Session:
             deployment.tp_size = tp if tp is not None else 1
         if rank is not None:
             deployment.rank = rank
-        request = pb.ScalesRequest(session_id=self.id, deployment=deployment,
-                                   convention=_CONVENTIONS[convention],
-                                   formats=["lightllm"] + [f for f in formats if f != "lightllm"])
+        # The session's default KV file first, as `caliper scales`: LightLLM's, or
+        # compressed-tensors for e4m3fnuz (LightLLM holds e4m3fn only).
+        kv_format = ("compressed-tensors" if self.proto.recipe.fp8_flavor == pb.FP8_E4M3FNUZ
+                     else "lightllm")
+        request = pb.ScalesRequest(
+            session_id=self.id, deployment=deployment, convention=_CONVENTIONS[convention],
+            formats=([kv_format] if self.proto.recipe.kv != pb.KV_OFF else []) +
+            [f for f in formats if f != kv_format])
         response = self.client._call("GetScales", request)
         written = (write_scales_outputs(str(out), response, self.proto, deployment)
                    if out is not None else None)

@@ -6,8 +6,11 @@ attach(model, session) streams, for every forward pass of `model` (one forward =
     with transformers wraps the model's own one and sees the key/value states it is handed
     (run the model with use_cache=False: with a cache, attention sees past tokens again);
   - the input of every NVFP4 target Linear, named as in the checkpoint (forward pre-hooks);
-    MoE experts stored as fused 3-D parameters (transformers 5) are observed per expert, with
-    the tokens the router sent to it, as expert E's gate/up (w1/w3) and down (w2) projections;
+    MoE experts stored as fused 3-D parameters (transformers 5) are observed per expert as
+    expert E's gate/up (w1/w3) and down (w2) projections: with moe_experts="routed" (default)
+    on the tokens the router sent to it, as it runs in deployment; with "all" on every token
+    of the batch, as llm-compressor calibrates (every expert runs on every token for
+    observation only; the model's output is still the routed one);
   - each target weight once, at attach time.
 Routers (`mlp.gate`, `block_sparse_moe.gate`, `shared_expert_gate`) and lm_head are never targets.
 What is streamed follows the session's recipe (K/V when kv is on, inputs and weights with NVFP4).
@@ -102,10 +105,16 @@ def _make_attention(original: str):
     return caliper_attention
 
 
+MOE_EXPERTS = ("routed", "all")
+
+
 def attach(model: nn.Module, session, kv: bool = True, inputs: bool = True,
-           weights: bool = True, *, first_batch: int = 0) -> Handle:
+           weights: bool = True, *, first_batch: int = 0, moe_experts: str = "routed") -> Handle:
     """Installs the capture hooks on `model` for `session` (see the module docstring)."""
     from transformers.modeling_utils import AttentionInterface
+
+    if moe_experts not in MOE_EXPERTS:
+        raise ValueError(f"moe_experts: expected routed or all, got {moe_experts!r}")
 
     recipe = session.proto.recipe
     from ._pb import caliper_pb2 as pb
@@ -171,29 +180,31 @@ def attach(model: nn.Module, session, kv: bool = True, inputs: bool = True,
                         session.observe_weight(n, w.detach())
                         handle.weight_modules.append(n)
             if inputs:
-                hook = module.register_forward_pre_hook(_expert_inputs_hook(session, handle,
-                                                                            module, names))
+                hook = module.register_forward_pre_hook(
+                    _expert_inputs_hook(session, handle, module, names, moe_experts == "all"))
                 handle._removers.append(hook.remove)
                 for e in range(module.gate_up_proj.shape[0]):
                     handle.input_modules += list(names(e))
     return handle
 
 
-def _expert_inputs_hook(session, handle: Handle, module: nn.Module, names):
-    """Inputs of each routed expert: its tokens (gate/up) and act(gate) * up (down), computed as
-    the experts' eager forward computes them."""
+def _expert_inputs_hook(session, handle: Handle, module: nn.Module, names, all_experts: bool):
+    """Inputs of each expert: its tokens (gate/up) and act(gate) * up (down), computed as the
+    experts' eager forward computes them; the routed tokens, or every token (all_experts)."""
     def pre(_m, args, kwargs=None):
         if not handle.enabled:
             return
         hidden, top_k_index = args[0], args[1]
         with torch.no_grad():
             num_experts = module.gate_up_proj.shape[0]
-            mask = torch.nn.functional.one_hot(top_k_index, num_classes=num_experts)
-            mask = mask.permute(2, 1, 0)
-            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-            for (e,) in hit.tolist():
-                _, token_idx = torch.where(mask[e])
-                current = hidden[token_idx]
+            if all_experts:
+                routed = ((e, hidden) for e in range(num_experts))
+            else:
+                mask = torch.nn.functional.one_hot(top_k_index, num_classes=num_experts)
+                mask = mask.permute(2, 1, 0)
+                hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+                routed = ((e, hidden[torch.where(mask[e])[1]]) for (e,) in hit.tolist())
+            for e, current in routed:
                 gate_name, up_name, down_name = names(e)
                 session.observe_input(gate_name, current, batch=handle.batch)
                 session.observe_input(up_name, current, batch=handle.batch)

@@ -156,7 +156,7 @@ def scales_document(scales: pb.ScalesResponse, session: pb.Session,
     if scales.rank_slices:
         kv["rank_slices"] = [{"layer": s.layer, "k_scale": _floats(s.k_scale),
                               "v_scale": _floats(s.v_scale)} for s in scales.rank_slices]
-    if scales.kv != pb.KV_OFF:
+    if scales.kv != pb.KV_OFF and scales.fp8_flavor == pb.FP8_E4M3FN:
         kv["lightllm_file"] = "kv_cache_calib.json"
     doc["kv_cache"] = kv
     divisor = scales.convention == pb.COMPRESSED_TENSORS
@@ -190,7 +190,7 @@ def write_scales_outputs(out_dir: str, scales: pb.ScalesResponse, session: pb.Se
     out.mkdir(parents=True, exist_ok=True)
     written = WrittenOutputs()
     lightllm = [f for f in scales.files if f.format == "lightllm"]
-    if scales.kv != pb.KV_OFF:
+    if scales.kv != pb.KV_OFF and scales.fp8_flavor == pb.FP8_E4M3FN:  # e4m3fnuz: none
         if not lightllm:
             raise RuntimeError("GetScales returned no \"lightllm\" file for a KV session")
         written.kv_cache_calib = str(out / "kv_cache_calib.json")
