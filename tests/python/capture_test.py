@@ -94,6 +94,25 @@ def test_hooks_equal_calibrate_and_torch(server, tmp_path, kind):
         assert mods[m]["input_amax"] == outputs.short_float(amax), m
 
 
+@pytest.mark.parametrize("kind,attn", [("llama", "eager"), ("llama", "sdpa"),
+                                       ("qwen3_moe", "eager")])
+def test_hooks_leave_the_model_output_unchanged(kind, attn):
+    """The wrapping attention function keeps the model's own mask (causal): logits with the
+    hooks attached equal those without, bit for bit, for eager and sdpa attention."""
+    model, config = tiny_model(kind, seed=13)
+    model.config._attn_implementation = attn
+    data = samples(config["vocab_size"], n=2, seed=13)
+    with torch.no_grad():
+        plain = [model(ids, use_cache=False).logits for ids in data]
+        h = caliper.hooks.attach(model, Recorder(RECIPE.to_proto()))
+        hooked = [model(ids, use_cache=False).logits for ids in data]
+        h.detach()
+        after = [model(ids, use_cache=False).logits for ids in data]
+    assert model.config._attn_implementation == attn
+    for a, b, c in zip(plain, hooked, after):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
 def test_bf16_model_statistics_equal_raw(server, tmp_path):
     model, config = tiny_model("llama", dtype="bfloat16", seed=3)
     data = samples(config["vocab_size"], seed=3)

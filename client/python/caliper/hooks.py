@@ -111,6 +111,7 @@ MOE_EXPERTS = ("routed", "all")
 def attach(model: nn.Module, session, kv: bool = True, inputs: bool = True,
            weights: bool = True, *, first_batch: int = 0, moe_experts: str = "routed") -> Handle:
     """Installs the capture hooks on `model` for `session` (see the module docstring)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
     if moe_experts not in MOE_EXPERTS:
@@ -151,6 +152,11 @@ def attach(model: nn.Module, session, kv: bool = True, inputs: bool = True,
                 raise RuntimeError("attach: the model already has caliper hooks; detach them")
             name = f"caliper_{original}"
             AttentionInterface.register(name, _make_attention(original))
+            # transformers builds the attention mask by implementation name and builds none
+            # for a name it does not know: register the original's mask function too, or
+            # eager attention would run without its causal mask.
+            if original in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+                AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
             config._attn_implementation_internal = name
 
             def restore(config=config, original=original):
