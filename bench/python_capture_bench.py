@@ -57,28 +57,35 @@ def bench_wire(addr, metrics):
     model = model.to(torch.bfloat16)
     ids = [torch.randint(0, 1024, (1, 512)) for _ in range(4)]
     out = {}
-    for mode in ("raw", "statistics"):
+    for name, mode, merge in (("raw", "raw", 0), ("unmerged", "statistics", 0),
+                              ("statistics", "statistics", 16)):
         c = caliper.Client(addr)
-        s = c.create_session(config, caliper.Recipe(kv="per_head"), mode=mode)
+        s = c.create_session(config, caliper.Recipe(kv="per_head"), mode=mode,
+                             merge_batches=merge)
         h = caliper.hooks.attach(model, s)
         with torch.no_grad():
             for x in ids:
                 model(x, use_cache=False)
         h.detach()
         s.finalize()
-        out[mode] = (s.wire_bytes, s.tensor_bytes)
+        out[name] = (s.wire_bytes, s.tensor_bytes, s.proto.accepted_chunks)
         s.close()
     import urllib.request
     text = urllib.request.urlopen(f"http://{metrics}/metrics").read().decode()
     def metric(name):  # K and V together
         found = re.findall(rf'^{name}{{kind="(?:key|value)"}} (\S+)$', text, re.M)
         return sum(map(float, found)) if found else float("nan")
-    raw_wire, tensor = out["raw"]
-    st_wire, st_tensor = out["statistics"]
+    raw_wire, tensor, raw_n = out["raw"]
+    un_wire, _, un_n = out["unmerged"]
+    st_wire, st_tensor, st_n = out["statistics"]
     print(f"wire bytes, K/V only, 4 samples x 512 tokens, 4 layers, 8 KV heads x 128, BF16:")
-    print(f"  raw mode        {raw_wire:>12} B on the wire for {tensor} tensor bytes")
-    print(f"  statistics mode {st_wire:>12} B on the wire for {st_tensor} tensor bytes")
-    print(f"  ratio statistics/raw wire bytes = {st_wire / raw_wire:.3e}  (goal <= 1e-3)")
+    print(f"  raw mode        {raw_wire:>12} B on the wire for {tensor} tensor bytes, "
+          f"{raw_n} chunks")
+    print(f"  statistics, one per observe call {un_wire:>8} B, {un_n} chunks")
+    print(f"  statistics, merged (default)     {st_wire:>8} B, {st_n} chunks, for {st_tensor} "
+          f"tensor bytes")
+    print(f"  ratio statistics/raw wire bytes = {st_wire / raw_wire:.3e}  (goal <= 1e-3); "
+          f"merged/unmerged {st_wire / un_wire:.3f}")
     print(f"  server metrics: caliper_statistics_bytes_total{{key,value}} = "
           f"{metric('caliper_statistics_bytes_total'):.0f}, "
           f"caliper_statistics_tensor_bytes_total{{key,value}} = "

@@ -165,7 +165,8 @@ def producer_prefix(config_text: str, samples, args) -> str:
     h = hashlib.sha256()
     h.update(config_text.encode())
     h.update(json.dumps(samples).encode())
-    h.update(f"{args.mode}/{args.first_batch}/{args.merge_batches}/{args.moe_experts}".encode())
+    h.update(f"{args.mode}/{args.first_batch}/{args.merge_batches}/{args.moe_experts}/"
+             f"{args.engine}".encode())
     return f"{socket.gethostname() or 'localhost'}/caliper-capture/{h.hexdigest()[:16]}"
 
 
@@ -183,13 +184,19 @@ def run(argv: Optional[List[str]] = None) -> int:
     import grpc
 
     import caliper
-    from caliper import hooks
 
     try:
         if args.token and args.token_file:
             raise UsageError("--token and --token-file: give one of them")
         if args.engine == "vllm":
-            raise UsageError("--engine vllm: not available in this version; use transformers")
+            import importlib.util
+            if importlib.util.find_spec("vllm") is None:
+                raise UsageError("--engine vllm: vLLM is not installed in this Python")
+            if args.model_device != "auto":
+                raise UsageError("--engine vllm places the model itself: leave --model-device "
+                                 "auto")
+            if args.moe_experts != "routed":
+                raise UsageError("--moe-experts all: only with --engine transformers")
         config_path = pathlib.Path(args.model) / "config.json"
         try:
             config_text = config_path.read_text()
@@ -223,13 +230,10 @@ def run(argv: Optional[List[str]] = None) -> int:
                                     attempts=args.attempts, who=PROG)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        device = _device(args.model_device)
+        device = _device(args.model_device) if args.engine == "transformers" else "auto"
     except UsageError as e:
         print(f"{PROG}: {e} (see {PROG} --help)", file=sys.stderr)
         return EXIT_USAGE
-
-    import torch
-    from transformers import AutoModelForCausalLM
 
     options = dict(mode=args.mode, producer_prefix=producer_prefix(config_text, samples, args),
                    chunk_bytes=args.chunk_bytes, merge_batches=args.merge_batches)
@@ -244,31 +248,10 @@ def run(argv: Optional[List[str]] = None) -> int:
         return _server_error("CreateSession" if not args.session else "GetSession", e)
     print(f"session   {session.id}", flush=True)
 
-    load = dict(dtype="auto", attn_implementation="eager")
-    if device == "auto":
-        load["device_map"] = "auto"
-    model = AutoModelForCausalLM.from_pretrained(args.model, **load)
-    if device != "auto":
-        model = model.to(device)
-    model.eval()
-    first = next(model.parameters()).device
-    handle = hooks.attach(model, session, first_batch=args.first_batch,
-                          moe_experts=args.moe_experts)
-    progress = None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-        progress = tqdm(total=len(samples), desc=PROG, unit="sample", file=sys.stderr)
-    try:
-        with torch.no_grad():
-            for ids in samples:
-                model(torch.tensor([ids], device=first), use_cache=False)
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix_str(f"queued {session_queued(session) >> 10} KiB")
-    finally:
-        if progress is not None:
-            progress.close()
-        handle.detach()
+    if args.engine == "vllm":
+        run_vllm(args, session, samples)
+    else:
+        run_transformers(args, session, samples, device)
     try:
         session.flush()
     except caliper.RejectedChunksError as e:
@@ -297,6 +280,69 @@ def run(argv: Optional[List[str]] = None) -> int:
         print(f"wrote     {path}")
     print(f"warnings  {len(result.warnings)}")
     return EXIT_OK
+
+
+def _progress(total: int):
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=PROG, unit="sample", file=sys.stderr)
+
+
+def run_transformers(args, session, samples, device) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from caliper import hooks
+    load = dict(dtype="auto", attn_implementation="eager")
+    if device == "auto":
+        load["device_map"] = "auto"
+    model = AutoModelForCausalLM.from_pretrained(args.model, **load)
+    if device != "auto":
+        model = model.to(device)
+    model.eval()
+    first = next(model.parameters()).device
+    handle = hooks.attach(model, session, first_batch=args.first_batch,
+                          moe_experts=args.moe_experts)
+    progress = _progress(len(samples))
+    try:
+        with torch.no_grad():
+            for ids in samples:
+                model(torch.tensor([ids], device=first), use_cache=False)
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix_str(f"queued {session_queued(session) >> 10} KiB")
+    finally:
+        if progress is not None:
+            progress.close()
+        handle.detach()
+
+
+def run_vllm(args, session, samples) -> None:
+    """One engine step per sample (max_tokens=1: a prefill of that prompt), eager, in-process
+    (the hooks and the session share the process; see caliper.vllm_hooks)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    import vllm
+
+    from caliper import vllm_hooks
+    llm = vllm.LLM(model=args.model, skip_tokenizer_init=True, enforce_eager=True, dtype="auto",
+                   max_model_len=max(len(s) for s in samples) + 1,
+                   # On the CPU build: the share of RAM vLLM reserves for its KV cache.
+                   **({} if torch.cuda.is_available() else {"gpu_memory_utilization": 0.05}))
+    handle = vllm_hooks.attach(llm, session, first_batch=args.first_batch,
+                               weights_from=args.model)
+    params = vllm.SamplingParams(max_tokens=1)
+    progress = _progress(len(samples))
+    try:
+        for ids in samples:
+            llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+            if progress is not None:
+                progress.update(1)
+    finally:
+        if progress is not None:
+            progress.close()
+        handle.detach()
 
 
 def session_queued(session) -> int:

@@ -2,20 +2,36 @@
 VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating it so the hooks and the session share the
 process).
 
-attach(llm, session) streams the key and value every attention layer hands to the KV cache
-(after RoPE, [num_tokens, kv_heads_local * head_dim], only the step's actual tokens) with this
-worker's TP rank and size, under the checkpoint's layer index. A batch is one model forward
-(one engine step) after attach: the profiling and warm-up passes vLLM runs at start-up happen
-before, so they are never captured; generate with max_tokens=1 makes every step a prefill of the
-scheduled prompts, as a transformers forward is. NVFP4 inputs/weights of vLLM's fused,
-TP-sharded linear layers are not captured here (use the transformers hooks for them).
+attach(llm, session) streams, with this worker's TP rank and size:
+  - the key and value every attention layer hands to the KV cache (after RoPE,
+    [num_tokens, kv_heads_local * head_dim], only the step's actual tokens), under the
+    checkpoint's layer index;
+  - with NVFP4 activations, the input of every fused, TP-sharded linear layer under the
+    checkpoint's module names: QKVParallelLinear `qkv_proj` and MergedColumnParallelLinear
+    `gate_up_proj` are unfused through the model's packed_modules_mapping (their input, the
+    same for each part, is observed as q_proj, k_proj, v_proj / gate_proj, up_proj);
+    RowParallelLinear (o_proj, down_proj) inputs are this rank's columns;
+  - with NVFP4 weights, each target weight once, read from the checkpoint's safetensors
+    (vLLM's CPU build drops the weights after packing them for its GEMM, and the fused,
+    sharded ones would have to be unfused anyway); only TP rank 0 sends them.
+A batch is one model forward (one engine step) after attach: the profiling and warm-up passes
+vLLM runs at start-up happen before, so they are never captured; generate with max_tokens=1
+makes every step a prefill of the scheduled prompts, as a transformers forward is.
+Not captured: FusedMoE experts (attach refuses NVFP4 for MoE models); the minmax activation
+observer's per-16-column groups of row-parallel inputs under TP > 1 (refused: the groups of a
+shard are not the model's).
 """
 from __future__ import annotations
 
+import json
+import pathlib
 import re
-from typing import List
+from typing import Dict, List, Optional
 
 import torch
+
+_FUSED = ("QKVParallelLinear", "MergedColumnParallelLinear", "ColumnParallelLinear",
+          "RowParallelLinear", "ReplicatedLinear")
 
 
 class Handle:
@@ -25,6 +41,8 @@ class Handle:
         self.forwards = 0
         self.enabled = True
         self.kv_layers: List[int] = []
+        self.input_modules: List[str] = []   # checkpoint names
+        self.weight_modules: List[str] = []
 
     def detach(self) -> None:
         while self._removers:
@@ -38,22 +56,70 @@ def _model(llm):
     return worker.model_runner.model
 
 
-def _actual_tokens(layer_name: str):
+def _actual_tokens(layer_name: Optional[str]):
+    """The step's real tokens (rows past them are padding), for one attention layer or any."""
     try:
         from vllm.forward_context import get_forward_context
         meta = get_forward_context().attn_metadata
     except Exception:  # noqa: BLE001 - outside a forward context (tests)
         return None
+    if isinstance(meta, list):
+        meta = meta[0] if meta else None
     if isinstance(meta, dict):
-        meta = meta.get(layer_name)
+        meta = meta.get(layer_name) if layer_name is not None else next(iter(meta.values()),
+                                                                           None)
     return getattr(meta, "num_actual_tokens", None)
 
 
-def attach(llm, session, *, first_batch: int = 0) -> Handle:
+def _checkpoint_modules(module_name: str, module, packed: Dict[str, List[str]]) -> List[str]:
+    """The checkpoint modules a vLLM linear stands for, in the order of its output parts."""
+    prefix, _, last = module_name.rpartition(".")
+    parts = packed.get(last)
+    if parts is None:
+        return [module_name]
+    return [f"{prefix}.{p}" if prefix else p for p in parts]
+
+
+def _checkpoint_weights(model_dir: pathlib.Path, names: List[str]) -> Dict[str, torch.Tensor]:
+    """`<name>.weight` for each name, from the safetensors files of model_dir."""
+    from safetensors import safe_open
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        where = json.loads(index.read_text())["weight_map"]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise RuntimeError(f"attach: no safetensors checkpoint in {model_dir} to read the "
+                               "NVFP4 weights from (pass weights_from=DIR)")
+        where = {}
+        for f in files:
+            with safe_open(str(f), "pt") as st:
+                where.update({k: f.name for k in st.keys()})
+    out = {}
+    for name in names:
+        key = f"{name}.weight"
+        if key not in where:
+            raise RuntimeError(f"attach: the checkpoint in {model_dir} has no {key} (the vLLM "
+                               "linear maps to this checkpoint module)")
+        with safe_open(str(model_dir / where[key]), "pt") as st:
+            out[name] = st.get_tensor(key)
+    return out
+
+
+def attach(llm, session, *, first_batch: int = 0, kv: bool = True, inputs: bool = True,
+           weights: bool = True, weights_from=None) -> Handle:
+    """Installs the hooks on `llm` for `session` (see the module docstring); what is streamed
+    follows the session's recipe. weights_from: the checkpoint directory (default: the model
+    vLLM loaded, when it is a local directory)."""
     from vllm.distributed import (get_tensor_model_parallel_rank,
                                   get_tensor_model_parallel_world_size)
     from vllm.model_executor.layers.attention.attention import Attention
 
+    from ._pb import caliper_pb2 as pb
+    recipe = session.proto.recipe
+    kv = kv and recipe.kv != pb.KV_OFF
+    inputs = inputs and recipe.nvfp4_activations
+    weights = weights and recipe.nvfp4_weights
     model = _model(llm)
     tp_rank = get_tensor_model_parallel_rank()
     tp_size = get_tensor_model_parallel_world_size()
@@ -66,8 +132,11 @@ def attach(llm, session, *, first_batch: int = 0) -> Handle:
             handle.batch += 1
     h = model.register_forward_hook(after)
     handle._removers.append(h.remove)
+    if inputs or weights:
+        _attach_linears(llm, model, session, handle, inputs, weights, tp_rank, tp_size,
+                        weights_from)
     for name, module in model.named_modules():
-        if not isinstance(module, Attention):
+        if not kv or not isinstance(module, Attention):
             continue
         m = re.search(r"layers\.(\d+)\.", name)
         if m is None:
@@ -87,6 +156,60 @@ def attach(llm, session, *, first_batch: int = 0) -> Handle:
         hook = module.register_forward_pre_hook(pre)
         handle._removers.append(hook.remove)
         handle.kv_layers.append(layer)
-    if not handle.kv_layers:
+    if kv and not handle.kv_layers:
+        handle.detach()
         raise RuntimeError("attach: no vLLM Attention layer found in the model")
     return handle
+
+
+def _attach_linears(llm, model, session, handle: Handle, inputs: bool, weights: bool,
+                    tp_rank: int, tp_size: int, weights_from) -> None:
+    from ._pb import caliper_pb2 as pb
+    packed = dict(getattr(model, "packed_modules_mapping", None) or {})
+    targets = []  # (vLLM name, module, checkpoint names)
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if "FusedMoE" in kind:
+            raise RuntimeError(f"attach: {name} is a vLLM FusedMoE layer; its experts' NVFP4 "
+                               "inputs are not captured from vLLM (use the transformers hooks, "
+                               "caliper.hooks.attach, for MoE models)")
+        if kind not in _FUSED:
+            continue
+        last = name.rsplit(".", 1)[-1]
+        if last in ("lm_head", "gate", "router", "shared_expert_gate") or "embed" in last:
+            continue
+        targets.append((name, module, _checkpoint_modules(name, module, packed)))
+    if not targets:
+        raise RuntimeError("attach: no vLLM linear layer found in the model")
+    if (inputs and tp_size > 1 and session.proto.recipe.activation_observer == pb.MINMAX and
+            any(type(m).__name__ == "RowParallelLinear" for _, m, _ in targets)):
+        raise RuntimeError("attach: the minmax activation observer's 16-column groups of "
+                           "row-parallel inputs (o_proj, down_proj) are not captured under "
+                           f"TP {tp_size}; use static_minmax or TP 1")
+    if weights and tp_rank == 0:
+        source = pathlib.Path(weights_from or llm.llm_engine.model_config.model)
+        if not source.is_dir():
+            raise RuntimeError(f"attach: {source} is not a local checkpoint directory; pass "
+                               "weights_from=DIR to read the NVFP4 weights from")
+        names = [c for _, _, ckpt in targets for c in ckpt]
+        for name, w in _checkpoint_weights(source, names).items():
+            session.observe_weight(name, w)
+            handle.weight_modules.append(name)
+    if not inputs:
+        return
+    for name, module, ckpt in targets:
+        def pre(_m, args, ckpt=ckpt):
+            if not handle.enabled:
+                return
+            x = args[0]
+            n = _actual_tokens(None)
+            if n is not None and x.dim() >= 2:
+                x = x[:n]
+            for c in ckpt:
+                # Column-parallel inputs are whole on every rank; row-parallel ones are this
+                # rank's columns: the server merges the ranks' min/max of one batch.
+                session.observe_input(c, x, batch=handle.batch, tp_rank=tp_rank,
+                                      tp_size=tp_size)
+        hook = module.register_forward_pre_hook(pre)
+        handle._removers.append(hook.remove)
+        handle.input_modules += ckpt
