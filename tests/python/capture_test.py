@@ -283,6 +283,8 @@ def test_caliper_capture_text_and_flags(server, tmp_path):
         ([f"--token-ids={ids_file}", "--tp=0", f"--out={tmp_path / 'x'}"], "--tp"),
         ([f"--token-ids={ids_file}", "--convention=ct", f"--out={tmp_path / 'x'}"],
          "--convention"),
+        ([f"--token-ids={ids_file}", "--kv-observer=ema", f"--out={tmp_path / 'x'}"],
+         "--kv-observer: expected static_minmax"),
         ([f"--token-ids={tmp_path / 'corpus.txt'}", f"--out={tmp_path / 'x'}"], "--token-ids"),
     ]
     for args, expected in usage:

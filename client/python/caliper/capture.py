@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--observer", default="static_minmax", metavar="NAME",
                    type=_choice("observer", ["static_minmax", "minmax"]),
                    help="NVFP4 activation observer (llm-compressor's names)")
+    p.add_argument("--kv-observer", default="static_minmax", metavar="NAME",
+                   help="FP8 KV observer: static_minmax, minmax, percentile:P or mse "
+                        "(llm-compressor's names)")
     p.add_argument("--warmup", type=int, default=0, metavar="N",
                    help="skip forward passes (batches) below N")
     p.add_argument("--tp", "--deploy-tp", dest="tp", type=int, metavar="T",
@@ -223,7 +226,12 @@ def run(argv: Optional[List[str]] = None) -> int:
                 raise UsageError(f"--token-file: {args.token_file} is empty")
         recipe = caliper.Recipe(kv=args.kv.replace("-", "_"), fp8=args.fp8,
                                 nvfp4_weights=args.nvfp4, nvfp4_activations=args.nvfp4,
-                                observer=args.observer, warmup=args.warmup)
+                                observer=args.observer, warmup=args.warmup,
+                                kv_observer=args.kv_observer)
+        try:
+            recipe.to_proto()
+        except ValueError as e:
+            raise UsageError(str(e).replace("recipe.kv_observer", "--kv-observer")) from None
         try:
             client = caliper.Client(args.server, token=token, tls_ca=args.tls_ca,
                                     tls_cert=args.tls_cert, tls_key=args.tls_key,
