@@ -95,6 +95,28 @@ def test_merged_statistics_give_identical_files_and_fewer_messages(server, tmp_p
     assert runs["one"][1] < runs["merged"][1] < runs["each"][1]
 
 
+def test_shared_input_reduced_once_unless_modified(server, monkeypatch):
+    """q/k/v share one input tensor: its statistic is computed once; modified in place (its
+    version changes) or another tensor, it is computed again."""
+    client = caliper.Client(server.address)
+    s = client.create_session(CONFIG, recipe(nvfp4_weights=False), mode="statistics")
+    calls = []
+    real = caliper._tensors.range_statistics
+    monkeypatch.setattr(caliper._tensors, "range_statistics",
+                        lambda *a: calls.append(1) or real(*a))
+    x = torch.ones(2, 5, 256)
+    for m in MODULES[:3]:
+        s.observe_input(m, x, batch=0)
+    assert len(calls) == 1
+    x.mul_(3)  # in place: a new version
+    s.observe_input(MODULES[3], x, batch=0)
+    s.observe_input(MODULES[3], x.clone(), batch=1)
+    assert len(calls) == 3
+    s.finalize()
+    amax = {m.module: m.input_amax for m in s.scales().modules}
+    assert [amax[m] for m in MODULES] == [1.0, 1.0, 1.0, 3.0]
+
+
 def test_layouts_give_identical_scales(server, tmp_path):
     """[b,h,s,d], [tokens,h,d], [tokens,h*d], numpy and torch: one result."""
     rng = np.random.default_rng(2)

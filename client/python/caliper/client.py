@@ -237,6 +237,7 @@ class Session:
         self._producers: Dict[int, Producer] = {}
         self._lock = threading.Lock()
         self._merge_lock = threading.RLock()  # merger state and the order of puts
+        self._last_input = None  # (tensor, its _version, its statistic): see _input_statistic
         self._merger = _merge.Merger(proto.recipe, merge_batches if mode == "statistics" else 0,
                                      merge_max_entries)
 
@@ -292,9 +293,11 @@ class Session:
         _check_batch(batch, where)
         _tensors.check_tp(tp_rank, tp_size, where)
         dtype = _tensors.dtype_name(x, f"{where}: x")
-        view = _tensors.flatten_rows(x)
-        chunks = [(f"{module} input{_rows(c)}", pb.INPUT_ACTIVATION, c)
-                  for c in self._chunks(view, dtype, f"{where}: x", pb.INPUT_ACTIVATION)]
+        pieces = self._input_statistic(x)
+        if pieces is None:
+            pieces = self._chunks(_tensors.flatten_rows(x), dtype, f"{where}: x",
+                                  pb.INPUT_ACTIVATION)
+        chunks = [(f"{module} input{_rows(c)}", pb.INPUT_ACTIVATION, c) for c in pieces]
         self._put(chunks, dict(module=module, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
 
     def observe_weight(self, module: str, w: Any, *, tp_rank: int = 0, tp_size: int = 1) -> None:
@@ -307,6 +310,22 @@ class Session:
         chunks = [(f"{module} weight{_rows(c)}", pb.WEIGHT, c)
                   for c in self._chunks(w, dtype, f"{where}: w", pb.WEIGHT)]
         self._put(chunks, dict(module=module, tp_rank=tp_rank, tp_size=tp_size))
+
+    def _input_statistic(self, x: Any) -> Optional[List[_tensors.Chunk]]:
+        """The statistic of the last input observed when x is that same, unmodified torch
+        tensor (q/k/v and gate/up projections share their input: reduced once); else None,
+        after remembering x for the next call. The statistic is never mutated (merging makes
+        new ones)."""
+        if self.mode != "statistics" or not _tensors.is_torch(x):
+            return None
+        last = self._last_input
+        if last is not None and last[0] is x and last[1] == x._version:
+            return last[2]
+        self._last_input = None
+        pieces = self._chunks(_tensors.flatten_rows(x), _tensors.dtype_name(x, "x"),
+                              "observe_input: x", pb.INPUT_ACTIVATION)
+        self._last_input = (x, x._version, pieces)
+        return pieces
 
     def _chunks(self, x: Any, dtype: str, where: str, kind: int) -> List[_tensors.Chunk]:
         """Raw pieces, or the statistic the session's observer needs (its recipe decides)."""
@@ -360,6 +379,7 @@ class Session:
     def flush(self) -> None:
         """Waits until the server holds every chunk observed so far (durably, with
         --state_dir); raises RejectedChunksError / StreamError for what it refused."""
+        self._last_input = None
         self._drain_merged()
         errors = []
         for producer in list(self._producers.values()):
