@@ -49,7 +49,10 @@ def test_kv_minmax_statistics_equal_numpy(dtype):
     got = _tensors.kv_minmax_statistics(ref, "F32", "k")
     assert got.head_min == ref.min(axis=(0, 2)).tolist()
     empty = _tensors.kv_minmax_statistics(x[:0], "F32", "k")
-    assert empty.head_min == [0.0] * 4 and empty.head_max == [0.0] * 4
+    assert empty.head_min == [math.inf] * 4 and empty.head_max == [-math.inf] * 4
+    merged = _merge.merge_chunks(empty, got)  # the empty range's seeds merge away
+    assert merged.head_min == got.head_min and merged.head_max == got.head_max
+    assert merged.shape == [20, 4, 32]
 
 
 def test_nan_refused_naming_group_and_head():

@@ -154,9 +154,10 @@ def _check_finite(values: List[float], where: str, what: str) -> None:
 def kv_minmax_statistics(x: Any, dtype: str, where: str) -> Chunk:
     """Per-head min and max of [tokens, heads, head_dim] (the minmax KV observer's form)."""
     shape = [int(d) for d in x.shape]
-    if shape[0] == 0:
-        lo = hi = [0.0] * shape[1]
-    elif is_torch(x):
+    if shape[0] == 0:  # nothing observed: the empty range's seeds, as the server expects
+        return Chunk(dtype, shape, head_min=[math.inf] * shape[1],
+                     head_max=[-math.inf] * shape[1])
+    if is_torch(x):
         x = x.detach()
         lo = x.amin(dim=(0, 2)).float().cpu().tolist()
         hi = x.amax(dim=(0, 2)).float().cpu().tolist()
