@@ -180,3 +180,16 @@ def test_recipe_kv_observer_and_compat():
                        (dict(compat="vllm"), "recipe.compat")):
         with pytest.raises(ValueError, match=field):
             caliper.Recipe(**bad).to_proto()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_statistics_on_cuda_equal_cpu(dtype):
+    """Reduced where the tensor lives: a CUDA tensor's statistics equal the CPU ones."""
+    rng = np.random.default_rng(6)
+    x = torch.from_numpy(rng.standard_normal((9, 4, 40)).astype(np.float32)).to(dtype)
+    name = _tensors.dtype_name(x, "x")
+    for fn, arg in ((_tensors.group_statistics, _tensors.flatten_rows(x)),
+                    (_tensors.kv_minmax_statistics, x), (_tensors.kv_statistics, x),
+                    (_tensors.range_statistics, x)):
+        assert fn(arg.cuda(), name, "x") == fn(arg, name, "x"), fn.__name__
