@@ -204,6 +204,21 @@ def test_in_band_rejection_names_tensor_and_server_message(server):
     session.flush()  # reported once
 
 
+def test_in_band_rejection_of_a_merged_statistic_names_its_batches(server):
+    client = caliper.Client(server.address)
+    session = client.create_session(CONFIG, recipe(nvfp4_activations=False), mode="statistics")
+    for b in range(3):
+        session.observe_input(MODULES[0], torch.ones(2, 256), batch=b)  # the recipe has no inputs
+        session.observe_kv(0, torch.ones(1, 4, 8, 32), torch.ones(1, 4, 8, 32), batch=b)
+    with pytest.raises(caliper.RejectedChunksError) as info:
+        session.flush()
+    text = str(info.value)
+    assert (f"{MODULES[0]} input batches 0..2 (3 observations merged) (sequence 1): "
+            "INVALID_ARGUMENT: chunk.kind") in text, text
+    status = session.refresh()
+    assert status.accepted_chunks == 2 and status.rejected_chunks == 1
+
+
 def test_unknown_session_is_a_stream_error(server):
     client = caliper.Client(server.address)
     session = client.create_session(CONFIG, recipe(), mode="raw")
