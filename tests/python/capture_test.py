@@ -370,3 +370,17 @@ def test_moe_all_experts(server, tmp_path, kind):
         for e in range(4):
             gate = names[path](e)[0]
             assert mods[gate]["input_amax"] == outputs.short_float(amax), gate
+
+
+def test_refused_attach_leaves_nothing_installed(server):
+    """A weight the session refuses (NaN) makes attach raise naming it, with no hook left."""
+    model, config = tiny_model("llama", seed=17)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
+    session = caliper.Client(server.address).create_session(config, RECIPE)
+    with pytest.raises(caliper.TensorError, match="observe_weight: w: NaN or Inf"):
+        caliper.hooks.attach(model, session)
+    assert not str(model.config._attn_implementation).startswith("caliper_")
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+    assert not caliper.hooks._CAPTURES
+    caliper.hooks.attach(model, session, weights=False).detach()  # attachable again

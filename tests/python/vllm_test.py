@@ -103,3 +103,36 @@ def test_vllm_capture_agrees_with_transformers(server, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert scales_doc(tmp_path / "cap" / "scales.json") == \
         scales_doc(tmp_path / "vllm" / "scales.json")
+
+
+def test_vllm_moe_refuses_nvfp4_and_captures_kv(server, tmp_path):
+    """FusedMoE experts are not captured from vLLM: NVFP4 attach refuses naming the layer; K/V
+    capture of the same MoE model works."""
+    vllm = pytest.importorskip("vllm")
+    import transformers
+    from caliper import vllm_hooks
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                     vocab_size=512, max_position_embeddings=512,
+                                     num_local_experts=4, num_experts_per_tok=2)
+    cfg.architectures = ["MixtralForCausalLM"]
+    model_dir = tmp_path / "moe"
+    transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True,
+                   dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.05)
+    client = caliper.Client(server.address)
+    nvfp4 = client.create_session(config, caliper.Recipe(kv="per_head", nvfp4_activations=True))
+    model = vllm_hooks._model(llm)
+    hooks_before = len(model._forward_hooks)
+    with pytest.raises(RuntimeError, match="FusedMoE"):
+        vllm_hooks.attach(llm, nvfp4)
+    assert len(model._forward_hooks) == hooks_before  # nothing left installed
+    kv = client.create_session(config, caliper.Recipe(kv="per_head"))
+    handle = vllm_hooks.attach(llm, kv)
+    llm.generate([{"prompt_token_ids": list(range(1, 30))}], vllm.SamplingParams(max_tokens=1),
+                 use_tqdm=False)
+    handle.detach()
+    kv.finalize()
+    assert [l.k_tokens for l in kv.refresh().layers] == [29, 29]

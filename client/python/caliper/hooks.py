@@ -110,7 +110,18 @@ MOE_EXPERTS = ("routed", "all")
 
 def attach(model: nn.Module, session, kv: bool = True, inputs: bool = True,
            weights: bool = True, *, first_batch: int = 0, moe_experts: str = "routed") -> Handle:
-    """Installs the capture hooks on `model` for `session` (see the module docstring)."""
+    """Installs the capture hooks on `model` for `session` (see the module docstring). If it
+    raises (e.g. a bad weight), nothing of it stays installed."""
+    installed: List[Handle] = []
+    try:
+        return _attach(model, session, kv, inputs, weights, first_batch, moe_experts, installed)
+    except BaseException:
+        for handle in installed:
+            handle.detach()
+        raise
+
+
+def _attach(model, session, kv, inputs, weights, first_batch, moe_experts, installed):
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
@@ -123,6 +134,7 @@ def attach(model: nn.Module, session, kv: bool = True, inputs: bool = True,
     inputs = inputs and recipe.nvfp4_activations
     weights = weights and recipe.nvfp4_weights
     handle = Handle()
+    installed.append(handle)
     handle.batch = first_batch
     model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
 

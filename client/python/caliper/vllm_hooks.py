@@ -133,8 +133,12 @@ def attach(llm, session, *, first_batch: int = 0, kv: bool = True, inputs: bool 
     h = model.register_forward_hook(after)
     handle._removers.append(h.remove)
     if inputs or weights:
-        _attach_linears(llm, model, session, handle, inputs, weights, tp_rank, tp_size,
-                        weights_from)
+        try:
+            _attach_linears(llm, model, session, handle, inputs, weights, tp_rank, tp_size,
+                            weights_from)
+        except BaseException:
+            handle.detach()  # nothing of a refused attach stays installed
+            raise
     for name, module in model.named_modules():
         if not kv or not isinstance(module, Attention):
             continue
