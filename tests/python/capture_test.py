@@ -384,3 +384,44 @@ def test_refused_attach_leaves_nothing_installed(server):
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
     assert not caliper.hooks._CAPTURES
     caliper.hooks.attach(model, session, weights=False).detach()  # attachable again
+
+
+@pytest.mark.parametrize("kind,compat", [("llama", ""), ("qwen3_moe", ""),
+                                         ("llama", "llm-compressor")])
+def test_minmax_observers_hooks_statistics_equal_raw(server, tmp_path, kind, compat):
+    """A minmax session (kv_observer minmax, activation observer minmax; MoE experts are
+    averaged tensor-wide by the server; with llm-compressor's arithmetic too) gives the same
+    files from statistics and raw producers through the hooks, merged or not, in BF16."""
+    model, config = tiny_model(kind, dtype="bfloat16", seed=19)
+    config["dtype"] = "bfloat16"  # compat llm-compressor computes in the model's dtype
+    data = samples(config["vocab_size"], n=6, seed=19)
+    recipe = caliper.Recipe(kv="per_head", nvfp4_weights=True, nvfp4_activations=True,
+                            kv_observer="minmax", observer="minmax", averaging_constant=0.2,
+                            compat=compat)
+    for name, mode, merge in (("raw", "raw", 0), ("each", "statistics", 0),
+                              ("merged", "statistics", 4)):
+        session = caliper.Client(server.address).create_session(
+            config, recipe, mode=mode, name=name, merge_batches=merge)
+        assert session.proto.recipe.compat == (1 if compat else 0)
+        assert session.proto.recipe.kv_observer == caliper._pb.caliper_pb2.KV_OBSERVER_MINMAX
+        h = caliper.hooks.attach(model, session)
+        run(model, data)
+        h.detach()
+        session.finalize()
+        session.scales(tp=1, out=tmp_path / name, formats=["compressed-tensors"])
+        session.close()
+    for name in ("each", "merged"):
+        assert scales_doc(tmp_path / name / "scales.json") == \
+            scales_doc(tmp_path / "raw" / "scales.json"), name
+        for f in ("kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
+            assert (tmp_path / name / f).read_bytes() == (tmp_path / "raw" / f).read_bytes()
+    # The moving average is not the static max: the minmax K scales differ from static ones.
+    static = caliper.Client(server.address).create_session(
+        config, caliper.Recipe(kv="per_head"), name="static")
+    h = caliper.hooks.attach(model, static)
+    run(model, data)
+    h.detach()
+    static.finalize()
+    static.scales(out=tmp_path / "static")
+    assert scales_doc(tmp_path / "static" / "scales.json")["kv_cache"]["layers"] != \
+        scales_doc(tmp_path / "raw" / "scales.json")["kv_cache"]["layers"]

@@ -287,3 +287,25 @@ def test_json_layout_as_nlohmann():
     assert outputs.dump_json(doc) == (
         '{\n  "a": [],\n  "b": {},\n  "c": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n'
         '  "d": {\n    "e": "x\\"y\\n\\u0001é"\n  }\n}')
+
+
+@pytest.mark.parametrize("merge", [0, 3])
+def test_minmax_observers_statistics_equal_raw(server, tmp_path, merge):
+    """Moving-average observers (kv_observer minmax: per-head min/max per batch; activation
+    observer minmax: per 16-column group per batch): statistics producers, merged within a
+    batch or not, give the raw producer's files bit for bit."""
+    client = caliper.Client(server.address)
+    r = recipe(kv_observer="minmax", observer="minmax", averaging_constant=0.25)
+    for name, mode in (("raw", "raw"), ("stats", "statistics")):
+        s = client.create_session(CONFIG, r, name=name, mode=mode, merge_batches=merge)
+        rng = np.random.default_rng(8)
+        feed(s, rng, batches=5)
+        # Two pieces of one batch (merged on the producer when merge > 0).
+        s.observe_input(MODULES[0], torch.from_numpy(
+            rng.standard_normal((7, 256)).astype(np.float32) * 9).to(torch.bfloat16), batch=4)
+        s.finalize()
+        s.scales(tp=2, out=tmp_path / name, formats=["compressed-tensors"])
+        s.close()
+    assert scales_doc(tmp_path / "stats" / "scales.json") == scales_doc(tmp_path / "raw" / "scales.json")
+    for f in ("kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
+        assert (tmp_path / "stats" / f).read_bytes() == (tmp_path / "raw" / f).read_bytes()
