@@ -245,7 +245,8 @@ def test_caliper_capture_text_and_flags(server, tmp_path):
     token.write_text("\n")
     flags = ["--tp=2", "--convention=modelopt", "--format=modelopt", "--format=vllm-legacy",
              "--fp8=e4m3fnuz", "--warmup=1", "--observer=static_minmax", "--kv=per-tensor",
-             "--name=flags", "--merge-batches=0", "--first-batch=3"]
+             "--name=flags", "--merge-batches=0", "--first-batch=3", "--compat=llm-compressor",
+             "--kv-observer=minmax"]
     c = cap(f"--text={text}", "--samples=4", "--seq-len=16", f"--out={tmp_path / 'flags'}",
             *flags)
     assert c.returncode == 0, c.stderr
@@ -253,6 +254,8 @@ def test_caliper_capture_text_and_flags(server, tmp_path):
     session = caliper.Client(server.address).get_session(session_id)
     assert session.name == "flags" and session.recipe.fp8_flavor == caliper._pb.caliper_pb2.FP8_E4M3FNUZ
     assert session.recipe.warmup_batches == 1 and session.skipped_warmup_chunks == 0  # batches 3..6
+    assert session.recipe.compat == caliper._pb.caliper_pb2.COMPAT_LLM_COMPRESSOR
+    assert session.recipe.kv_observer == caliper._pb.caliper_pb2.KV_OBSERVER_MINMAX
     run_cli("scales", f"--server={server.address}", f"--session={session_id}", "--tp=2",
             "--convention=modelopt", "--format=modelopt", "--format=vllm-legacy",
             f"--out={tmp_path / 'cli'}")

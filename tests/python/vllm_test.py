@@ -105,12 +105,42 @@ def test_vllm_capture_agrees_with_transformers(server, tmp_path):
         scales_doc(tmp_path / "vllm" / "scales.json")
 
 
+MOE_SCRIPT = r"""
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import pytest, vllm
+import caliper
+from caliper import vllm_hooks
+address, model_dir = sys.argv[1:3]
+config = json.load(open(os.path.join(model_dir, "config.json")))
+llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
+               max_model_len=128, gpu_memory_utilization=0.05)
+client = caliper.Client(address)
+nvfp4 = client.create_session(config, caliper.Recipe(kv="per_head", nvfp4_activations=True))
+model = vllm_hooks._model(llm)
+hooks_before = len(model._forward_hooks)
+with pytest.raises(RuntimeError, match="FusedMoE"):
+    vllm_hooks.attach(llm, nvfp4)
+assert len(model._forward_hooks) == hooks_before  # nothing left installed
+kv = client.create_session(config, caliper.Recipe(kv="per_head"))
+handle = vllm_hooks.attach(llm, kv)
+llm.generate([{"prompt_token_ids": list(range(1, 30))}], vllm.SamplingParams(max_tokens=1),
+             use_tqdm=False)
+handle.detach()
+kv.finalize()
+assert [l.k_tokens for l in kv.refresh().layers] == [29, 29]
+print("moe ok")
+"""
+
+
 def test_vllm_moe_refuses_nvfp4_and_captures_kv(server, tmp_path):
-    """FusedMoE experts are not captured from vLLM: NVFP4 attach refuses naming the layer; K/V
-    capture of the same MoE model works."""
-    vllm = pytest.importorskip("vllm")
+    """FusedMoE experts are not captured from vLLM: NVFP4 attach refuses naming the layer and
+    leaves nothing installed; K/V capture of the same MoE model works. (Its own process: vLLM
+    keeps per-process parallel state from the first LLM, which a later MoE LLM cannot reuse.)"""
+    pytest.importorskip("vllm")
+    import subprocess
+    import sys
     import transformers
-    from caliper import vllm_hooks
     torch.manual_seed(0)
     cfg = transformers.MixtralConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -119,20 +149,6 @@ def test_vllm_moe_refuses_nvfp4_and_captures_kv(server, tmp_path):
     cfg.architectures = ["MixtralForCausalLM"]
     model_dir = tmp_path / "moe"
     transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    llm = vllm.LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True,
-                   dtype="bfloat16", max_model_len=128, gpu_memory_utilization=0.05)
-    client = caliper.Client(server.address)
-    nvfp4 = client.create_session(config, caliper.Recipe(kv="per_head", nvfp4_activations=True))
-    model = vllm_hooks._model(llm)
-    hooks_before = len(model._forward_hooks)
-    with pytest.raises(RuntimeError, match="FusedMoE"):
-        vllm_hooks.attach(llm, nvfp4)
-    assert len(model._forward_hooks) == hooks_before  # nothing left installed
-    kv = client.create_session(config, caliper.Recipe(kv="per_head"))
-    handle = vllm_hooks.attach(llm, kv)
-    llm.generate([{"prompt_token_ids": list(range(1, 30))}], vllm.SamplingParams(max_tokens=1),
-                 use_tqdm=False)
-    handle.detach()
-    kv.finalize()
-    assert [l.k_tokens for l in kv.refresh().layers] == [29, 29]
+    r = subprocess.run([sys.executable, "-c", MOE_SCRIPT, server.address, str(model_dir)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "moe ok" in r.stdout, r.stderr[-3000:]

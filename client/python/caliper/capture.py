@@ -35,8 +35,9 @@ def _choice(name: str, choices, aliases=None):
     def parse(value: str) -> str:
         value = aliases.get(value, value)
         if value not in choices:
-            raise argparse.ArgumentTypeError(
-                f"expected {', '.join(choices[:-1])} or {choices[-1]}, got \"{value}\"")
+            expected = (f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1
+                        else choices[0])
+            raise argparse.ArgumentTypeError(f"expected {expected}, got \"{value}\"")
         return value
     parse.__name__ = name
     return parse
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-observer", default="static_minmax", metavar="NAME",
                    help="FP8 KV observer: static_minmax, minmax, percentile:P or mse "
                         "(llm-compressor's names)")
+    p.add_argument("--compat", metavar="NAME",
+                   type=_choice("compat", ["llm-compressor"]),
+                   help="llm-compressor: its arithmetic for every scale, in the model's dtype "
+                        "(absent: Caliper's correctly rounded float32)")
     p.add_argument("--warmup", type=int, default=0, metavar="N",
                    help="skip forward passes (batches) below N")
     p.add_argument("--tp", "--deploy-tp", dest="tp", type=int, metavar="T",
@@ -227,7 +232,7 @@ def run(argv: Optional[List[str]] = None) -> int:
         recipe = caliper.Recipe(kv=args.kv.replace("-", "_"), fp8=args.fp8,
                                 nvfp4_weights=args.nvfp4, nvfp4_activations=args.nvfp4,
                                 observer=args.observer, warmup=args.warmup,
-                                kv_observer=args.kv_observer)
+                                kv_observer=args.kv_observer, compat=args.compat or "")
         try:
             recipe.to_proto()
         except ValueError as e:

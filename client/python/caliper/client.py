@@ -316,7 +316,8 @@ class Session:
         tensor (q/k/v and gate/up projections share their input: reduced once); else None,
         after remembering x for the next call. The statistic is never mutated (merging makes
         new ones)."""
-        if self.mode != "statistics" or not _tensors.is_torch(x):
+        # Inference tensors (vLLM runs under inference_mode) keep no version counter.
+        if self.mode != "statistics" or not _tensors.is_torch(x) or x.is_inference():
             return None
         last = self._last_input
         if last is not None and last[0] is x and last[1] == x._version:
