@@ -210,6 +210,7 @@ def case(tmp, args, kind, dtype, kv_strategy, input_observer, samples=6, seq=16)
                                   out, kv, input_observer, compat)
             keys, same, (rel, where), missing = compare(label, llmc, ours)
             if compat:
+                quantize_from_session(args, server, label, dense, out, base, llmc, input_observer)
                 check(not missing and same == len(keys),
                       f"{label}, --compat llm-compressor: {same}/{len(keys)} scales bit-identical"
                       f" (largest relative difference {rel:.3g} at {where}; missing {missing[:3]})")
@@ -233,6 +234,24 @@ def case(tmp, args, kind, dtype, kv_strategy, input_observer, samples=6, seq=16)
     finally:
         server.stop()
     return recorder
+
+
+def quantize_from_session(args, server, label, dense, calibrated, base, llmc, input_observer):
+    """`caliper quantize` straight from the finalized session: every tensor of the packed
+    checkpoint must equal llm-compressor's own (names as each engine loads them)."""
+    session = json.loads((calibrated / "scales.json").read_text())["session_id"]
+    ours_dir = base / "caliper-quantized"
+    pm.caliper(args.caliper, "quantize", "--checkpoint", dense, "--server", server.address,
+               "--session", session, "--out", str(ours_dir), "--compat", "llm-compressor",
+               "--observer", input_observer, "--kv-observer", "minmax", "--quiet")
+    a, b = pm.load_all(str(base) + "-llmc"), pm.load_all(str(ours_dir))
+    common = sorted(set(a) & set(b))
+    differ = [k for k in common if a[k].shape != b[k].shape or a[k].dtype != b[k].dtype
+              or not torch.equal(pm.raw(a[k]), pm.raw(b[k]))]
+    check(set(a) == set(b) and not differ,
+          f"{label}: quantize --session: {len(common) - len(differ)}/{len(a)} checkpoint tensors "
+          f"bit-identical to llm-compressor's (differ {differ[:3]}, only llm-compressor "
+          f"{sorted(set(a) - set(b))[:3]}, only Caliper {sorted(set(b) - set(a))[:3]})")
 
 
 def llmc_value(llmc, key):
