@@ -13,6 +13,7 @@
 //      store does for every flush), and the WAL bytes each merge wrote.
 //   replicas_bench [--mib=1024] [--reps=2] [--modules=2000] [--batches=512] [--skip_ingest]
 //                  [--skip_steady] [--steady_seconds=10] [--skip_flush]
+//                  [--shared_buffers_mib=N]
 #include <libpq-fe.h>
 #include <unistd.h>
 
@@ -474,6 +475,22 @@ int main(int argc, char** argv) {
   }
   const std::string dir = (fs::temp_directory_path() / absl::StrCat("caliper_replicas_bench_", getpid())).string();
   fs::create_directories(dir);
+  if (const int64_t mib = FlagInt(argc, argv, "shared_buffers_mib", 0); mib > 0) {
+    PGconn* conn = PQconnectdb((*pg)->uri().c_str());
+    PQclear(PQexec(conn, absl::StrCat("ALTER SYSTEM SET shared_buffers = '", mib, "MB'").c_str()));
+    PQfinish(conn);
+    if (absl::Status s = (*pg)->Restart(); !s.ok()) {
+      std::fprintf(stderr, "restart: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  {
+    PGconn* conn = PQconnectdb((*pg)->uri().c_str());
+    PGresult* r = PQexec(conn, "SHOW shared_buffers");
+    std::printf("PostgreSQL shared_buffers=%s\n", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    PQfinish(conn);
+  }
   if (!FlagSet(argc, argv, "skip_ingest")) IngestBench(dir, FlagInt(argc, argv, "mib", 1024),
                 static_cast<int>(FlagInt(argc, argv, "reps", 2)), pg->get());
   if (!FlagSet(argc, argv, "skip_steady")) {

@@ -806,10 +806,14 @@ class PostgresStore final : public StateStore {
         modules.push_back(key.first);
         blocks.push_back(key.second);
       }
+      // One primary-key lookup per key (LATERAL with LIMIT, which the planner cannot flatten):
+      // as a join it hashed the session's whole history, so a flush grew with the state
+      // instead of with the rows it touches.
       absl::StatusOr<Result> rows = conn.Exec(
-          "SELECT m.module, m.block, m.observer FROM caliper_module_rows m "
-          "JOIN unnest($2::text[], $3::bigint[]) AS k(module, block) "
-          "ON m.module = k.module AND m.block = k.block WHERE m.session_id = $1",
+          "SELECT k.module, k.block, m.observer "
+          "FROM unnest($2::text[], $3::bigint[]) AS k(module, block), "
+          "LATERAL (SELECT observer FROM caliper_module_rows WHERE session_id = $1 AND "
+          "module = k.module AND block = k.block LIMIT 1) AS m",
           {Text(id), Text(TextArray(modules)), Text(IntArray(blocks))});
       if (!rows.ok()) return rows.status();
       if (absl::Status s = ParseModuleRows(rows->get(), merged); !s.ok()) return s;
