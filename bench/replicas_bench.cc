@@ -1,4 +1,4 @@
-// Benchmark 5: replicas over PostgreSQL (--state_store), against a PostgreSQL 15 this program
+// Benchmark 6: replicas over PostgreSQL (--state_store), against a PostgreSQL 15 this program
 // starts (tests/support/postgres_instance.h).
 //   a. Ingest: one `caliper calibrate` of a generated TP-4 demo through 1, 2 and 3 replicas
 //      (--server=ipv4:A,B,C), each run's wall time as a ratio to one in-memory server in the same
@@ -7,12 +7,13 @@
 //      (pg_stat_database, pg_stat_user_tables) at the default --state_flush_interval=1s.
 //   b. Steady flushing: S streams of one session held open over R replicas; merge transactions
 //      per second at --state_flush_interval=1s.
-//   c. Flush cost at a large state: a session with M modules x B activation batches in the
+//   c. Database capacity: W writers merging small (steady-flush-sized) deltas as fast as they can.
+//   d. Flush cost at a large state: a session with M modules x B activation batches in the
 //      database; one merge of a delta touching one batch of every module (steady ingestion) and
 //      of one module, as a ratio to writing the whole session as a --state_dir file (what the file
 //      store does for every flush), and the WAL bytes each merge wrote.
 //   replicas_bench [--mib=1024] [--reps=2] [--modules=2000] [--batches=512] [--skip_ingest]
-//                  [--skip_steady] [--steady_seconds=10] [--skip_flush]
+//                  [--skip_steady] [--steady_seconds=10] [--skip_capacity] [--skip_flush]
 //                  [--shared_buffers_mib=N]
 #include <libpq-fe.h>
 #include <unistd.h>
@@ -340,6 +341,70 @@ void SteadyBench(const std::string& dir, int replicas, int streams, int seconds,
               static_cast<long>(commits), commits / elapsed);
 }
 
+// Database capacity: `threads` writers, each merging small deltas (one K/V layer row, the
+// counters, a producer advance: what one flush of a steady stream writes) into its own session
+// as fast as it can for `seconds`; merges per second is the ceiling of sessions x replicas /
+// --state_flush_interval on this database.
+void CapacityBench(int threads, int seconds, testing::PostgresInstance* pg) {
+  PostgresStoreOptions options;
+  options.uri = pg->uri();
+  options.pool_size = threads;
+  absl::StatusOr<std::unique_ptr<StateStore>> store = OpenPostgresStore(options);
+  if (!store.ok()) std::exit(1);
+  ModelConfig model;
+  model.architecture = "LlamaForCausalLM";
+  model.model_type = "llama";
+  model.num_layers = 32;
+  model.num_attention_heads = 32;
+  model.num_kv_heads = 8;
+  model.head_dim = 128;
+  model.hidden_size = 4096;
+  std::atomic<int64_t> merges{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  const auto start = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      const std::string id = absl::StrCat("capacity-", threads, "-", t);
+      absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+          CalibrationSession::Create(model, Recipe{}, id, id, "");
+      if (!session.ok() || !(*store)->CreateSession(**session, 0).ok()) {
+        ++failures;
+        return;
+      }
+      absl::StatusOr<OpenedProducer> opened = (*store)->OpenProducer(id, "p");
+      if (!opened.ok()) {
+        ++failures;
+        return;
+      }
+      for (uint64_t flush = 1; Clock::now() - start < std::chrono::seconds(seconds); ++flush) {
+        SessionDelta delta;
+        delta.partial_id = "steady";
+        delta.flush = flush;
+        KvLayerObserver layer(8);
+        for (int h = 0; h < 8; ++h) {
+          layer.k_absmax[h] = static_cast<float>(flush % 97 + h);
+          layer.k_tokens[h] = 16;
+        }
+        delta.kv_layers.emplace(static_cast<int>(flush % 32), std::move(layer));
+        delta.counters.accepted_chunks = 1;
+        delta.counters.accepted_bytes = 32768;
+        delta.producer = ProducerAdvance{"p", opened->epoch, flush};
+        if (!(*store)->Merge(id, delta).ok()) {
+          ++failures;
+          return;
+        }
+        ++merges;
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+  const double elapsed = Seconds(Clock::now() - start);
+  std::printf("  %2d writers (own session each): %ld merges in %.1f s = %.0f merges/s%s\n",
+              threads, static_cast<long>(merges.load()), elapsed, merges.load() / elapsed,
+              failures.load() > 0 ? " (SOME FAILED)" : "");
+}
+
 void FlushBench(const std::string& dir, int modules, int batches, testing::PostgresInstance* pg) {
   PostgresStoreOptions options;
   options.uri = pg->uri();
@@ -499,6 +564,10 @@ int main(int argc, char** argv) {
     for (auto [replicas, streams] : {std::pair{1, 4}, std::pair{1, 16}, std::pair{3, 12}}) {
       SteadyBench(dir, replicas, streams, seconds, pg->get());
     }
+  }
+  if (!FlagSet(argc, argv, "skip_capacity")) {
+    std::printf("database capacity (small merges, synchronous_commit=on, this machine's disk):\n");
+    for (int threads : {1, 4, 16}) CapacityBench(threads, 5, pg->get());
   }
   if (!FlagSet(argc, argv, "skip_flush")) {
     FlushBench(dir, static_cast<int>(FlagInt(argc, argv, "modules", 2000)),
