@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <future>
 #include <map>
 #include <random>
 #include <thread>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/state/partial_flusher.h"
 #include "core/tensor/reduction_backend.h"
 #include "gtest/gtest.h"
 #include "tests/support/postgres_instance.h"
@@ -316,6 +318,65 @@ TEST_F(PostgresStoreTest, MergeAllIsOneTransactionEqualToSeparateMerges) {
   for (const absl::Status& s : store_->MergeAll(batched->id(), all)) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   }
+}
+
+TEST_F(PostgresStoreTest, TwoReplicasFlushersMergingConcurrentlyEqualOneProcess) {
+  // Two replicas (own pools and flushers, 5 ms interval), four producer streams each, folding
+  // chunks while their flushers race to merge the session's partials in one transaction each.
+  std::shared_ptr<CalibrationSession> created = NewSession();
+  std::unique_ptr<CalibrationSession> reference = created->EmptyLike();
+  constexpr int kChunks = 800, kStreams = 8;
+  for (int i = 0; i < kChunks; ++i) Observe(*reference, i, *backend_);
+  std::unique_ptr<StateStore> replica_b = Open();
+  std::atomic<int> transactions{0};
+  auto count = [&](const PartialFlusher::FlushEvent&) { ++transactions; };
+  PartialFlusher flusher_a(store_.get(), absl::Milliseconds(5), count);
+  PartialFlusher flusher_b(replica_b.get(), absl::Milliseconds(5), count);
+  std::vector<std::thread> streams;
+  std::atomic<int> failures{0};
+  for (int stream = 0; stream < kStreams; ++stream) {
+    streams.emplace_back([&, stream] {
+      StateStore& store = stream % 2 == 0 ? *store_ : *replica_b;
+      PartialFlusher& flusher = stream % 2 == 0 ? flusher_a : flusher_b;
+      auto backend = MakeCpuBackend(1);
+      absl::StatusOr<std::unique_ptr<CalibrationSession>> loaded =
+          store.LoadEmpty(created->id(), "");
+      const std::string producer = absl::StrCat("host/", stream);
+      absl::StatusOr<OpenedProducer> opened = store.OpenProducer(created->id(), producer);
+      if (!loaded.ok() || !opened.ok()) {
+        ++failures;
+        return;
+      }
+      std::shared_ptr<CalibrationSession> session = *std::move(loaded);
+      session->RestoreProducers({{producer, opened->committed}});
+      absl::StatusOr<ProducerLedger::Stream> ledger = session->OpenProducerStream(producer);
+      auto partial = flusher.Register(session);
+      flusher.BindProducer(partial, *ledger, opened->epoch);
+      uint64_t sequence = 0;
+      for (int i = stream; i < kChunks; i += kStreams) {
+        Observe(*session, i, *backend, &*ledger, ++sequence);
+        if (i % 50 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      std::promise<absl::Status> done;
+      flusher.WhenCommitted(partial, [&](absl::Status s) { done.set_value(s); });
+      if (!done.get_future().get().ok()) ++failures;
+      flusher.Release(partial);
+    });
+  }
+  for (std::thread& t : streams) t.join();
+  flusher_a.Stop();
+  flusher_b.Stop();
+  ASSERT_EQ(failures.load(), 0);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> merged =
+      replica_b->LoadSession(created->id(), "");
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ((*merged)->Status().accepted_chunks, kChunks);
+  for (int stream = 0; stream < kStreams; ++stream) {
+    EXPECT_EQ(*store_->CommittedSequence(created->id(), "", absl::StrCat("host/", stream)),
+              static_cast<uint64_t>(kChunks / kStreams));
+  }
+  ExpectSameResults(*reference, **merged);
+  EXPECT_GT(transactions.load(), 0);
 }
 
 TEST_F(PostgresStoreTest, AFencedStreamsLateFlushCountsNothing) {
