@@ -269,6 +269,12 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto, const Limi
                              proto.statistics().absmax().end());
     if (proto.statistics().has_min()) statistics.min = proto.statistics().min();
     if (proto.statistics().has_max()) statistics.max = proto.statistics().max();
+    for (const v1::HistogramStatistics& h : proto.statistics().histograms()) {
+      HistogramStatistics& out = statistics.histograms.emplace_back();
+      out.slot_gaps.assign(h.slot_gaps().begin(), h.slot_gaps().end());
+      out.counts.assign(h.counts().begin(), h.counts().end());
+      out.max_count = h.max_count();
+    }
   }
   return chunk;
 }

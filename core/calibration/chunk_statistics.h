@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/calibration/histogram_statistics.h"
 #include "core/calibration/observers.h"
 #include "core/tensor/dtype.h"
 #include "core/tensor/reduction_backend.h"
@@ -21,6 +22,7 @@ struct ChunkStatistics {
   std::vector<float> absmax;  // K/V: one per local head (shape[1] of [tokens, heads, head_dim])
   std::optional<float> min;   // weights / inputs: over the whole tensor
   std::optional<float> max;
+  std::vector<HistogramStatistics> histograms = {};  // histogram sessions (histogram_statistics.h)
 };
 
 // K/V statistics as ReduceKvChunk's result. InvalidArgument naming the field for a shape the

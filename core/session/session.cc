@@ -250,11 +250,21 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
           chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, chunk.shape,
           *chunk.statistics, chunk.placement, model_.num_kv_heads, model_.head_dim);
       if (!kv.ok()) return reject(kv.status());
+      if (absl::Status s = AddKvHistogramsFromStatistics(
+              chunk.statistics->histograms, model_.head_dim, recipe_.NeedsHistograms(), &*kv);
+          !s.ok()) {
+        return reject(s);
+      }
       if (!warmup) stats.kv = *std::move(kv);
     } else {
       absl::StatusOr<RangeStats> range = RangeFromStatistics(chunk.shape, *chunk.statistics);
       if (!range.ok()) return reject(range.status());
+      absl::StatusOr<std::optional<MagnitudeHistogram>> hist = RangeHistogramFromStatistics(
+          chunk.statistics->histograms, chunk.shape, *range, chunk.kind == ChunkKind::kInput,
+          recipe_.NeedsHistograms());
+      if (!hist.ok()) return reject(hist.status());
       if (!warmup) stats.range = *range;
+      if (!warmup && hist->has_value()) stats.hist = **std::move(hist);
     }
   }
   absl::StatusOr<PiecewiseTensor> view =
