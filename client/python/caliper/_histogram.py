@@ -55,16 +55,17 @@ def recipe_needs_histograms(recipe: Any) -> bool:
 
 
 def _slots_torch(a):
-    """Slots of |x| values `a` (float32 tensor, non-negative), as int64."""
+    """Slots of |x| values `a` (float32 tensor, non-negative), as int32 (a zero's bits are 0:
+    the clamp puts it in the underflow slot, the subtraction moves it to the zero slot)."""
     bits = a.view(torch.int32)
     slot = torch.clamp((bits >> SHIFT) - (BIAS - FIRST_LOG_SLOT), UNDERFLOW_SLOT, OVERFLOW_SLOT)
-    return torch.where(bits == 0, torch.zeros_like(slot), slot).long()
+    return slot - (bits == 0).int()
 
 
 def _slots_numpy(a: np.ndarray) -> np.ndarray:
     bits = a.view(np.int32)
     slot = np.clip((bits >> SHIFT) - (BIAS - FIRST_LOG_SLOT), UNDERFLOW_SLOT, OVERFLOW_SLOT)
-    return np.where(bits == 0, 0, slot).astype(np.int64)
+    return slot - (bits == 0)
 
 
 def _per_head(x: Any) -> List[Histogram]:
@@ -76,7 +77,7 @@ def _per_head(x: Any) -> List[Histogram]:
         counts = np.zeros((heads, SLOTS), np.int64)
         amax = np.zeros(heads, np.float32)
         amax_count = np.zeros(heads, np.int64)
-        offset = (np.arange(heads, dtype=np.int64) * SLOTS).reshape(1, heads, 1)
+        offset = (np.arange(heads, dtype=np.int32) * SLOTS).reshape(1, heads, 1)
         for t in range(0, tokens, step):
             a = np.abs(np.asarray(x[t:t + step]).astype(np.float32))
             idx = _slots_numpy(a) + offset
@@ -89,7 +90,7 @@ def _per_head(x: Any) -> List[Histogram]:
     counts = torch.zeros(heads * SLOTS, dtype=torch.int64, device=x.device)
     amax = torch.zeros(heads, dtype=torch.float32, device=x.device)
     amax_count = torch.zeros(heads, dtype=torch.int64, device=x.device)
-    offset = (torch.arange(heads, dtype=torch.int64, device=x.device) * SLOTS).view(1, heads, 1)
+    offset = (torch.arange(heads, dtype=torch.int32, device=x.device) * SLOTS).view(1, heads, 1)
     for t in range(0, tokens, step):
         a = x[t:t + step].float().abs().contiguous()
         idx = _slots_torch(a) + offset
