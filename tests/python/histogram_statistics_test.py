@@ -74,6 +74,15 @@ def test_per_head_and_blocks_fold_the_max_count(monkeypatch):
         assert counts == [22, 2] and gaps == [0, reference_slot(5.0) - 1]
     empty = _histogram.kv_histograms(torch.zeros(0, 3, 4))
     assert [h.sparse() for h in empty] == [([], [])] * 3
+    # Merging chunks locally equals one histogram of both, in either order.
+    a, b = _histogram.kv_histograms(x[:3]), _histogram.kv_histograms(x[3:])
+    for h, whole in enumerate(_histogram.kv_histograms(x)):
+        for m in (a[h].merge(b[h]), b[h].merge(a[h])):
+            assert (m.counts.tolist(), m.max_count, m.max) == \
+                (whole.counts.tolist(), whole.max_count, whole.max)
+        m = a[h].merge(empty[h])
+        assert (m.counts.tolist(), m.max_count, m.max) == (a[h].counts.tolist(), a[h].max_count,
+                                                          a[h].max)
 
 
 def recipe(**fields) -> pb.Recipe:

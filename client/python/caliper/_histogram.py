@@ -37,9 +37,21 @@ _INPUT_HISTOGRAM_OBSERVERS = (pb.PERCENTILE, pb.MSE)
 
 @dataclasses.dataclass
 class Histogram:
-    """One head's (or one tensor's) histogram: counts per slot (SLOTS int64) and the exact max."""
+    """One head's (or one tensor's) histogram: counts per slot (SLOTS int64), the exact max |x|
+    (not sent: the server takes the chunk's absmax or min/max) and how many elements equal it."""
     counts: np.ndarray
     max_count: int
+    max: float = 0.0
+
+    def merge(self, other: "Histogram") -> "Histogram":
+        """Exact, order-independent (as MagnitudeHistogram::Merge): for producers that merge
+        chunks locally before sending."""
+        if other.max_count == 0:
+            return Histogram(self.counts.copy(), self.max_count, self.max)
+        if self.max_count == 0 or other.max > self.max:
+            return Histogram(self.counts + other.counts, other.max_count, other.max)
+        count = self.max_count + (other.max_count if other.max == self.max else 0)
+        return Histogram(self.counts + other.counts, count, self.max)
 
     def sparse(self):
         """(slot_gaps, counts) of the nonzero slots, as HistogramStatistics carries them."""
@@ -85,7 +97,7 @@ def _per_head(x: Any) -> List[Histogram]:
             block_max = a.max(axis=(0, 2))
             block_count = (a == block_max.reshape(1, heads, 1)).sum(axis=(0, 2))
             _fold_max(block_max, block_count, amax, amax_count)
-        return [Histogram(counts[h], int(amax_count[h])) for h in range(heads)]
+        return [Histogram(counts[h], int(amax_count[h]), float(amax[h])) for h in range(heads)]
     x = x.detach()
     counts = torch.zeros(heads * SLOTS, dtype=torch.int64, device=x.device)
     amax = torch.zeros(heads, dtype=torch.float32, device=x.device)
@@ -103,8 +115,8 @@ def _per_head(x: Any) -> List[Histogram]:
                                              amax_count))
         amax = torch.maximum(amax, block_max)
     counts = counts.view(heads, SLOTS).cpu().numpy()
-    amax_count = amax_count.cpu().tolist()
-    return [Histogram(counts[h], int(amax_count[h])) for h in range(heads)]
+    amax_count, amax = amax_count.cpu().tolist(), amax.cpu().tolist()
+    return [Histogram(counts[h], int(amax_count[h]), float(amax[h])) for h in range(heads)]
 
 
 def _fold_max(block_max, block_count, amax, amax_count) -> None:
