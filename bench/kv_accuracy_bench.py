@@ -192,7 +192,8 @@ def main():
             rows.append((f"static_minmax x {f}", "Caliper, scaled",
                          {l: (k * f, v * f) for l, (k, v) in rows[1][2].items()}))
     jitter = [1 + i / 400 for i in range(-4, 5)] if args.jitter else []
-    head = "| observer | scales from | mean KL (nats/token) | max KL | KL / KL(static_minmax) | mean k_scale / static |"
+    head = ("| observer | scales from | mean KL (nats/token) | max KL | KL / KL(static_minmax) "
+            "| mean k_scale / static |")
     print(head + (" median KL, scales x 0.99..1.01 | its range | median / static's median |"
                   if jitter else ""))
     print("|---|---|---|---|---|---|" + ("---|---|---|" if jitter else ""))
@@ -211,10 +212,12 @@ def main():
         results.append((name, source, scales, mean, worst, spread))
     for name, source, scales, mean, worst, spread in results:
         ratio = sum((scales[l][0] / static[l][0]).mean().item() for l in range(LAYERS)) / LAYERS
-        line = f"| {name} | {source} | {mean:.3e} | {worst:.3e} | {mean / base_kl:.3f} | {ratio:.3f} |"
+        line = (f"| {name} | {source} | {mean:.3e} | {worst:.3e} | {mean / base_kl:.3f} "
+                f"| {ratio:.3f} |")
         if spread:
             median = spread[len(spread) // 2]
-            line += f" {median:.3e} | {spread[0]:.2e}..{spread[-1]:.2e} | {median / base_median:.3f} |"
+            line += (f" {median:.3e} | {spread[0]:.2e}..{spread[-1]:.2e} "
+                     f"| {median / base_median:.3f} |")
         print(line)
     kmax = max(x.abs().max().item() for kv in STATE["kv"].values() for x in kv["k"])
     vmax = max(x.abs().max().item() for kv in STATE["kv"].values() for x in kv["v"])

@@ -1,6 +1,7 @@
 """Statistics mode for sessions that keep |x| histograms (percentile / mse observers, or
-histograms=true): the producer's bins (caliper/_histogram.py) are the server's, and a session fed
-statistics gives the same scales and the same report.json, byte for byte, as one fed raw tensors.
+histograms=true): the producer's bins (caliper/_histogram.py) are the server's, and a session
+fed statistics gives the same scales and the same report.json, byte for byte, as one fed raw
+tensors.
 A producer that leaves the histograms out (or sends them to a session that keeps none) is refused."""
 import json
 import math

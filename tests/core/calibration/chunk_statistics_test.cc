@@ -158,7 +158,9 @@ TEST(ChunkStatisticsTest, KvHistogramsEqualRawReductionUnderTp) {
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_TRUE(AddKvHistogramsFromStatistics(sent.histograms, head_dim, true, &*got).ok());
       ASSERT_EQ(got->hists.size(), raw->hists.size());
-      for (size_t i = 0; i < raw->hists.size(); ++i) ExpectSameHistogram(got->hists[i], raw->hists[i]);
+      for (size_t i = 0; i < raw->hists.size(); ++i) {
+        ExpectSameHistogram(got->hists[i], raw->hists[i]);
+      }
       // Merged by the same code: the layer observers agree.
       KvLayerObserver from_raw(num_kv_heads), from_stats(num_kv_heads);
       from_raw.Accumulate(*raw);
@@ -305,6 +307,62 @@ TEST(ChunkStatisticsTest, HistogramErrorsNameTheField) {
               "sum to 12, but the shape holds 15");
   range_check(RangeHistogramFromStatistics(input, {3, 4}, RangeStats{-3.0f, 2.0f, 0}, true, true),
               "the max |x| 3");
+}
+
+// Arbitrary producer input: every histogram either is refused as InvalidArgument or decodes to
+// one that validates and holds exactly the shape's elements (never a crash, never a wrong total).
+TEST(ChunkStatisticsTest, RandomHistogramStatisticsNeverDecodeInconsistently) {
+  std::mt19937 rng(5);
+  MagnitudeHistogram base;
+  for (float v : {0.0f, 0.5f, 0.5f, 3.0f, 1e-38f, 7.0f, 7.0f, 1e-3f, 2.0f, 65000.0f}) base.Add(v);
+  const HistogramStatistics good = SparseHistogram(base);
+  int accepted = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    HistogramStatistics h = good;
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits; ++e) {
+      const size_t n = h.counts.size();
+      switch (rng() % 6) {
+        case 0:
+          if (n > 0) h.slot_gaps[rng() % n] = rng() % 40;
+          break;
+        case 1:
+          if (n > 0) h.counts[rng() % n] = rng() % 4;
+          break;
+        case 2:
+          h.max_count = rng() % 4;
+          break;
+        case 3:
+          h.slot_gaps.push_back(rng() % 2000);
+          h.counts.push_back(1 + rng() % 3);
+          break;
+        case 4:
+          if (n > 0) h.counts.pop_back();
+          if (n > 0 && rng() % 2) h.slot_gaps.pop_back();
+          break;
+        case 5:
+          if (n > 0) h.counts[rng() % n] = ~uint64_t{0} - rng() % 3;
+          break;
+      }
+    }
+    const int64_t elements =
+        static_cast<int64_t>(base.Total()) + static_cast<int64_t>(rng() % 3) - 1;
+    const float max = rng() % 4 == 0 ? 3.0f : base.max;
+    absl::StatusOr<MagnitudeHistogram> got =
+        HistogramFromStatistics(h, elements, max, rng() % 2 == 0, "h");
+    if (!got.ok()) {
+      ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+      continue;
+    }
+    ++accepted;
+    ASSERT_TRUE(got->Validate("h").ok());
+    ASSERT_EQ(got->Total(), static_cast<uint64_t>(elements));
+    if (elements > 0) {
+      ASSERT_EQ(got->max, max);
+      ASSERT_GE(got->max_count, 1u);
+    }
+  }
+  EXPECT_GT(accepted, 0);  // some edits keep it consistent (e.g. moving a count below the max)
 }
 
 }  // namespace
