@@ -17,27 +17,6 @@ using nlohmann::json;
 
 json Num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
-std::string KvObserverName(const Recipe& r) {
-  switch (r.kv_observer) {
-    case KvObserverKind::kStaticMinMax: return "static_minmax";
-    case KvObserverKind::kMinMax: return "minmax";
-    case KvObserverKind::kPercentile: return absl::StrCat("percentile:", r.kv_percentile);
-    case KvObserverKind::kMse: return "mse";
-  }
-  return "static_minmax";
-}
-
-std::string ActivationObserverName(const Recipe& r) {
-  switch (r.activation_observer) {
-    case ActivationObserverKind::kStaticMinMax: return "static_minmax";
-    case ActivationObserverKind::kMinMax: return "minmax";
-    case ActivationObserverKind::kPercentile:
-      return absl::StrCat("percentile:", r.activation_percentile);
-    case ActivationObserverKind::kMse: return "mse";
-  }
-  return "static_minmax";
-}
-
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -106,8 +85,8 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
       {"recipe",
        {{"kv", recipe.kv == KvMode::kOff ? "off" : (per_head ? "per-head" : "per-tensor")},
         {"fp8_flavor", flavor == Fp8Flavor::kE4M3FN ? "e4m3fn" : "e4m3fnuz"},
-        {"kv_observer", KvObserverName(recipe)},
-        {"observer", ActivationObserverName(recipe)},
+        {"kv_observer", recipe.KvObserverName()},
+        {"observer", recipe.ActivationObserverName()},
         {"histograms", recipe.NeedsHistograms()}}}};
   report["qmax"] = qmax;
   report["has_histograms"] = recipe.NeedsHistograms();

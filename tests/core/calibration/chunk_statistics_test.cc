@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -21,6 +22,16 @@ absl::Span<const uint8_t> Bytes(const std::vector<float>& v) {
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
 // The statistic a producer would send equals the raw reduction bit for bit.
+// A statistic with the pre-minmax fields only (absmax; min / max).
+ChunkStatistics Stats(std::vector<float> absmax, std::optional<float> min = std::nullopt,
+                      std::optional<float> max = std::nullopt) {
+  ChunkStatistics stats;
+  stats.absmax = std::move(absmax);
+  stats.min = min;
+  stats.max = max;
+  return stats;
+}
+
 TEST(ChunkStatisticsTest, KvEqualsRawReductionUnderTp) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0, 2);
@@ -58,7 +69,7 @@ TEST(ChunkStatisticsTest, KvEqualsRawReductionUnderTp) {
 }
 
 TEST(ChunkStatisticsTest, KvErrorsNameTheField) {
-  ChunkStatistics two{{1.0f, 2.0f}, {}, {}};
+  ChunkStatistics two = Stats({1.0f, 2.0f});
   auto check = [](const absl::StatusOr<KvChunkStats>& r, const std::string& text) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
@@ -70,24 +81,24 @@ TEST(ChunkStatisticsTest, KvErrorsNameTheField) {
   check(KvStatsFromStatistics(KvKind::kKey, {-1, 2, 8}, two, {0, 1}, 2, 8), "negative");
   check(KvStatsFromStatistics(KvKind::kKey, {4, 1, 8}, two, {0, 2}, 2, 8),
         "chunk.statistics.absmax: 2 values, expected 1");
-  ChunkStatistics nan{{1.0f, std::nanf("")}, {}, {}};
+  ChunkStatistics nan = Stats({1.0f, std::nanf("")});
   check(KvStatsFromStatistics(KvKind::kKey, {4, 2, 8}, nan, {0, 1}, 2, 8),
         "chunk.statistics.absmax[1]: not finite");
-  ChunkStatistics inf{{std::numeric_limits<float>::infinity(), 1.0f}, {}, {}};
+  ChunkStatistics inf = Stats({std::numeric_limits<float>::infinity(), 1.0f});
   check(KvStatsFromStatistics(KvKind::kKey, {4, 2, 8}, inf, {0, 1}, 2, 8), "absmax[0]");
-  ChunkStatistics negative{{-1.0f, 1.0f}, {}, {}};
+  ChunkStatistics negative = Stats({-1.0f, 1.0f});
   check(KvStatsFromStatistics(KvKind::kKey, {4, 2, 8}, negative, {0, 1}, 2, 8), "negative");
-  ChunkStatistics with_range{{1.0f, 1.0f}, 0.0f, 1.0f};
+  ChunkStatistics with_range = Stats({1.0f, 1.0f}, 0.0f, 1.0f);
   check(KvStatsFromStatistics(KvKind::kKey, {4, 2, 8}, with_range, {0, 1}, 2, 8), "min/max");
   check(KvStatsFromStatistics(KvKind::kKey, {0, 2, 8}, two, {0, 1}, 2, 8), "0 tokens");
-  ChunkStatistics zero{{-0.0f, 0.0f}, {}, {}};
+  ChunkStatistics zero = Stats({-0.0f, 0.0f});
   auto ok = KvStatsFromStatistics(KvKind::kKey, {0, 2, 8}, zero, {0, 1}, 2, 8);
   ASSERT_TRUE(ok.ok());
   EXPECT_FALSE(std::signbit(ok->absmax[0]));
 }
 
 TEST(ChunkStatisticsTest, RangeChecks) {
-  auto r = RangeFromStatistics({3, 4}, ChunkStatistics{{}, -2.5f, 3.0f});
+  auto r = RangeFromStatistics({3, 4}, Stats({}, -2.5f, 3.0f));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->min, -2.5f);
   EXPECT_EQ(r->max, 3.0f);
@@ -99,13 +110,13 @@ TEST(ChunkStatisticsTest, RangeChecks) {
     ASSERT_FALSE(s.ok());
     EXPECT_THAT(Message(s.status()), HasSubstr(text));
   };
-  check(RangeFromStatistics({3, 4}, ChunkStatistics{{}, 2.0f, 1.0f}), "above max");
-  check(RangeFromStatistics({3, 4}, ChunkStatistics{{}, {}, 1.0f}), "chunk.statistics.min: required");
-  check(RangeFromStatistics({3, 4}, ChunkStatistics{{}, 1.0f, {}}), "chunk.statistics.max: required");
-  check(RangeFromStatistics({3, 4}, ChunkStatistics{{}, std::nanf(""), 1.0f}), "not finite");
-  check(RangeFromStatistics({3, 4}, ChunkStatistics{{1.0f}, 0.0f, 1.0f}), "absmax");
-  check(RangeFromStatistics({0, 4}, ChunkStatistics{{}, 0.0f, 1.0f}), "empty tensor");
-  check(RangeFromStatistics({}, ChunkStatistics{{}, 0.0f, 1.0f}), "at least one dimension");
+  check(RangeFromStatistics({3, 4}, Stats({}, 2.0f, 1.0f)), "above max");
+  check(RangeFromStatistics({3, 4}, Stats({}, std::nullopt, 1.0f)), "chunk.statistics.min: required");
+  check(RangeFromStatistics({3, 4}, Stats({}, 1.0f, std::nullopt)), "chunk.statistics.max: required");
+  check(RangeFromStatistics({3, 4}, Stats({}, std::nanf(""), 1.0f)), "not finite");
+  check(RangeFromStatistics({3, 4}, Stats({1.0f}, 0.0f, 1.0f)), "absmax");
+  check(RangeFromStatistics({0, 4}, Stats({}, 0.0f, 1.0f)), "empty tensor");
+  check(RangeFromStatistics({}, Stats({}, 0.0f, 1.0f)), "at least one dimension");
   EXPECT_EQ(StatisticsTensorBytes(DType::kBF16, {3, 4}), 24);
   EXPECT_EQ(StatisticsTensorBytes(DType::kF32, {-3}), 0);
 }
