@@ -303,12 +303,21 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
             "average of per-batch min and max), instead of absmax"));
       }
       if (recipe_.kv_observer != KvObserverKind::kMinMax) kv->min.clear(), kv->max.clear();
+      if (absl::Status s = AddKvHistogramsFromStatistics(
+              chunk.statistics->histograms, model_.head_dim, recipe_.NeedsHistograms(), &*kv);
+          !s.ok()) {
+        return reject(s);
+      }
       if (!warmup) stats.kv = *std::move(kv);
     } else {
       GroupRanges groups;
       absl::StatusOr<RangeStats> range =
           RangeFromStatistics(chunk.shape, *chunk.statistics, kInputGroupColumns, &groups);
       if (!range.ok()) return reject(range.status());
+      absl::StatusOr<std::optional<MagnitudeHistogram>> hist = RangeHistogramFromStatistics(
+          chunk.statistics->histograms, chunk.shape, *range, chunk.kind == ChunkKind::kInput,
+          recipe_.NeedsHistograms());
+      if (!hist.ok()) return reject(hist.status());
       const bool per_group = chunk.kind == ChunkKind::kInput && AveragesInputPerGroup(chunk.module);
       if (per_group && groups.min.empty() && range->min <= range->max) {
         return reject(absl::InvalidArgumentError(
@@ -318,6 +327,7 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
       if (!warmup) {
         stats.range = *range;
         if (per_group) stats.groups = std::move(groups);
+        if (hist->has_value()) stats.hist = **std::move(hist);
       }
     }
   }
