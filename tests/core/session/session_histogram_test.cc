@@ -9,6 +9,8 @@
 #include "core/calibration/histogram_observers.h"
 #include "core/calibration/histogram_statistics.h"
 #include "core/session/session.h"
+#include "core/state/observer_codec.h"
+#include "core/state/session_delta.h"
 #include "core/session/session_report.h"
 
 namespace caliper {
@@ -186,6 +188,43 @@ TEST(SessionHistogramTest, TpSplitAndOrderGiveTheSameScalesAndStateRoundTrips) {
   EXPECT_EQ(*module.input_amax, static_cast<float>(PercentileClip(h, 99.0)));
   EXPECT_LT(*module.input_amax, 40.0f);
   EXPECT_EQ(*c->nvfp4.modules.at("model.layers.0.mlp.down_proj").input_amax, *module.input_amax);
+
+  // The replica path: a partial's delta, through the store's row blobs, into an empty session
+  // carries the K/V and input histograms, so the histogram observers give the same scales.
+  auto partial = CalibrationSession::Restore(whole->Snapshot().bytes);
+  ASSERT_TRUE(partial.ok());
+  // Restore finalizes a finalized snapshot; rebuild an open one from the chunks instead.
+  auto open = Make(r);
+  ASSERT_TRUE(open->Observe(Kv(ChunkKind::kKey, 0, full, kHeads), *backend).ok());
+  ASSERT_TRUE(open->Observe(in, *backend).ok());
+  SessionDelta delta = open->TakeDelta(nullptr);
+  SessionDelta rows;
+  for (const auto& [layer, observer] : delta.kv_layers) {
+    auto back = DecodeKvLayerObserver(EncodeKvLayerObserver(observer));
+    ASSERT_TRUE(back.ok()) << back.status();
+    rows.kv_layers[layer] = *std::move(back);
+  }
+  for (const auto& [key, observer] : delta.inputs) {
+    rows.inputs[key] = *DecodeInputRow(EncodeInputRow(observer), key.second);
+  }
+  ASSERT_EQ(delta.input_hists.size(), 1u);
+  for (const auto& [module, hist] : delta.input_hists) {
+    auto back = DecodeInputHistogramRow(EncodeInputHistogramRow(hist));
+    ASSERT_TRUE(back.ok()) << back.status();
+    rows.input_hists[module] = *std::move(back);
+  }
+  auto applied = whole->EmptyLike();
+  ASSERT_TRUE(applied->ApplyDelta(rows).ok());
+  ASSERT_TRUE(applied->Finalize().ok());
+  auto d = applied->Scales(Deployment{}, Nvfp4Convention::kCompressedTensors);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->kv_scales->k, a->kv_scales->k);
+  EXPECT_EQ(*d->nvfp4.modules.at("model.layers.0.mlp.down_proj").input_amax, *module.input_amax);
+  Recipe plain;
+  plain.nvfp4_activations = true;
+  auto no_hist = Make(plain);
+  auto refused = no_hist->ApplyDelta(rows);
+  EXPECT_NE(refused.message().find("input_hists"), std::string::npos) << refused;
 }
 
 TEST(SessionHistogramTest, AbsmaxRecipesKeepNoHistograms) {
