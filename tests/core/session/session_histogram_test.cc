@@ -243,7 +243,7 @@ TEST(SessionHistogramTest, AbsmaxRecipesKeepNoHistograms) {
 }
 
 // A producer in statistics mode: the chunk's statistics (and histograms) instead of its data.
-ChunkRef AsStatistics(const ChunkRef& raw, bool histograms) {
+ChunkRef AsStatistics(const ChunkRef& raw, bool histograms, bool head_ranges = false) {
   auto backend = MakeCpuBackend(1);
   auto view = PiecewiseTensor::Create(raw.dtype, raw.shape, raw.data, "chunk");
   EXPECT_TRUE(view.ok());
@@ -251,9 +251,15 @@ ChunkRef AsStatistics(const ChunkRef& raw, bool histograms) {
   c.data = ByteSpans();
   ChunkStatistics& st = c.statistics.emplace();
   if (raw.kind == ChunkKind::kKey || raw.kind == ChunkKind::kValue) {
-    auto kv = ReduceKvChunk(KvKind::kKey, *view, raw.placement, kHeads, kHeadDim, *backend, true);
+    auto kv = ReduceKvChunk(KvKind::kKey, *view, raw.placement, kHeads, kHeadDim, *backend, true,
+                            head_ranges);
     EXPECT_TRUE(kv.ok());
-    st.absmax = kv->absmax;
+    if (head_ranges) {  // kv_observer minmax: per-head min / max instead of absmax
+      st.head_min = kv->min;
+      st.head_max = kv->max;
+    } else {
+      st.absmax = kv->absmax;
+    }
     for (const MagnitudeHistogram& h : kv->hists) {
       if (histograms) st.histograms.push_back(SparseHistogram(h));
     }
@@ -353,6 +359,41 @@ TEST(SessionHistogramTest, ReportOfAPartlyObservedLayer) {
   ASSERT_FALSE(report["worst_histograms"].empty());
   EXPECT_EQ(report["worst_histograms"][0]["layer"], 1);
   EXPECT_GE(report["worst_histograms"][0]["head"].get<int>(), 2);
+}
+
+// The moving-average K/V observer sends per-head min / max instead of absmax; the histograms'
+// max is then checked against the absmax derived from them, and the report still equals raw's.
+TEST(SessionHistogramTest, MinMaxStatisticsWithHistogramsEqualRaw) {
+  auto backend = MakeCpuBackend(1);
+  Recipe r;
+  r.kv_observer = KvObserverKind::kMinMax;
+  r.histograms = true;
+  auto raw = Make(r), stats = Make(r);
+  const std::vector<float> k0 = Data(3, kHeads), k1 = Data(8, kHeads);
+  ChunkRef a = Kv(ChunkKind::kKey, 0, k0, kHeads), b = Kv(ChunkKind::kKey, 0, k1, kHeads);
+  b.batch = 1;
+  for (const ChunkRef& c : {a, b}) {
+    ASSERT_TRUE(raw->Observe(c, *backend).ok());
+    auto got = stats->Observe(AsStatistics(c, true, /*head_ranges=*/true), *backend);
+    ASSERT_TRUE(got.ok()) << got.status();
+  }
+  // Histograms whose max disagrees with the head ranges are refused.
+  ChunkRef bad = AsStatistics(a, true, true);
+  bad.statistics->head_max[0] *= 2;
+  bad.statistics->head_min[0] *= 2;
+  auto refused = stats->Observe(bad, *backend);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("histograms[0].slot_gaps: highest nonzero slot"),
+            std::string::npos)
+      << refused.status();
+  for (CalibrationSession* s : {raw.get(), stats.get()}) ASSERT_TRUE(s->Finalize().ok());
+  auto sa = raw->Scales(Deployment{}, Nvfp4Convention::kCompressedTensors);
+  auto sb = stats->Scales(Deployment{}, Nvfp4Convention::kCompressedTensors);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_EQ(sa->kv_scales->k, sb->kv_scales->k);
+  auto ra = raw->Observations(), rb = stats->Observations();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(BuildSessionReportJson(*ra), BuildSessionReportJson(*rb));
 }
 
 }  // namespace
