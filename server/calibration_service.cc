@@ -324,6 +324,7 @@ grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CalibrationService::GetReport(grpc::CallbackServerContext* context,
                                                         const v1::ReportRequest* request,
                                                         v1::ReportResponse* response) {
+  if (options_.store != nullptr) return StoreGetReport(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
       GetOwned(*context, request->session_id());

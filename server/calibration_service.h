@@ -126,6 +126,9 @@ class CalibrationService final
   grpc::ServerUnaryReactor* StoreGetScales(grpc::CallbackServerContext* context,
                                            const v1::ScalesRequest* request,
                                            v1::ScalesResponse* response);
+  grpc::ServerUnaryReactor* StoreGetReport(grpc::CallbackServerContext* context,
+                                           const v1::ReportRequest* request,
+                                           v1::ReportResponse* response);
   grpc::ServerUnaryReactor* StoreResume(grpc::CallbackServerContext* context,
                                         const v1::ResumeRequest* request,
                                         v1::ResumeResponse* response);

@@ -298,6 +298,12 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto, const Limi
     statistics.head_max.assign(sent.head_max().begin(), sent.head_max().end());
     statistics.group_min.assign(sent.group_min().begin(), sent.group_min().end());
     statistics.group_max.assign(sent.group_max().begin(), sent.group_max().end());
+    for (const v1::HistogramStatistics& h : proto.statistics().histograms()) {
+      HistogramStatistics& out = statistics.histograms.emplace_back();
+      out.slot_gaps.assign(h.slot_gaps().begin(), h.slot_gaps().end());
+      out.counts.assign(h.counts().begin(), h.counts().end());
+      out.max_count = h.max_count();
+    }
   }
   return chunk;
 }

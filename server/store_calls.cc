@@ -1,13 +1,14 @@
 // CalibrationService's unary calls with --state_store: every answer comes from the shared store
 // (so every replica answers alike) and is computed on a store worker, never on a gRPC thread.
-// Finalize and GetScales rebuild the committed session; finalization is deterministic, so each
-// replica computes the same scales from the same rows.
+// Finalize, GetScales and GetReport rebuild the committed session; finalization is
+// deterministic, so each replica computes the same scales from the same rows.
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/session/session_report.h"
 #include "server/calibration_service.h"
 #include "server/proto_convert.h"
 
@@ -146,6 +147,21 @@ grpc::ServerUnaryReactor* CalibrationService::StoreResume(grpc::CallbackServerCo
                        request->session_id(), tenant, request->producer_id());
                    if (!committed.ok()) return committed.status();
                    response->set_next_sequence(*committed + 1);
+                   return absl::OkStatus();
+                 });
+}
+
+grpc::ServerUnaryReactor* CalibrationService::StoreGetReport(grpc::CallbackServerContext* context,
+                                                            const v1::ReportRequest* request,
+                                                            v1::ReportResponse* response) {
+  return OnStore(context, "GetReport", request->session_id(),
+                 [this, request, response](const std::string& tenant) -> absl::Status {
+                   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+                       options_.store->LoadSession(request->session_id(), tenant);
+                   if (!session.ok()) return session.status();
+                   absl::StatusOr<SessionObservations> observations = (*session)->Observations();
+                   if (!observations.ok()) return observations.status();
+                   response->set_report_json(BuildSessionReportJson(*observations));
                    return absl::OkStatus();
                  });
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/calibration/histogram_statistics.h"
 #include "core/calibration/observers.h"
 #include "core/tensor/dtype.h"
 #include "core/tensor/reduction_backend.h"
@@ -25,6 +26,7 @@ struct ChunkStatistics {
   std::vector<float> head_min, head_max;
   // Inputs instead of min / max (activation observer minmax): per group of 16 columns.
   std::vector<float> group_min, group_max;
+  std::vector<HistogramStatistics> histograms = {};  // histogram sessions (histogram_statistics.h)
 };
 
 // K/V statistics as ReduceKvChunk's result (with per-head min / max when head_min / head_max

@@ -113,6 +113,13 @@ bool MovingAverageRange(const std::map<int64_t, GroupRanges>& batches, size_t gr
 
 namespace {
 
+// The one message for a whole-tensor reduction that met NaN/Inf.
+absl::Status NonFiniteError(absl::string_view field, int64_t count, const PiecewiseTensor& tensor) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", count,
+                                                 " non-finite values (NaN/Inf) in ",
+                                                 tensor.ShapeString(), "; chunk rejected"));
+}
+
 // max(|min(lo, 0)|, max(hi, 0)): what compressed-tensors takes of a (min, max) pair.
 float PairAbsMax(float lo, float hi) {
   return std::max(std::fabs(std::min(lo, 0.0f)), std::max(hi, 0.0f));
@@ -273,11 +280,7 @@ absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionB
     return s;
   }, backend.min_run_bytes());
   if (!reduced.ok()) return reduced;
-  if (stats.nonfinite > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", stats.nonfinite,
-                                                   " non-finite values (NaN/Inf) in ",
-                                                   tensor.ShapeString(), "; chunk rejected"));
-  }
+  if (stats.nonfinite > 0) return NonFiniteError(field, stats.nonfinite, tensor);
   return stats;
 }
 
@@ -301,11 +304,7 @@ absl::StatusOr<GroupRanges> ReduceColumnGroups(const PiecewiseTensor& tensor, in
     return s;
   }, backend.min_run_bytes());
   if (!reduced.ok()) return reduced;
-  if (nonfinite > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", nonfinite,
-                                                   " non-finite values (NaN/Inf) in ",
-                                                   tensor.ShapeString(), "; chunk rejected"));
-  }
+  if (nonfinite > 0) return NonFiniteError(field, nonfinite, tensor);
   return out;
 }
 
@@ -328,11 +327,7 @@ absl::StatusOr<MagnitudeHistogram> ReduceHistogram(const PiecewiseTensor& tensor
     return s;
   }, backend.min_run_bytes());
   if (!reduced.ok()) return reduced;
-  if (nonfinite > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", nonfinite,
-                                                   " non-finite values (NaN/Inf) in ",
-                                                   tensor.ShapeString(), "; chunk rejected"));
-  }
+  if (nonfinite > 0) return NonFiniteError(field, nonfinite, tensor);
   return out;
 }
 

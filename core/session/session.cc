@@ -131,12 +131,14 @@ absl::Status CalibrationSession::CheckOpen() const {
   return absl::OkStatus();
 }
 
-ScaleArithmetic CalibrationSession::Arithmetic() const {
-  if (recipe_.compat == Compat::kLlmCompressor && model_.dtype.has_value()) {
-    return ScaleArithmetic(Compat::kLlmCompressor, *model_.dtype);
+ScaleArithmetic RecipeArithmetic(const Recipe& recipe, const ModelConfig& model) {
+  if (recipe.compat == Compat::kLlmCompressor && model.dtype.has_value()) {
+    return ScaleArithmetic(Compat::kLlmCompressor, *model.dtype);
   }
   return ScaleArithmetic();
 }
+
+ScaleArithmetic CalibrationSession::Arithmetic() const { return RecipeArithmetic(recipe_, model_); }
 
 bool CalibrationSession::AveragesInputPerGroup(absl::string_view module) const {
   // llm-compressor hands its linearized MoE experts 2-D token lists, which its flattening makes
@@ -303,12 +305,21 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
             "average of per-batch min and max), instead of absmax"));
       }
       if (recipe_.kv_observer != KvObserverKind::kMinMax) kv->min.clear(), kv->max.clear();
+      if (absl::Status s = AddKvHistogramsFromStatistics(
+              chunk.statistics->histograms, model_.head_dim, recipe_.NeedsHistograms(), &*kv);
+          !s.ok()) {
+        return reject(s);
+      }
       if (!warmup) stats.kv = *std::move(kv);
     } else {
       GroupRanges groups;
       absl::StatusOr<RangeStats> range =
           RangeFromStatistics(chunk.shape, *chunk.statistics, kInputGroupColumns, &groups);
       if (!range.ok()) return reject(range.status());
+      absl::StatusOr<std::optional<MagnitudeHistogram>> hist = RangeHistogramFromStatistics(
+          chunk.statistics->histograms, chunk.shape, *range, chunk.kind == ChunkKind::kInput,
+          recipe_.NeedsHistograms());
+      if (!hist.ok()) return reject(hist.status());
       const bool per_group = chunk.kind == ChunkKind::kInput && AveragesInputPerGroup(chunk.module);
       if (per_group && groups.min.empty() && range->min <= range->max) {
         return reject(absl::InvalidArgumentError(
@@ -318,6 +329,7 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
       if (!warmup) {
         stats.range = *range;
         if (per_group) stats.groups = std::move(groups);
+        if (hist->has_value()) stats.hist = **std::move(hist);
       }
     }
   }

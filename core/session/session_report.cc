@@ -44,7 +44,7 @@ struct Totals {
 
 json Bins(const MagnitudeHistogram& h) {
   json bins = json::array();
-  for (int s = MagnitudeHistogram::kUnderflowSlot; s < MagnitudeHistogram::kSlots; ++s) {
+  for (int s = MagnitudeHistogram::kUnderflowSlot; s < static_cast<int>(h.counts.size()); ++s) {
     if (h.counts[s] == 0) continue;
     bins.push_back({MagnitudeHistogram::SlotLower(s),
                     std::min(MagnitudeHistogram::SlotUpper(s), 1e300), h.counts[s]});
@@ -104,7 +104,10 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
   if (recipe.kv != KvMode::kOff && !obs.kv_layers.empty()) {
     const KvGranularity granularity =
         per_head ? KvGranularity::kPerHead : KvGranularity::kPerTensor;
-    KvScales session = FinalizeKvScales(obs.kv_layers, granularity, flavor);
+    // The session's own rule (its observer and arithmetic), as Finalize applies it.
+    KvScales session = FinalizeKvScales(obs.kv_layers, granularity, flavor,
+                                        {recipe.kv_observer, recipe.averaging_constant,
+                                         RecipeArithmetic(recipe, obs.model)});
     if (IsHistogramObserver(recipe.kv_observer) && recipe.NeedsHistograms()) {
       ApplyKvHistogramObserver(obs.kv_layers, recipe.kv_observer, kv_p, &session);
     }
@@ -147,6 +150,8 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
                        {"tokens", h < tokens.size() ? tokens[h] : 0},
                        {"scale", scale},
                        {"outlier", median > 0 && absmax[h] >= kOutlierHeadRatio * median}};
+          // A head no chunk has reached yet (e.g. one TP rank so far) has no histogram.
+          const bool head_hist = has_hist && !hists[h].empty();
           json observers = json::object(), sqnr_by = json::object();
           for (int o = 0; o < 3; ++o) {
             const double s = per_head ? observer_scale(has_hist ? hists[h] : MagnitudeHistogram(),
@@ -157,7 +162,7 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
                                                                               : session.v_absmax[l][0]),
                                                        kObservers[o]);
             observers[kObservers[o]] = Num(s);
-            if (has_hist && std::isfinite(s) && s > 0) {
+            if (head_hist && std::isfinite(s) && s > 0) {
               sqnr_by[kObservers[o]] = Num(MeasureFp8Quality(hists[h], s, flavor).sqnr_db);
               observer_totals[o].Add(hists[h], s, flavor);
             } else {
@@ -165,7 +170,7 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
             }
           }
           head["observers"] = observers;
-          if (has_hist) {
+          if (head_hist) {
             const Fp8Quality q = MeasureFp8Quality(hists[h], scale, flavor);
             head["fraction_clipped"] = Num(q.fraction_clipped);
             head["sqnr_db"] = Num(q.sqnr_db);

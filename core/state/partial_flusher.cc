@@ -87,38 +87,91 @@ void PartialFlusher::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-absl::Status PartialFlusher::Flush(Partial& partial) {
-  std::lock_guard<std::mutex> lock(partial.mu);
-  if (!partial.failure.ok()) return partial.failure;
-  // A pending delta first (its mark must commit before anything newer), then what is new.
+std::vector<absl::Status> PartialFlusher::FlushSession(
+    const std::vector<std::shared_ptr<Partial>>& group) {
+  std::vector<absl::Status> results(group.size());
+  std::vector<bool> retried(group.size(), false);
+  // A pending delta first (its mark must commit before anything newer), then what is new: a
+  // second round only for partials whose first round retried an earlier delta.
   for (int round = 0; round < 2; ++round) {
-    if (!partial.pending.has_value()) {
-      SessionDelta delta =
-          partial.session->TakeDelta(partial.stream.has_value() ? &*partial.stream : nullptr);
-      if (delta.empty()) break;
-      if (delta.producer.has_value()) delta.producer->epoch = partial.store_epoch;
-      delta.partial_id = partial.id;
-      delta.flush = ++partial.flushes;
-      partial.pending = std::move(delta);
+    std::vector<size_t> sending;
+    std::vector<const SessionDelta*> deltas;
+    size_t rows = 0;
+    for (size_t i = 0; i < group.size(); ++i) {
+      if (round == 1 && !(retried[i] && results[i].ok())) continue;
+      Partial& partial = *group[i];
+      std::lock_guard<std::mutex> lock(partial.mu);
+      if (!partial.failure.ok()) {
+        results[i] = partial.failure;
+        continue;
+      }
+      if (partial.pending.has_value()) {
+        retried[i] = round == 0;
+      } else {
+        SessionDelta delta =
+            partial.session->TakeDelta(partial.stream.has_value() ? &*partial.stream : nullptr);
+        if (delta.empty()) continue;
+        if (delta.producer.has_value()) delta.producer->epoch = partial.store_epoch;
+        delta.partial_id = partial.id;
+        delta.flush = ++partial.flushes;
+        partial.pending = std::move(delta);
+      }
+      // Only this thread sets or clears `pending`, so it stays valid while unlocked below.
+      deltas.push_back(&*partial.pending);
+      rows += partial.pending->kv_layers.size() + partial.pending->weights.size() +
+              partial.pending->inputs.size();
+      sending.push_back(i);
     }
+    if (sending.empty()) break;
+    // One store transaction for every partial of the session; the streams keep folding chunks
+    // into their sessions meanwhile (into the next delta).
     const absl::Time start = absl::Now();
-    const absl::Status status = store_->Merge(partial.session->id(), *partial.pending);
+    const std::vector<absl::Status> statuses =
+        store_->MergeAll(group.front()->session->id(), deltas);
     if (on_flush_) {
-      const SessionDelta& d = *partial.pending;
-      on_flush_({partial.session->id(), d.kv_layers.size() + d.weights.size() + d.inputs.size(),
-                 absl::Now() - start, status});
+      absl::Status first_error;
+      for (const absl::Status& status : statuses) {
+        if (!status.ok()) {
+          first_error = status;
+          break;
+        }
+      }
+      on_flush_({group.front()->session->id(), rows, absl::Now() - start, first_error});
     }
-    if (status.ok()) {
-      partial.pending.reset();
-      continue;
+    bool again = false;
+    for (size_t k = 0; k < sending.size(); ++k) {
+      const size_t i = sending[k];
+      const absl::Status& status = statuses[k];
+      Partial& partial = *group[i];
+      std::lock_guard<std::mutex> lock(partial.mu);
+      results[i] = status;
+      if (status.ok()) {
+        partial.pending.reset();
+        again = again || retried[i];
+        continue;
+      }
+      if (status.code() != absl::StatusCode::kUnavailable) {
+        partial.failure = status;  // fenced, finalized or deleted: these chunks never count
+        partial.pending.reset();
+      }
     }
-    if (status.code() != absl::StatusCode::kUnavailable) {
-      partial.failure = status;  // fenced, finalized or deleted: these chunks never count
-      partial.pending.reset();
-    }
-    return status;
+    if (!again) break;
   }
-  return absl::OkStatus();
+  return results;
+}
+
+std::map<const PartialFlusher::Partial*, absl::Status> PartialFlusher::FlushAll(
+    const std::vector<std::shared_ptr<Partial>>& partials) {
+  std::map<std::string, std::vector<std::shared_ptr<Partial>>> sessions;
+  for (const std::shared_ptr<Partial>& partial : partials) {
+    sessions[partial->session->id()].push_back(partial);
+  }
+  std::map<const Partial*, absl::Status> results;
+  for (const auto& [id, group] : sessions) {
+    const std::vector<absl::Status> statuses = FlushSession(group);
+    for (size_t i = 0; i < group.size(); ++i) results[group[i].get()] = statuses[i];
+  }
+  return results;
 }
 
 void PartialFlusher::Run() {
@@ -135,13 +188,11 @@ void PartialFlusher::Run() {
       stopped_ = last;
       partials.assign(partials_.begin(), partials_.end());
     }
-    std::map<const Partial*, absl::Status> results;
-    for (const std::shared_ptr<Partial>& partial : partials) {
-      results[partial.get()] = Flush(*partial);
-    }
+    std::map<const Partial*, absl::Status> results = FlushAll(partials);
     for (Waiter& waiter : waiters) {
       auto it = results.find(waiter.partial.get());
-      absl::Status status = it != results.end() ? it->second : Flush(*waiter.partial);
+      absl::Status status =
+          it != results.end() ? it->second : FlushSession({waiter.partial}).front();
       if (!status.ok() && status.code() == absl::StatusCode::kUnavailable) {
         status = absl::UnavailableError(absl::StrCat(
             status.message(), "; chunks after the last committed one will be asked for again "
@@ -151,15 +202,15 @@ void PartialFlusher::Run() {
     }
     // Forget released partials once nothing is left to commit (a last flush after the release
     // covers chunks folded in after this pass's flush of it).
-    std::vector<std::shared_ptr<Partial>> done;
+    std::vector<std::shared_ptr<Partial>> released;
     for (const std::shared_ptr<Partial>& partial : partials) {
-      bool released = false;
-      {
-        std::lock_guard<std::mutex> lock(partial->mu);
-        released = partial->released;
-      }
-      if (!released) continue;
-      const absl::Status status = Flush(*partial);
+      std::lock_guard<std::mutex> lock(partial->mu);
+      if (partial->released) released.push_back(partial);
+    }
+    std::vector<std::shared_ptr<Partial>> done;
+    const std::map<const Partial*, absl::Status> last_flush = FlushAll(released);
+    for (const std::shared_ptr<Partial>& partial : released) {
+      const absl::Status& status = last_flush.at(partial.get());
       if (last || status.code() != absl::StatusCode::kUnavailable) done.push_back(partial);
     }
     {

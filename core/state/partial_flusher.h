@@ -1,6 +1,7 @@
 // A replica's side of a shared StateStore (core/state/state_store.h): every stream folds into
-// its own partial session; a flusher thread merges each partial's SessionDelta into the store
-// every `interval`, and at once when a stream wants its OK. A delta the store could not take
+// its own partial session; a flusher thread merges the SessionDeltas of a session's partials
+// into the store in one transaction (StateStore::MergeAll) every `interval`, and at once when
+// a stream wants its OK. A delta the store could not take
 // (Unavailable: down, or commit outcome unknown) is retried as it is, so its idempotence mark
 // makes it count once; a fenced, finalized or deleted session's partial is dropped and its
 // stream fails with that status. Thread-safe.
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,7 +31,7 @@ class PartialFlusher {
  public:
   struct FlushEvent {
     std::string session_id;
-    size_t rows = 0;  // observer rows the delta touched
+    size_t rows = 0;  // observer rows the deltas of the transaction touched
     absl::Duration duration;
     absl::Status status;
   };
@@ -68,8 +70,12 @@ class PartialFlusher {
   };
 
   void Run();
-  // Merges the partial's pending delta and what it holds now. OK, or the merge's error.
-  absl::Status Flush(Partial& partial);
+  // Merges the pending deltas and what they hold now of `group`, partials of one session, in
+  // one StateStore::MergeAll (two when one retries an earlier delta). Per partial: OK, or why.
+  std::vector<absl::Status> FlushSession(const std::vector<std::shared_ptr<Partial>>& group);
+  // FlushSession for each session of `partials`.
+  std::map<const Partial*, absl::Status> FlushAll(
+      const std::vector<std::shared_ptr<Partial>>& partials);
 
   StateStore* const store_;
   const absl::Duration interval_;

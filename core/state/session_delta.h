@@ -51,6 +51,7 @@ struct SessionDelta {
   std::map<int, KvLayerObserver> kv_layers;                   // by layer
   std::map<std::string, MinMaxObserver> weights;              // by module
   std::map<std::pair<std::string, int64_t>, ActivationObserver> inputs;  // by (module, block)
+  std::map<std::string, MagnitudeHistogram> input_hists;      // by module (histogram recipes)
   SessionCounters counters;
   std::optional<ProducerAdvance> producer;
 
@@ -64,6 +65,8 @@ struct SessionDelta {
 std::string EncodeWeightRow(const MinMaxObserver& observer);
 std::string EncodeInputRow(const ActivationObserver& observer);
 absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes);
+std::string EncodeInputHistogramRow(const MagnitudeHistogram& histogram);
+absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view bytes);
 // Also checks every batch id lies in `block`.
 absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block);
 

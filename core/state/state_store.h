@@ -73,6 +73,15 @@ class StateStore {
   // deleted; Unavailable when the store cannot be reached or the commit's outcome is unknown
   // (retry the same delta).
   virtual absl::Status Merge(absl::string_view id, const SessionDelta& delta) = 0;
+  // Merges the deltas of several partials (distinct partial_ids) of one session, each as Merge
+  // would (its own epoch check and mark), in one transaction. One status per delta, in order: a
+  // fenced delta alone is Aborted and left out; the others are merged. Default: Merge each.
+  virtual std::vector<absl::Status> MergeAll(absl::string_view id,
+                                             const std::vector<const SessionDelta*>& deltas) {
+    std::vector<absl::Status> statuses;
+    for (const SessionDelta* delta : deltas) statuses.push_back(Merge(id, *delta));
+    return statuses;
+  }
   // Forgets a partial's idempotence mark once it will send nothing more (best effort).
   virtual void ForgetPartial(absl::string_view id, absl::string_view partial_id) = 0;
 

@@ -9,6 +9,21 @@
 #include "core/tensor/dtype.h"
 
 namespace caliper {
+namespace {
+
+// Element i of a little-endian buffer of `dtype`, as float (the reference loops' one load).
+float ElementAt(DType dtype, const uint8_t* p, int64_t i) {
+  if (dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  uint16_t b;
+  std::memcpy(&b, p + 2 * i, 2);
+  return dtype == DType::kBF16 ? BF16ToFloat(b) : F16ToFloat(b);
+}
+
+}  // namespace
 
 absl::Status CheckAbsMaxPerHeadArgs(const TensorView& t, int64_t num_heads, int64_t head_dim,
                                     absl::Span<const float> out, const int64_t* nonfinite) {
@@ -54,14 +69,7 @@ absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64
   *nonfinite = 0;
   const uint8_t* p = t.bytes().data();
   for (int64_t i = 0; i < t.num_elements(); ++i) {
-    float v;
-    if (t.dtype() == DType::kF32) {
-      std::memcpy(&v, p + 4 * i, 4);
-    } else {
-      uint16_t b;
-      std::memcpy(&b, p + 2 * i, 2);
-      v = t.dtype() == DType::kBF16 ? BF16ToFloat(b) : F16ToFloat(b);
-    }
+    const float v = ElementAt(t.dtype(), p, i);
     const int64_t h = (i / head_dim) % num_heads;
     if (!std::isfinite(v)) {
       ++*nonfinite;
@@ -103,14 +111,7 @@ absl::Status ReductionBackend::RangePerGroup(const TensorView& t, int64_t row_wi
   *nonfinite = 0;
   const uint8_t* p = t.bytes().data();
   for (int64_t i = 0; i < t.num_elements(); ++i) {
-    float v;
-    if (t.dtype() == DType::kF32) {
-      std::memcpy(&v, p + 4 * i, 4);
-    } else {
-      uint16_t b;
-      std::memcpy(&b, p + 2 * i, 2);
-      v = t.dtype() == DType::kBF16 ? BF16ToFloat(b) : F16ToFloat(b);
-    }
+    const float v = ElementAt(t.dtype(), p, i);
     if (!std::isfinite(v)) {
       ++*nonfinite;
       continue;

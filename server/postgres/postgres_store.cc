@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,8 @@ static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kPostgresSchemaVer
 
 // module_rows.block of a module's weight observer; activation blocks are >= 0.
 constexpr int64_t kWeightBlock = -1;
+// module_rows.block of a module's input |x| histogram (histogram recipes only).
+constexpr int64_t kInputHistogramBlock = -2;
 
 struct ResultDeleter {
   void operator()(PGresult* result) const { PQclear(result); }
@@ -529,64 +532,29 @@ class PostgresStore final : public StateStore {
   }
 
   absl::Status Merge(absl::string_view id, const SessionDelta& delta) override {
-    const std::string session_id(id);
-    absl::StatusOr<std::unique_ptr<Connection>> c = Connect();
-    if (!c.ok()) return c.status();
-    Connection& conn = **c;
-    if (absl::Status s = conn.Begin(); !s.ok()) return s;
-    // The session row lock orders merges of one session; they touch only its rows.
-    absl::StatusOr<Result> head = conn.Exec(
-        "SELECT finalized, (SELECT flush FROM caliper_partials WHERE session_id = $1 AND "
-        "partial_id = $2) FROM caliper_sessions WHERE id = $1 FOR UPDATE",
-        {Text(session_id), Text(delta.partial_id)});
-    if (!head.ok()) return head.status();
-    if (PQntuples(head->get()) == 0) {
-      return absl::NotFoundError(absl::StrCat("session ", id, " was deleted"));
-    }
-    if (!PQgetisnull(head->get(), 0, 1) &&
-        static_cast<uint64_t>(IntValue(head->get(), 0, 1)) >= delta.flush) {
-      conn.Rollback();
-      return absl::OkStatus();  // applied by an attempt whose answer was lost
-    }
-    if (BoolValue(head->get(), 0, 0)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("session ", id, " is finalized: it accepts no more chunks"));
-    }
-    if (delta.producer.has_value()) {
-      absl::StatusOr<Result> producer = conn.Exec(
-          "SELECT epoch FROM caliper_producers WHERE session_id = $1 AND producer_id = $2",
-          {Text(session_id), Text(delta.producer->producer_id)});
-      if (!producer.ok()) return producer.status();
-      if (PQntuples(producer->get()) == 0 ||
-          static_cast<uint64_t>(IntValue(producer->get(), 0, 0)) != delta.producer->epoch) {
-        return absl::AbortedError(absl::StrCat(
-            "producer '", delta.producer->producer_id,
-            "': this stream was superseded by a newer stream of the same producer (on this or "
-            "another replica); its uncommitted chunks are not counted"));
+    return MergeAll(id, {&delta}).front();
+  }
+
+  std::vector<absl::Status> MergeAll(absl::string_view id,
+                                     const std::vector<const SessionDelta*>& deltas) override {
+    std::vector<absl::Status> statuses(deltas.size());
+    std::set<absl::string_view> partials;
+    for (const SessionDelta* delta : deltas) {
+      if (!partials.insert(delta->partial_id).second) {
+        return std::vector<absl::Status>(
+            deltas.size(), absl::InvalidArgumentError(absl::StrCat(
+                               "MergeAll: partial \"", delta->partial_id, "\" given twice")));
       }
     }
-    absl::StatusOr<SessionDelta> merged = MergeWithCommitted(conn, session_id, delta);
-    if (!merged.ok()) return merged.status();
-    if (absl::Status s = WriteRows(conn, session_id, *merged); !s.ok()) return s;
-    if (absl::Status s = AddCounters(conn, session_id, delta.counters); !s.ok()) return s;
-    if (delta.producer.has_value()) {
-      if (absl::StatusOr<Result> r = conn.Exec(
-              "UPDATE caliper_producers SET sequence = GREATEST(sequence, $3) "
-              "WHERE session_id = $1 AND producer_id = $2",
-              {Text(session_id), Text(delta.producer->producer_id),
-               Text(absl::StrCat(delta.producer->sequence))});
-          !r.ok()) {
-        return r.status();
+    const absl::Status status = MergeTransaction(std::string(id), deltas, statuses);
+    if (!status.ok()) {
+      // The transaction did not commit (or its outcome is unknown): every delta not already
+      // decided answers with its error.
+      for (absl::Status& s : statuses) {
+        if (s.ok()) s = status;
       }
     }
-    if (absl::StatusOr<Result> r = conn.Exec(
-            "INSERT INTO caliper_partials (session_id, partial_id, flush) VALUES ($1, $2, $3) "
-            "ON CONFLICT (session_id, partial_id) DO UPDATE SET flush = EXCLUDED.flush",
-            {Text(session_id), Text(delta.partial_id), Text(absl::StrCat(delta.flush))});
-        !r.ok()) {
-      return r.status();
-    }
-    return conn.Commit();
+    return statuses;
   }
 
   void ForgetPartial(absl::string_view id, absl::string_view partial_id) override {
@@ -604,6 +572,125 @@ class PostgresStore final : public StateStore {
   }
 
  private:
+  // One transaction merging every delta of `deltas` that is neither already applied (its mark,
+  // answered OK) nor fenced (Aborted in `statuses`). An error return leaves the outcome of the
+  // deltas still OK in `statuses` to the caller (nothing committed, or unknown on Unavailable).
+  absl::Status MergeTransaction(const std::string& session_id,
+                                const std::vector<const SessionDelta*>& deltas,
+                                std::vector<absl::Status>& statuses) {
+    absl::StatusOr<std::unique_ptr<Connection>> c = Connect();
+    if (!c.ok()) return c.status();
+    Connection& conn = **c;
+    if (absl::Status s = conn.Begin(); !s.ok()) return s;
+    // The session row lock orders merges of one session; they touch only its rows.
+    std::vector<std::string> partial_ids;
+    for (const SessionDelta* delta : deltas) partial_ids.push_back(delta->partial_id);
+    absl::StatusOr<Result> head = conn.Exec(
+        "SELECT finalized FROM caliper_sessions WHERE id = $1 FOR UPDATE", {Text(session_id)});
+    if (!head.ok()) return head.status();
+    if (PQntuples(head->get()) == 0) {
+      return absl::NotFoundError(absl::StrCat("session ", session_id, " was deleted"));
+    }
+    const bool finalized = BoolValue(head->get(), 0, 0);
+    absl::StatusOr<Result> marks = conn.Exec(
+        "SELECT partial_id, flush FROM caliper_partials WHERE session_id = $1 AND "
+        "partial_id = ANY($2::text[])",
+        {Text(session_id), Text(TextArray(partial_ids))});
+    if (!marks.ok()) return marks.status();
+    std::map<std::string, uint64_t> applied;
+    for (int i = 0; i < PQntuples(marks->get()); ++i) {
+      applied[StringValue(marks->get(), i, 0)] =
+          static_cast<uint64_t>(IntValue(marks->get(), i, 1));
+    }
+    // Locked, so a stream of the same producer opening elsewhere (OpenProducer) waits for this
+    // commit and resumes after what it merges, or this merge sees its newer epoch.
+    std::vector<std::string> producer_ids;
+    for (const SessionDelta* delta : deltas) {
+      if (delta->producer.has_value()) producer_ids.push_back(delta->producer->producer_id);
+    }
+    std::map<std::string, uint64_t> epochs;
+    if (!producer_ids.empty()) {
+      absl::StatusOr<Result> producers = conn.Exec(
+          "SELECT producer_id, epoch FROM caliper_producers WHERE session_id = $1 AND "
+          "producer_id = ANY($2::text[]) FOR UPDATE",
+          {Text(session_id), Text(TextArray(producer_ids))});
+      if (!producers.ok()) return producers.status();
+      for (int i = 0; i < PQntuples(producers->get()); ++i) {
+        epochs[StringValue(producers->get(), i, 0)] =
+            static_cast<uint64_t>(IntValue(producers->get(), i, 1));
+      }
+    }
+    // What the live deltas change, folded together: one read and one write per touched row.
+    SessionDelta rows;
+    SessionCounters counters;
+    std::map<std::string, uint64_t> sequences;  // producer -> N after this merge
+    std::vector<std::string> marked_ids;
+    std::vector<uint64_t> marked_flushes;
+    for (size_t i = 0; i < deltas.size(); ++i) {
+      const SessionDelta& delta = *deltas[i];
+      auto mark = applied.find(delta.partial_id);
+      if (mark != applied.end() && mark->second >= delta.flush) continue;  // answer was lost
+      if (finalized) {
+        statuses[i] = absl::FailedPreconditionError(
+            absl::StrCat("session ", session_id, " is finalized: it accepts no more chunks"));
+        continue;
+      }
+      if (delta.producer.has_value()) {
+        auto epoch = epochs.find(delta.producer->producer_id);
+        if (epoch == epochs.end() || epoch->second != delta.producer->epoch) {
+          statuses[i] = absl::AbortedError(absl::StrCat(
+              "producer '", delta.producer->producer_id,
+              "': this stream was superseded by a newer stream of the same producer (on this "
+              "or another replica); its uncommitted chunks are not counted"));
+          continue;
+        }
+        uint64_t& sequence = sequences[delta.producer->producer_id];
+        sequence = std::max(sequence, delta.producer->sequence);
+      }
+      SessionDelta only_rows = delta;
+      only_rows.counters = {};
+      only_rows.producer.reset();
+      rows.Merge(only_rows);
+      counters.Add(delta.counters);
+      marked_ids.push_back(delta.partial_id);
+      marked_flushes.push_back(delta.flush);
+    }
+    if (marked_ids.empty()) {
+      conn.Rollback();
+      return absl::OkStatus();
+    }
+    absl::StatusOr<SessionDelta> merged = MergeWithCommitted(conn, session_id, rows);
+    if (!merged.ok()) return merged.status();
+    if (absl::Status s = WriteRows(conn, session_id, *merged); !s.ok()) return s;
+    if (absl::Status s = AddCounters(conn, session_id, counters); !s.ok()) return s;
+    if (!sequences.empty()) {
+      std::vector<std::string> ids;
+      std::vector<uint64_t> values;
+      for (const auto& [producer, sequence] : sequences) {
+        ids.push_back(producer);
+        values.push_back(sequence);
+      }
+      if (absl::StatusOr<Result> r = conn.Exec(
+              "UPDATE caliper_producers p SET sequence = GREATEST(p.sequence, k.sequence) "
+              "FROM unnest($2::text[], $3::bigint[]) AS k(producer_id, sequence) "
+              "WHERE p.session_id = $1 AND p.producer_id = k.producer_id",
+              {Text(session_id), Text(TextArray(ids)), Text(IntArray(values))});
+          !r.ok()) {
+        return r.status();
+      }
+    }
+    if (absl::StatusOr<Result> r = conn.Exec(
+            "INSERT INTO caliper_partials (session_id, partial_id, flush) "
+            "SELECT $1, k.partial_id, k.flush FROM unnest($2::text[], $3::bigint[]) AS "
+            "k(partial_id, flush) "
+            "ON CONFLICT (session_id, partial_id) DO UPDATE SET flush = EXCLUDED.flush",
+            {Text(session_id), Text(TextArray(marked_ids)), Text(IntArray(marked_flushes))});
+        !r.ok()) {
+      return r.status();
+    }
+    return conn.Commit();
+  }
+
   struct Loaded {
     std::unique_ptr<CalibrationSession> session;  // as created
     bool finalized = false;
@@ -682,6 +769,10 @@ class PostgresStore final : public StateStore {
         absl::StatusOr<MinMaxObserver> observer = DecodeWeightRow(*bytes);
         if (!observer.ok()) return RowError("caliper_module_rows", observer.status());
         rows.weights[std::move(module)] = *observer;
+      } else if (block == kInputHistogramBlock) {
+        absl::StatusOr<MagnitudeHistogram> hist = DecodeInputHistogramRow(*bytes);
+        if (!hist.ok()) return RowError("caliper_module_rows", hist.status());
+        rows.input_hists[std::move(module)] = *std::move(hist);
       } else {
         absl::StatusOr<ActivationObserver> observer = DecodeInputRow(*bytes, block);
         if (!observer.ok()) return RowError("caliper_module_rows", observer.status());
@@ -710,7 +801,7 @@ class PostgresStore final : public StateStore {
       if (!kv.ok()) return kv.status();
       if (absl::Status s = ParseKvRows(kv->get(), merged); !s.ok()) return s;
     }
-    if (!delta.weights.empty() || !delta.inputs.empty()) {
+    if (!delta.weights.empty() || !delta.inputs.empty() || !delta.input_hists.empty()) {
       std::vector<std::string> modules;
       std::vector<int64_t> blocks;
       for (const auto& [module, observer] : delta.weights) {
@@ -721,10 +812,18 @@ class PostgresStore final : public StateStore {
         modules.push_back(key.first);
         blocks.push_back(key.second);
       }
+      for (const auto& [module, hist] : delta.input_hists) {
+        modules.push_back(module);
+        blocks.push_back(kInputHistogramBlock);
+      }
+      // One primary-key lookup per key (LATERAL with LIMIT, which the planner cannot flatten):
+      // as a join it hashed the session's whole history, so a flush grew with the state
+      // instead of with the rows it touches.
       absl::StatusOr<Result> rows = conn.Exec(
-          "SELECT m.module, m.block, m.observer FROM caliper_module_rows m "
-          "JOIN unnest($2::text[], $3::bigint[]) AS k(module, block) "
-          "ON m.module = k.module AND m.block = k.block WHERE m.session_id = $1",
+          "SELECT k.module, k.block, m.observer "
+          "FROM unnest($2::text[], $3::bigint[]) AS k(module, block), "
+          "LATERAL (SELECT observer FROM caliper_module_rows WHERE session_id = $1 AND "
+          "module = k.module AND block = k.block LIMIT 1) AS m",
           {Text(id), Text(TextArray(modules)), Text(IntArray(blocks))});
       if (!rows.ok()) return rows.status();
       if (absl::Status s = ParseModuleRows(rows->get(), merged); !s.ok()) return s;
@@ -751,6 +850,9 @@ class PostgresStore final : public StateStore {
     }
     for (const auto& [key, observer] : rows.inputs) {
       modules.push_back({key.first, key.second, EncodeInputRow(observer)});
+    }
+    for (const auto& [module, hist] : rows.input_hists) {
+      modules.push_back({module, kInputHistogramBlock, EncodeInputHistogramRow(hist)});
     }
     for (size_t start = 0; start < kv.size(); start += kRowsPerInsert) {
       std::vector<Param> params = {Text(id)};

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "client/demo/demo_data.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/e2e_support.h"
@@ -78,18 +79,37 @@ class ReplicasTest : public ::testing::Test {
 
   std::vector<std::string> CalibrateArgs(const std::string& server, const std::string& out) {
     return {e2e::CliPath(), "calibrate", "--server=" + server,
-            "--model=" + demo_.config_json, "--kv=per_head", "--nvfp4",
+            "--model=" + demo_.config_json, "--kv=per-head", "--nvfp4",
+            // Histogram and moving-average state must cross the store like the rest.
+            "--kv-observer=minmax", "--histograms",
             "--weights=" + demo_.checkpoint_dir,
             "--tensors=" + fs::path(demo_.dumps[0]).parent_path().string(),
             "--chunk-bytes=1024", "--streams=4", "--name=replicas", "--out=" + out};
   }
 
-  // The uninterrupted single-server (in memory) run the replicated runs must equal.
-  void Reference(const std::string& out) {
+  // The uninterrupted single-server (in memory) run the replicated runs must equal; with
+  // `report`, that session's report.json (ReportJson) too.
+  void Reference(const std::string& out, std::string* report = nullptr) {
     e2e::ServerProcess server({"--log_format=text"}, dir_ + "/server_ref.log");
     ASSERT_TRUE(server.Start()) << e2e::ReadFile(dir_ + "/server_ref.log");
     e2e::ChildProcess cli(CalibrateArgs(server.address(), out), dir_ + "/cli_ref.log");
     ASSERT_EQ(cli.Wait(120), 0) << e2e::ReadFile(dir_ + "/cli_ref.log");
+    if (report != nullptr) *report = ReportJson(server.address(), dir_ + "/cli_ref.log", "ref");
+  }
+
+  // `caliper report` of the session the CLI run logged in `cli_log`, its id replaced by "ID".
+  std::string ReportJson(const std::string& server, const std::string& cli_log,
+                         const std::string& name) {
+    static const std::regex kSession(R"((^|\n)session +([0-9a-f]+))");
+    std::smatch match;
+    const std::string log = e2e::ReadFile(cli_log);
+    if (!std::regex_search(log, match, kSession)) return "no session line in " + cli_log;
+    const std::string id = match[2];
+    const std::string out = absl::StrCat(dir_, "/report_", name);
+    e2e::RunResult r =
+        e2e::RunCli(absl::StrCat("report --server=", server, " --session=", id, " --out=", out));
+    if (r.exit_code != 0) return "caliper report failed: " + r.output;
+    return absl::StrReplaceAll(e2e::ReadFile(out + "/report.json"), {{id, "ID"}});
   }
 
   void StartReplicas(int n, std::vector<std::string> extra = {}) {
@@ -133,7 +153,8 @@ absl::Status* ReplicasTest::start_error_ = nullptr;
 
 TEST_F(ReplicasTest, ARunSpreadOverThreeReplicasEqualsOneServer) {
   const std::string reference = dir_ + "/out_ref";
-  Reference(reference);
+  std::string reference_report;
+  Reference(reference, &reference_report);
   StartReplicas(3);
   if (HasFatalFailure()) return;
   const std::string out = dir_ + "/out";
@@ -155,7 +176,12 @@ TEST_F(ReplicasTest, ARunSpreadOverThreeReplicasEqualsOneServer) {
     const std::string rows = std::regex_replace(listed.output, kAge, " ");
     if (i == 0) first = rows;
     EXPECT_EQ(rows, first);
+    // And the same quality report as the single server's.
+    EXPECT_EQ(ReportJson(replicas_[i]->address(), dir_ + "/cli.log", absl::StrCat(i)),
+              reference_report)
+        << "replica " << i;
   }
+  EXPECT_TRUE(absl::StrContains(reference_report, "\"session\"")) << reference_report;
 }
 
 TEST_F(ReplicasTest, AReplicaKilledMidRunLeavesTheScalesExact) {

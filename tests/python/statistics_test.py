@@ -83,6 +83,21 @@ def test_merge_chunks_elementwise_and_signed_zero():
     assert m.group_min == [-2.0, -3.0] and m.group_max == [1.0, 4.0] and m.shape == [3, 20]
 
 
+def test_merge_chunks_merges_histograms_exactly():
+    from caliper import _histogram
+    rng = np.random.default_rng(9)
+    x = torch.from_numpy(rng.standard_normal((30, 2, 8)).astype(np.float32))
+    a = _tensors.kv_statistics(x[:10], "F32", "k", histograms=True)
+    b = _tensors.kv_statistics(x[10:], "F32", "k", histograms=True)
+    whole = _tensors.kv_statistics(x, "F32", "k", histograms=True)
+    m = _merge.merge_chunks(a, b)
+    assert m.absmax == whole.absmax
+    for got, want in zip(m.histograms, whole.histograms):
+        assert np.array_equal(got.counts, want.counts) and got.max_count == want.max_count
+        assert got.max == want.max
+    assert isinstance(m.histograms[0], _histogram.Histogram)
+
+
 def recipe(**kw):
     return pb.Recipe(kv=pb.KV_PER_HEAD, nvfp4_activations=True, nvfp4_weights=True, **kw)
 
@@ -154,13 +169,15 @@ def test_merger_bounds_and_what_it_never_merges():
     for item in (a, b, c):
         assert m.add(item) == []
     assert m.pending == 3
-    # Off: merge_batches 0, raw chunks, recipes with histograms.
-    for r, window in ((recipe(), 0), (recipe(histograms=True), 4),
-                      (recipe(kv_observer=pb.KV_OBSERVER_MSE), 4),
-                      (recipe(activation_observer=pb.PERCENTILE), 4)):
-        m = _merge.Merger(r, window_batches=window, max_entries=100)
-        item = kv_item(0, 0, [1, 1])
-        assert m.add(item) == [item]
+    # Off: merge_batches 0, raw chunks.
+    m = _merge.Merger(recipe(), window_batches=0, max_entries=100)
+    item = kv_item(0, 0, [1, 1])
+    assert m.add(item) == [item]
+    # Histogram observers keep batches apart (merged within one).
+    m = _merge.Merger(recipe(kv_observer=pb.KV_OBSERVER_MSE), window_batches=4, max_entries=100)
+    for b in (0, 0, 1):
+        assert m.add(kv_item(0, b, [1, 1])) == []
+    assert [p.observations for p in m.drain()] == [2, 1]
     m = _merge.Merger(recipe(), window_batches=4, max_entries=100)
     raw = _merge.Pending(pb.KEY, dict(layer=0, tp_rank=0, tp_size=1, batch=0),
                          _tensors.Chunk("F32", [1, 2, 8], data=b"\0" * 64), "layer 0 key", 0, 0)

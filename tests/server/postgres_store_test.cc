@@ -8,12 +8,15 @@
 
 #include <atomic>
 #include <cmath>
+#include <future>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/state/partial_flusher.h"
 #include "core/tensor/reduction_backend.h"
 #include "gtest/gtest.h"
 #include "tests/support/postgres_instance.h"
@@ -230,6 +233,150 @@ TEST_F(PostgresStoreTest, ReplicasMergingConcurrentlyEqualOneProcess) {
   EXPECT_EQ(status->modules_with_weights, kModules);
   EXPECT_EQ(status->modules_with_inputs, kModules);
   ExpectSameResults(*reference, **a);
+}
+
+// Every observer row of a committed session, encoded: equal maps are equal state bit for bit.
+std::map<std::string, std::string> Rows(CalibrationSession& session) {
+  SessionDelta delta = session.TakeDelta(nullptr);
+  std::map<std::string, std::string> rows;
+  for (const auto& [layer, o] : delta.kv_layers) {
+    rows[absl::StrCat("kv ", layer)] = EncodeKvLayerObserver(o);
+  }
+  for (const auto& [module, o] : delta.weights) rows["w " + module] = EncodeWeightRow(o);
+  for (const auto& [key, o] : delta.inputs) {
+    rows[absl::StrCat("i ", key.first, " ", key.second)] = EncodeInputRow(o);
+  }
+  return rows;
+}
+
+TEST_F(PostgresStoreTest, MergeAllIsOneTransactionEqualToSeparateMerges) {
+  std::shared_ptr<CalibrationSession> batched = NewSession(), separate = NewSession();
+  constexpr int kPartials = 6;
+  std::vector<SessionDelta> deltas(kPartials);
+  std::vector<OpenedProducer> opened(kPartials);
+  for (int p = 0; p < kPartials; ++p) {
+    std::unique_ptr<CalibrationSession> partial = batched->EmptyLike();
+    const std::string producer = absl::StrCat("host/", p);
+    for (const auto& s : {batched, separate}) {
+      absl::StatusOr<OpenedProducer> o = store_->OpenProducer(s->id(), producer);
+      ASSERT_TRUE(o.ok());
+      opened[p] = *o;
+    }
+    partial->RestoreProducers({});
+    absl::StatusOr<ProducerLedger::Stream> stream = partial->OpenProducerStream(producer);
+    ASSERT_TRUE(stream.ok());
+    for (int i = 0; i < 40; ++i) Observe(*partial, p + kPartials * i, *backend_, &*stream, i + 1);
+    deltas[p] = partial->TakeDelta(&*stream);
+    deltas[p].producer->epoch = opened[p].epoch;  // 1 in both sessions
+    deltas[p].partial_id = absl::StrCat("partial-", p);
+    deltas[p].flush = 1;
+  }
+  std::vector<const SessionDelta*> all;
+  for (const SessionDelta& d : deltas) all.push_back(&d);
+  for (const absl::Status& s : store_->MergeAll(batched->id(), all)) EXPECT_TRUE(s.ok()) << s;
+  for (const SessionDelta& d : deltas) ASSERT_TRUE(store_->Merge(separate->id(), d).ok());
+
+  // One transaction wrote every partial's mark (one xmin), against six.
+  PGconn* conn = PQconnectdb(pg_->uri().c_str());
+  auto transactions = [&](const std::string& id) {
+    const std::string sql = absl::StrCat(
+        "SELECT count(DISTINCT xmin::text) FROM caliper_partials WHERE session_id = '", id, "'");
+    PGresult* r = PQexec(conn, sql.c_str());
+    const std::string value = PQresultStatus(r) == PGRES_TUPLES_OK ? PQgetvalue(r, 0, 0) : "?";
+    PQclear(r);
+    return value;
+  };
+  EXPECT_EQ(transactions(batched->id()), "1");
+  EXPECT_EQ(transactions(separate->id()), "6");
+  PQfinish(conn);
+
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> a = store_->LoadSession(batched->id(), "");
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> b = store_->LoadSession(separate->id(), "");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ((*a)->Status().accepted_chunks, kPartials * 40);
+  EXPECT_EQ(*store_->CommittedSequence(batched->id(), "", "host/3"), 40u);
+  ExpectSameResults(**b, **a);
+  EXPECT_EQ(Rows(**a), Rows(**b));
+
+  // Retried (the answer was lost): counts once. A fenced partial fails alone.
+  for (const absl::Status& s : store_->MergeAll(batched->id(), all)) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(store_->OpenProducer(batched->id(), "host/2").ok());
+  for (SessionDelta& d : deltas) ++d.flush;
+  std::vector<absl::Status> statuses = store_->MergeAll(batched->id(), all);
+  for (int p = 0; p < kPartials; ++p) {
+    EXPECT_EQ(statuses[p].code(), p == 2 ? absl::StatusCode::kAborted : absl::StatusCode::kOk)
+        << p << statuses[p];
+  }
+  EXPECT_EQ(store_->GetStatus(batched->id(), "")->accepted_chunks, 2 * kPartials * 40 - 40);
+  EXPECT_EQ(*store_->CommittedSequence(batched->id(), "", "host/2"), 40u);
+
+  // The same partial twice is refused whole; a finalized session refuses every delta.
+  std::vector<absl::Status> twice = store_->MergeAll(batched->id(), {all[0], all[0]});
+  EXPECT_EQ(twice[0].code(), absl::StatusCode::kInvalidArgument) << twice[0];
+  ASSERT_TRUE(store_->FinalizeSession(batched->id(), "").ok());
+  for (SessionDelta& d : deltas) ++d.flush;
+  for (const absl::Status& s : store_->MergeAll(batched->id(), all)) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  }
+}
+
+TEST_F(PostgresStoreTest, TwoReplicasFlushersMergingConcurrentlyEqualOneProcess) {
+  // Two replicas (own pools and flushers, 5 ms interval), four producer streams each, folding
+  // chunks while their flushers race to merge the session's partials in one transaction each.
+  std::shared_ptr<CalibrationSession> created = NewSession();
+  std::unique_ptr<CalibrationSession> reference = created->EmptyLike();
+  constexpr int kChunks = 800, kStreams = 8;
+  for (int i = 0; i < kChunks; ++i) Observe(*reference, i, *backend_);
+  std::unique_ptr<StateStore> replica_b = Open();
+  std::atomic<int> transactions{0};
+  auto count = [&](const PartialFlusher::FlushEvent&) { ++transactions; };
+  PartialFlusher flusher_a(store_.get(), absl::Milliseconds(5), count);
+  PartialFlusher flusher_b(replica_b.get(), absl::Milliseconds(5), count);
+  std::vector<std::thread> streams;
+  std::atomic<int> failures{0};
+  for (int stream = 0; stream < kStreams; ++stream) {
+    streams.emplace_back([&, stream] {
+      StateStore& store = stream % 2 == 0 ? *store_ : *replica_b;
+      PartialFlusher& flusher = stream % 2 == 0 ? flusher_a : flusher_b;
+      auto backend = MakeCpuBackend(1);
+      absl::StatusOr<std::unique_ptr<CalibrationSession>> loaded =
+          store.LoadEmpty(created->id(), "");
+      const std::string producer = absl::StrCat("host/", stream);
+      absl::StatusOr<OpenedProducer> opened = store.OpenProducer(created->id(), producer);
+      if (!loaded.ok() || !opened.ok()) {
+        ++failures;
+        return;
+      }
+      std::shared_ptr<CalibrationSession> session = *std::move(loaded);
+      session->RestoreProducers({{producer, opened->committed}});
+      absl::StatusOr<ProducerLedger::Stream> ledger = session->OpenProducerStream(producer);
+      auto partial = flusher.Register(session);
+      flusher.BindProducer(partial, *ledger, opened->epoch);
+      uint64_t sequence = 0;
+      for (int i = stream; i < kChunks; i += kStreams) {
+        Observe(*session, i, *backend, &*ledger, ++sequence);
+        if (i % 50 == 7) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      std::promise<absl::Status> done;
+      flusher.WhenCommitted(partial, [&](absl::Status s) { done.set_value(s); });
+      if (!done.get_future().get().ok()) ++failures;
+      flusher.Release(partial);
+    });
+  }
+  for (std::thread& t : streams) t.join();
+  flusher_a.Stop();
+  flusher_b.Stop();
+  ASSERT_EQ(failures.load(), 0);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> merged =
+      replica_b->LoadSession(created->id(), "");
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ((*merged)->Status().accepted_chunks, kChunks);
+  for (int stream = 0; stream < kStreams; ++stream) {
+    EXPECT_EQ(*store_->CommittedSequence(created->id(), "", absl::StrCat("host/", stream)),
+              static_cast<uint64_t>(kChunks / kStreams));
+  }
+  ExpectSameResults(*reference, **merged);
+  EXPECT_GT(transactions.load(), 0);
 }
 
 TEST_F(PostgresStoreTest, AFencedStreamsLateFlushCountsNothing) {

@@ -3,8 +3,9 @@
 Statistics of the same tensor (K or V of a layer, a module's input or weight, from one TP rank
 with the same dtype and trailing shape) are folded into one statistic: absmax, min and max
 element-wise, the row counts summed. Across batches only where the session's observer forgets
-batches (static_minmax K/V and inputs, weights); a moving-average observer (minmax) keeps one
-statistic per batch, merged only within it. Recipes that need histograms are not merged.
+batches (static_minmax K/V and inputs, weights); the other observers (minmax's moving average,
+percentile and mse) keep one statistic per batch, merged only within it. Histograms (sessions
+that keep them) merge exactly (caliper/_histogram.py Histogram.merge).
 
 Bounds, all counted in observe calls so the merged statistics (and so the sequences a producer
 gives them) are the same on every re-run of the same capture, which Resume relies on: pending
@@ -51,12 +52,6 @@ def merges_across_batches(recipe: pb.Recipe) -> Dict[int, bool]:
             pb.WEIGHT: True}
 
 
-def needs_histograms(recipe: pb.Recipe) -> bool:
-    return (recipe.histograms or
-            recipe.kv_observer in (pb.KV_OBSERVER_PERCENTILE, pb.KV_OBSERVER_MSE) or
-            recipe.activation_observer in (pb.PERCENTILE, pb.MSE))
-
-
 def _lower(a: float, b: float) -> float:
     """min with -0 below +0 (as the server's one-pass reduction orders them)."""
     if a == b:
@@ -76,6 +71,12 @@ def _each(f, a: Optional[List[float]], b: Optional[List[float]]) -> Optional[Lis
     return [f(x, y) for x, y in zip(a, b)]
 
 
+def _histograms(a, b):
+    if a is None:
+        return None
+    return [x.merge(y) for x, y in zip(a, b)]
+
+
 def merge_chunks(a: _tensors.Chunk, b: _tensors.Chunk) -> _tensors.Chunk:
     """The statistic of a and b together (same dtype and trailing shape, same form)."""
     return _tensors.Chunk(
@@ -86,19 +87,20 @@ def merge_chunks(a: _tensors.Chunk, b: _tensors.Chunk) -> _tensors.Chunk:
         head_min=_each(_lower, a.head_min, b.head_min),
         head_max=_each(_upper, a.head_max, b.head_max),
         group_min=_each(_lower, a.group_min, b.group_min),
-        group_max=_each(_upper, a.group_max, b.group_max))
+        group_max=_each(_upper, a.group_max, b.group_max),
+        histograms=_histograms(a.histograms, b.histograms))
 
 
 def _form(chunk: _tensors.Chunk) -> Tuple[bool, ...]:
     return tuple(getattr(chunk, f) is None for f in
-                 ("absmax", "min", "head_min", "group_min"))
+                 ("absmax", "min", "head_min", "group_min", "histograms"))
 
 
 class Merger:
     def __init__(self, recipe: pb.Recipe, window_batches: int, max_entries: int):
         self.window_batches = window_batches
         self.max_entries = max_entries
-        self.enabled = window_batches > 0 and not needs_histograms(recipe)
+        self.enabled = window_batches > 0
         self._across = merges_across_batches(recipe)
         self._warmup = recipe.warmup_batches
         self._entries: Dict[tuple, Pending] = {}

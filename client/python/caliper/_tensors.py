@@ -14,6 +14,8 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
+from . import _histogram
+
 try:  # torch is optional
     import torch
 except ImportError:  # pragma: no cover - exercised without the torch extra
@@ -64,6 +66,7 @@ class Chunk:
     head_max: Optional[List[float]] = None
     group_min: Optional[List[float]] = None  # inputs per 16-column group, minmax observer
     group_max: Optional[List[float]] = None
+    histograms: Optional[List[_histogram.Histogram]] = None  # statistics, histogram sessions
     first_row: int = 0
 
     @property
@@ -125,7 +128,7 @@ def raw_chunks(x: Any, dtype: str, chunk_bytes: int) -> List[Chunk]:
     return out
 
 
-def kv_statistics(x: Any, dtype: str, where: str) -> Chunk:
+def kv_statistics(x: Any, dtype: str, where: str, histograms: bool = False) -> Chunk:
     """Per-head absmax of [tokens, heads, head_dim], reduced on x's device."""
     shape = [int(d) for d in x.shape]
     if is_torch(x):
@@ -141,7 +144,8 @@ def kv_statistics(x: Any, dtype: str, where: str) -> Chunk:
         if not math.isfinite(value):
             raise TensorError(f"{where}: NaN or Inf in kv head {head} (the whole tensor is "
                               "refused; nothing of it was sent)")
-    return Chunk(dtype, shape, absmax=absmax)
+    return Chunk(dtype, shape, absmax=absmax,
+                 histograms=_histogram.kv_histograms(x) if histograms else None)
 
 
 def _check_finite(values: List[float], where: str, what: str) -> None:
@@ -151,12 +155,13 @@ def _check_finite(values: List[float], where: str, what: str) -> None:
                               "nothing of it was sent)")
 
 
-def kv_minmax_statistics(x: Any, dtype: str, where: str) -> Chunk:
+def kv_minmax_statistics(x: Any, dtype: str, where: str, histograms: bool = False) -> Chunk:
     """Per-head min and max of [tokens, heads, head_dim] (the minmax KV observer's form)."""
     shape = [int(d) for d in x.shape]
+    hists = _histogram.kv_histograms(x) if histograms else None
     if shape[0] == 0:  # nothing observed: the empty range's seeds, as the server expects
         return Chunk(dtype, shape, head_min=[math.inf] * shape[1],
-                     head_max=[-math.inf] * shape[1])
+                     head_max=[-math.inf] * shape[1], histograms=hists)
     if is_torch(x):
         x = x.detach()
         lo = x.amin(dim=(0, 2)).float().cpu().tolist()
@@ -166,13 +171,13 @@ def kv_minmax_statistics(x: Any, dtype: str, where: str) -> Chunk:
         hi = np.max(x, axis=(0, 2)).astype(np.float32).tolist()
     _check_finite(lo, where, "kv head")
     _check_finite(hi, where, "kv head")
-    return Chunk(dtype, shape, head_min=lo, head_max=hi)
+    return Chunk(dtype, shape, head_min=lo, head_max=hi, histograms=hists)
 
 
 GROUP_COLUMNS = 16  # the minmax activation observer's group (llm-compressor's NVFP4 group)
 
 
-def group_statistics(x: Any, dtype: str, where: str) -> Chunk:
+def group_statistics(x: Any, dtype: str, where: str, histograms: bool = False) -> Chunk:
     """Min and max per group of 16 consecutive columns of the last dimension (the last group
     may be shorter) over every other dimension, of [rows, features]."""
     shape = [int(d) for d in x.shape]
@@ -198,10 +203,11 @@ def group_statistics(x: Any, dtype: str, where: str) -> Chunk:
         hi = [float(col_hi[i:i + GROUP_COLUMNS].max()) for i in range(0, cols, GROUP_COLUMNS)]
     _check_finite(lo, where, "column group")
     _check_finite(hi, where, "column group")
-    return Chunk(dtype, shape, group_min=lo, group_max=hi)
+    return Chunk(dtype, shape, group_min=lo, group_max=hi,
+                 histograms=[_histogram.tensor_histogram(x)] if histograms else None)
 
 
-def range_statistics(x: Any, dtype: str, where: str) -> Chunk:
+def range_statistics(x: Any, dtype: str, where: str, histograms: bool = False) -> Chunk:
     """Min and max of the whole tensor, reduced on x's device."""
     shape = [int(d) for d in x.shape]
     if math.prod(shape) == 0:
@@ -214,7 +220,8 @@ def range_statistics(x: Any, dtype: str, where: str) -> Chunk:
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise TensorError(f"{where}: NaN or Inf in the tensor (the whole tensor is refused; "
                           "nothing of it was sent)")
-    return Chunk(dtype, shape, min=lo, max=hi)
+    return Chunk(dtype, shape, min=lo, max=hi,
+                 histograms=[_histogram.tensor_histogram(x)] if histograms else None)
 
 
 def flatten_rows(x: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO, Union
 
 import grpc
 
-from . import _merge, _retry, _tensors
+from . import _histogram, _merge, _retry, _tensors
 from ._pb import caliper_pb2 as pb
 from ._pb import caliper_pb2_grpc as pb_grpc
 from ._producer import Producer, RejectedChunksError, StreamError
@@ -333,13 +333,15 @@ class Session:
         if self.mode == "raw":
             return _tensors.raw_chunks(x, dtype, self.chunk_bytes)
         recipe = self.proto.recipe
+        # Sessions that keep histograms need them from K/V and inputs (the server refuses less).
+        hist = kind != pb.WEIGHT and _histogram.recipe_needs_histograms(recipe)
         if kind in (pb.KEY, pb.VALUE):
             if recipe.kv_observer == pb.KV_OBSERVER_MINMAX:
-                return [_tensors.kv_minmax_statistics(x, dtype, where)]
-            return [_tensors.kv_statistics(x, dtype, where)]
+                return [_tensors.kv_minmax_statistics(x, dtype, where, hist)]
+            return [_tensors.kv_statistics(x, dtype, where, hist)]
         if kind == pb.INPUT_ACTIVATION and recipe.activation_observer == pb.MINMAX:
-            return [_tensors.group_statistics(x, dtype, where)]
-        return [_tensors.range_statistics(x, dtype, where)]
+            return [_tensors.group_statistics(x, dtype, where, hist)]
+        return [_tensors.range_statistics(x, dtype, where, hist)]
 
     def _put(self, chunks, fields: dict) -> None:
         batch = fields.get("batch")
@@ -368,6 +370,8 @@ class Session:
             else:
                 stats.min = chunk.min
                 stats.max = chunk.max
+            if chunk.histograms is not None:
+                _histogram.to_proto(stats, chunk.histograms)
         self.producer(item.fields["tp_rank"]).put(message, item.description, chunk.tensor_bytes)
 
     def _drain_merged(self) -> None:

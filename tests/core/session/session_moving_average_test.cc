@@ -8,12 +8,14 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "core/calibration/chunk_statistics.h"
 #include "core/session/session.h"
 #include "core/state/session_delta.h"
+#include "tests/support/session_test_util.h"
 
 namespace caliper {
 namespace {
@@ -22,14 +24,7 @@ constexpr int kLayers = 1, kHeads = 4, kHeadDim = 8, kTokens = 6, kBatches = 5;
 constexpr int kColumns = 40;  // 3 input groups: 16, 16 and 8 columns
 
 ModelConfig Model(std::optional<DType> dtype = std::nullopt) {
-  ModelConfig m;
-  m.architecture = "LlamaForCausalLM";
-  m.model_type = "llama";
-  m.num_layers = kLayers;
-  m.num_attention_heads = 8;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kHeadDim;
-  m.hidden_size = 64;
+  ModelConfig m = testing::LlamaTestModel(kLayers, kHeads, kHeadDim, 8);
   m.dtype = dtype;
   return m;
 }
@@ -69,6 +64,17 @@ ChunkRef Chunk(ChunkKind kind, const std::vector<float>& data, std::vector<int64
   c.batch = batch;
   c.data = ByteSpans(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float));
   return c;
+}
+
+// Min and max of head h of a [tokens, kHeads, kHeadDim] tensor.
+std::pair<float, float> HeadRange(const std::vector<float>& k, int h) {
+  float lo = INFINITY, hi = -INFINITY;
+  for (size_t i = 0; i < k.size(); ++i) {
+    if (static_cast<int>((i / kHeadDim) % kHeads) != h) continue;
+    lo = std::min(lo, k[i]);
+    hi = std::max(hi, k[i]);
+  }
+  return {lo, hi};
 }
 
 // The moving average computed directly, in double like Caliper's arithmetic.
@@ -113,12 +119,7 @@ TEST(SessionMovingAverageTest, KvPerHeadAndPerTensorAndInputPerGroupMatchTheRecu
     const std::vector<float> k = KvData(b), x = InputData(b);
     float tmin = INFINITY, tmax = -INFINITY;
     for (int h = 0; h < kHeads; ++h) {
-      float lo = INFINITY, hi = -INFINITY;
-      for (size_t i = 0; i < k.size(); ++i) {
-        if (static_cast<int>((i / kHeadDim) % kHeads) != h) continue;
-        lo = std::min(lo, k[i]);
-        hi = std::max(hi, k[i]);
-      }
+      const auto [lo, hi] = HeadRange(k, h);
       head_min[h].push_back(lo);
       head_max[h].push_back(hi);
       tmin = std::min(tmin, lo);
@@ -222,12 +223,7 @@ TEST(SessionMovingAverageTest, TpShardsStatisticsStateAndDeltaGiveTheSameScales)
     // Statistics mode: what a producer sends instead of the elements.
     ChunkStatistics kst, xst;
     for (int h = 0; h < kHeads; ++h) {
-      float lo = INFINITY, hi = -INFINITY;
-      for (size_t i = 0; i < k.size(); ++i) {
-        if (static_cast<int>((i / kHeadDim) % kHeads) != h) continue;
-        lo = std::min(lo, k[i]);
-        hi = std::max(hi, k[i]);
-      }
+      const auto [lo, hi] = HeadRange(k, h);
       kst.head_min.push_back(lo);
       kst.head_max.push_back(hi);
     }

@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "core/tensor/reduction_backend.h"
@@ -37,7 +38,7 @@ Recipe AllOn() {
 
 // Observes chunk i (K of layer i % 2, or an input of module "m{i % 3}" at batch 70 * i).
 void Observe(CalibrationSession& s, int i, ReductionBackend& backend,
-             const ProducerLedger::Stream* producer = nullptr) {
+             const ProducerLedger::Stream* producer = nullptr, uint64_t sequence = 0) {
   std::mt19937 rng(static_cast<uint32_t>(i) + 1);
   std::normal_distribution<float> dist(0.0f, 1.0f + static_cast<float>(i));
   std::vector<float> data(i % 2 == 0 ? 2 * 2 * 4 : 16);
@@ -50,7 +51,7 @@ void Observe(CalibrationSession& s, int i, ReductionBackend& backend,
   c.dtype = DType::kF32;
   c.shape = i % 2 == 0 ? std::vector<int64_t>{2, 2, 4} : std::vector<int64_t>{1, 16};
   c.batch = 70 * i;
-  c.sequence = static_cast<uint64_t>(i) + 1;
+  c.sequence = sequence > 0 ? sequence : static_cast<uint64_t>(i) + 1;
   c.data = ByteSpans(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float));
   ASSERT_TRUE(s.Observe(c, backend, producer).status.ok());
 }
@@ -119,6 +120,13 @@ class FakeStore final : public StateStore {
     }
     return absl::OkStatus();
   }
+  // One "transaction" per call; each delta as Merge would take it.
+  std::vector<absl::Status> MergeAll(absl::string_view id,
+                                     const std::vector<const SessionDelta*>& deltas) override {
+    ++transactions_;
+    deltas_ += static_cast<int>(deltas.size());
+    return StateStore::MergeAll(id, deltas);
+  }
   void ForgetPartial(absl::string_view, absl::string_view) override { ++forgotten_; }
   absl::Status Ping() override { return absl::OkStatus(); }
 
@@ -139,6 +147,7 @@ class FakeStore final : public StateStore {
     return committed_->Status().accepted_chunks;
   }
   std::atomic<int> forgotten_{0};
+  std::atomic<int> transactions_{0}, deltas_{0};  // MergeAll calls, deltas they carried
 
  private:
   static absl::Status Unused() { return absl::UnimplementedError("not used by the flusher"); }
@@ -191,6 +200,54 @@ TEST_F(PartialFlusherTest, TwoPartialsCommitToTheSameStateAsOneSession) {
   EXPECT_EQ(store_->snapshot(), reference_->Snapshot().bytes);
   flusher_->Release(pa);
   flusher_->Release(pb);
+}
+
+TEST_F(PartialFlusherTest, ASessionsPartialsMergeInOneTransactionPerFlush) {
+  // Six streams of one session, three producers among them: each flush pass is one MergeAll
+  // carrying every partial's delta, and the result is the one-session state bit for bit.
+  constexpr int kStreams = 6;
+  std::vector<std::shared_ptr<CalibrationSession>> sessions;
+  std::vector<std::shared_ptr<PartialFlusher::Partial>> partials;
+  std::vector<std::optional<ProducerLedger::Stream>> streams(kStreams);
+  for (int s = 0; s < kStreams; ++s) {
+    sessions.push_back(Partial());
+    partials.push_back(flusher_->Register(sessions.back()));
+    if (s % 2 == 0) {
+      const std::string producer = "p" + std::to_string(s);
+      absl::StatusOr<OpenedProducer> opened = store_->OpenProducer("s1", producer);
+      sessions.back()->RestoreProducers({{producer, opened->committed}});
+      streams[s] = *sessions.back()->OpenProducerStream(producer);
+      flusher_->BindProducer(partials.back(), *streams[s], opened->epoch);
+    }
+  }
+  std::vector<uint64_t> sequences(kStreams, 0);
+  int passes = 0;
+  for (int i = 0; i < 60; ++i) {
+    const int s = i % kStreams;
+    Observe(*reference_, i, *backend_);
+    Observe(*sessions[s], i, *backend_, streams[s] ? &*streams[s] : nullptr, ++sequences[s]);
+    if (i % 20 == 19) {
+      ASSERT_TRUE(Commit(partials[0]).ok());  // one waiter; the pass flushes every partial
+      ++passes;
+    }
+  }
+  EXPECT_EQ(store_->transactions_.load(), passes);
+  EXPECT_EQ(store_->deltas_.load(), passes * kStreams);
+  EXPECT_EQ(store_->accepted(), 60);
+  EXPECT_EQ(*store_->CommittedSequence("s1", "", "p2"), 10u);
+  EXPECT_EQ(store_->snapshot(), reference_->Snapshot().bytes);
+
+  // A fenced stream fails alone; the others of its transaction are merged.
+  ASSERT_TRUE(store_->OpenProducer("s1", "p0").ok());
+  for (int s = 0; s < kStreams; ++s) {
+    Observe(*sessions[s], 100 + s, *backend_, streams[s] ? &*streams[s] : nullptr,
+            ++sequences[s]);
+  }
+  EXPECT_EQ(Commit(partials[0]).code(), absl::StatusCode::kAborted);
+  for (int s = 1; s < kStreams; ++s) EXPECT_TRUE(Commit(partials[s]).ok()) << s;
+  EXPECT_EQ(store_->accepted(), 65);
+  EXPECT_EQ(store_->transactions_.load(), passes + 1);  // later passes had nothing to merge
+  for (auto& partial : partials) flusher_->Release(partial);
 }
 
 TEST_F(PartialFlusherTest, ALostCommitAnswerIsRetriedAndCountsOnce) {
