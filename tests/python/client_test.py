@@ -86,12 +86,12 @@ def test_merged_statistics_give_identical_files_and_fewer_messages(server, tmp_p
             scales_doc(tmp_path / "raw" / "scales.json"), name
         for f in ("kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
             assert (tmp_path / name / f).read_bytes() == (tmp_path / "raw" / f).read_bytes()
-    per_batch = 2 * 2 + len(MODULES)  # K and V of 2 layers, the inputs
-    assert runs["each"][0] == 7 * per_batch + len(MODULES)
-    # Warm-up batches stay apart (the server skips them); the rest merge per window of 3:
+    kv, inputs = 2 * 2, 7 * len(MODULES)  # K and V of 2 layers per batch; inputs stay per batch
+    assert runs["each"][0] == 7 * kv + inputs + len(MODULES)
+    # K/V: warm-up batches stay apart (the server skips them); the rest merge per window of 3:
     # [0,3) [3,6) [6,7), or 0 | 1 | 2 in [0,3), [3,6), [6,7); the weights join the last.
-    assert runs["merged"][0] == {0: 3, 2: 5}[warmup] * per_batch + len(MODULES)
-    assert runs["one"][0] == (1 + warmup) * per_batch + len(MODULES)
+    assert runs["merged"][0] == {0: 3, 2: 5}[warmup] * kv + inputs + len(MODULES)
+    assert runs["one"][0] == (1 + warmup) * kv + inputs + len(MODULES)
     assert runs["one"][1] < runs["merged"][1] < runs["each"][1]
 
 
@@ -206,17 +206,19 @@ def test_in_band_rejection_names_tensor_and_server_message(server):
 
 def test_in_band_rejection_of_a_merged_statistic_names_its_batches(server):
     client = caliper.Client(server.address)
-    session = client.create_session(CONFIG, recipe(nvfp4_activations=False), mode="statistics")
+    session = client.create_session(CONFIG, recipe(kv="off"), mode="statistics")
     for b in range(3):
-        session.observe_input(MODULES[0], torch.ones(2, 256), batch=b)  # the recipe has no inputs
+        session.observe_input(MODULES[0], torch.ones(2, 256), batch=b)
+        # The recipe has kv off: the server refuses the merged K and V statistics.
         session.observe_kv(0, torch.ones(1, 4, 8, 32), torch.ones(1, 4, 8, 32), batch=b)
     with pytest.raises(caliper.RejectedChunksError) as info:
         session.flush()
     text = str(info.value)
-    assert (f"{MODULES[0]} input batches 0..2 (3 observations merged) (sequence 1): "
-            "INVALID_ARGUMENT: chunk.kind") in text, text
+    assert "layer 0 key batches 0..2 (3 observations merged) (sequence 2): " \
+        "INVALID_ARGUMENT: chunk.kind" in text, text
+    assert "layer 0 value batches 0..2 (3 observations merged)" in text, text
     status = session.refresh()
-    assert status.accepted_chunks == 2 and status.rejected_chunks == 1
+    assert status.accepted_chunks == 3 and status.rejected_chunks == 2
 
 
 def test_unknown_session_is_a_stream_error(server):

@@ -122,15 +122,23 @@ def test_merger_window_static_observers():
         out += m.add(kv_item(0, b, [b, 10 - b]))
         out += m.add(input_item("q", b, -b, b))
     out += m.drain()
-    # Windows [0, 4), [4, 8), [8, 10): one K and one input statistic each.
-    assert [(p.kind, p.fields["batch"], p.first_batch, p.last_batch, p.observations)
-            for p in out] == [(pb.KEY, 0, 0, 3, 4), (pb.INPUT_ACTIVATION, 0, 0, 3, 4),
-                              (pb.KEY, 4, 4, 7, 4), (pb.INPUT_ACTIVATION, 4, 4, 7, 4),
-                              (pb.KEY, 8, 8, 9, 2), (pb.INPUT_ACTIVATION, 8, 8, 9, 2)]
+    # Windows [0, 4), [4, 8), [8, 10): one K statistic each; inputs stay per batch (the
+    # server keeps them per batch), sent with their window.
+    keys = [(p.fields["batch"], p.first_batch, p.last_batch, p.observations)
+            for p in out if p.kind == pb.KEY]
+    assert keys == [(0, 0, 3, 4), (4, 4, 7, 4), (8, 8, 9, 2)]
+    inputs = [(p.fields["batch"], p.observations) for p in out if p.kind == pb.INPUT_ACTIVATION]
+    assert inputs == [(b, 1) for b in range(10)]
+    assert [p.kind for p in out[:5]] == [pb.KEY] + [pb.INPUT_ACTIVATION] * 4  # window order
     assert out[0].chunk.absmax == [3, 10] and out[0].chunk.shape == [16, 2, 8]
-    assert out[1].chunk.min == -3 and out[1].chunk.max == 3
     assert out[0].description == "layer 0 key batches 0..3 (4 observations merged)"
-    assert m.pending == 0 and m.merged == 14
+    assert m.pending == 0 and m.merged == 7
+    # Pieces of one batch's input merge.
+    m = _merge.Merger(recipe(), window_batches=4, max_entries=100)
+    for lo, hi in ((-1, 2), (-3, 1)):
+        assert m.add(input_item("q", 0, lo, hi)) == []
+    (p,) = m.drain()
+    assert (p.chunk.min, p.chunk.max, p.chunk.shape, p.observations) == (-3, 2, [6, 16], 2)
 
 
 def test_merger_keeps_batches_apart_for_moving_average_and_warmup():
@@ -148,7 +156,7 @@ def test_merger_keeps_batches_apart_for_moving_average_and_warmup():
     m = _merge.Merger(recipe(warmup_batches=2), window_batches=8, max_entries=100)
     out = []
     for b in range(5):
-        out += m.add(input_item("q", b, -b, b))
+        out += m.add(kv_item(0, b, [b, b]))
     out += m.drain()
     assert [(p.fields["batch"], p.observations) for p in out] == [(0, 1), (1, 1), (2, 3)]
 

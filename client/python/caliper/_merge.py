@@ -2,10 +2,11 @@
 
 Statistics of the same tensor (K or V of a layer, a module's input or weight, from one TP rank
 with the same dtype and trailing shape) are folded into one statistic: absmax, min and max
-element-wise, the row counts summed. Across batches only where the session's observer forgets
-batches (static_minmax K/V and inputs, weights); the other observers (minmax's moving average,
-percentile and mse) keep one statistic per batch, merged only within it. Histograms (sessions
-that keep them) merge exactly (caliper/_histogram.py Histogram.merge).
+element-wise, the row counts summed. Across batches only where the server forgets batches
+(static_minmax K/V, weights); inputs keep one statistic per batch whatever the observer (the
+server keeps them per batch: the report's minmax estimate reads them), and so do K/V under the
+other observers (minmax's moving average, percentile, mse); within a batch everything merges.
+Histograms (sessions that keep them) merge exactly (caliper/_histogram.py Histogram.merge).
 
 Bounds, all counted in observe calls so the merged statistics (and so the sequences a producer
 gives them) are the same on every re-run of the same capture, which Resume relies on: pending
@@ -47,9 +48,7 @@ class Pending:
 def merges_across_batches(recipe: pb.Recipe) -> Dict[int, bool]:
     """Per chunk kind: may statistics of different batches become one? (None: do not merge.)"""
     kv_static = recipe.kv_observer in (pb.KV_OBSERVER_UNSPECIFIED, pb.KV_OBSERVER_STATIC_MINMAX)
-    act_static = recipe.activation_observer == pb.STATIC_MINMAX
-    return {pb.KEY: kv_static, pb.VALUE: kv_static, pb.INPUT_ACTIVATION: act_static,
-            pb.WEIGHT: True}
+    return {pb.KEY: kv_static, pb.VALUE: kv_static, pb.INPUT_ACTIVATION: False, pb.WEIGHT: True}
 
 
 def _lower(a: float, b: float) -> float:
