@@ -71,7 +71,7 @@ def test_merged_statistics_give_identical_files_and_fewer_messages(server, tmp_p
     """Statistics merged on the producer (across chunks and batches: static observers) give
     the same files as one statistic per observe call, and as raw mode, in fewer messages."""
     client = caliper.Client(server.address)
-    runs = {}
+    runs, reports = {}, {}
     for name, mode, merge in (("raw", "raw", 0), ("each", "statistics", 0),
                               ("merged", "statistics", 3), ("one", "statistics", 64)):
         s = client.create_session(CONFIG, recipe(warmup=warmup), name=name, mode=mode,
@@ -80,12 +80,21 @@ def test_merged_statistics_give_identical_files_and_fewer_messages(server, tmp_p
         s.finalize()
         s.scales(tp=2, out=tmp_path / name, formats=["compressed-tensors"])
         runs[name] = (s.proto.accepted_chunks + s.proto.skipped_warmup_chunks, s.wire_bytes)
+        report = json.loads(client.stub.GetReport(
+            caliper._pb.caliper_pb2.ReportRequest(session_id=s.id)).report_json)
+        report["session"].pop("id"), report["session"].pop("name")
+        reports[name] = report
         s.close()
     for name in ("each", "merged", "one"):
         assert scales_doc(tmp_path / name / "scales.json") == \
             scales_doc(tmp_path / "raw" / "scales.json"), name
         for f in ("kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
             assert (tmp_path / name / f).read_bytes() == (tmp_path / "raw" / f).read_bytes()
+    # The report too (its minmax estimate reads the per-batch inputs, kept per batch).
+    for name in ("each", "merged", "one"):
+        assert reports[name]["nvfp4"] == reports["raw"]["nvfp4"], name
+        assert {k: v for k, v in reports[name].items() if k != "session"} == \
+            {k: v for k, v in reports["raw"].items() if k != "session"}, name
     kv, inputs = 2 * 2, 7 * len(MODULES)  # K and V of 2 layers per batch; inputs stay per batch
     assert runs["each"][0] == 7 * kv + inputs + len(MODULES)
     # K/V: warm-up batches stay apart (the server skips them); the rest merge per window of 3:
