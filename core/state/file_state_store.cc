@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/state/state_file.h"
 
 namespace caliper {
@@ -21,12 +22,14 @@ bool Finalized(const CalibrationSession& session) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<FileStateStore>> FileStateStore::Open(
-    std::string dir, const Limits& limits, Env* env, std::vector<absl::Status>* load_errors) {
+    std::string dir, const Limits& limits, Env* env, std::vector<absl::Status>* load_errors,
+    Hooks hooks) {
   absl::StatusOr<std::unique_ptr<SessionStore>> files = SessionStore::Open(std::move(dir), env);
   if (!files.ok()) return files.status();
   SessionStore::Loaded loaded = (*files)->LoadAll(limits);
   if (load_errors != nullptr) *load_errors = std::move(loaded.errors);
-  std::unique_ptr<FileStateStore> store(new FileStateStore(*std::move(files), limits, env));
+  std::unique_ptr<FileStateStore> store(
+      new FileStateStore(*std::move(files), limits, env, std::move(hooks)));
   for (std::unique_ptr<CalibrationSession>& session : loaded.sessions) {
     auto entry = std::make_shared<Entry>();
     entry->sequences = session->Snapshot().producers;
@@ -37,8 +40,12 @@ absl::StatusOr<std::unique_ptr<FileStateStore>> FileStateStore::Open(
 }
 
 FileStateStore::FileStateStore(std::unique_ptr<SessionStore> files, const Limits& limits,
-                               Env* env)
-    : files_(std::move(files)), limits_(limits), env_(env), name_(files_->dir()) {}
+                               Env* env, Hooks hooks)
+    : files_(std::move(files)),
+      limits_(limits),
+      env_(env),
+      hooks_(std::move(hooks)),
+      name_(files_->dir()) {}
 
 size_t FileStateStore::size() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -58,7 +65,11 @@ absl::StatusOr<std::shared_ptr<FileStateStore::Entry>> FileStateStore::Find(
 absl::Status FileStateStore::WriteLocked(Entry& entry) {
   entry.committed->RestoreProducers(entry.sequences);
   const SessionSnapshot snapshot = entry.committed->Snapshot();
+  const absl::Time start = absl::Now();
   absl::Status written = files_->Write(entry.committed->id(), snapshot.bytes);
+  if (hooks_.on_write) {
+    hooks_.on_write({entry.committed->id(), snapshot.bytes.size(), absl::Now() - start, written});
+  }
   if (written.ok()) return written;
   return absl::UnavailableError(absl::StrCat("state store ", name_, ": writing ",
                                              files_->PathOf(entry.committed->id()), ": ",
@@ -116,6 +127,7 @@ absl::Status FileStateStore::Insert(std::unique_ptr<CalibrationSession> session,
   entry->sequences = std::move(sequences);
   if (absl::Status s = WriteLocked(*entry); !s.ok()) return s;
   sessions_[entry->committed->id()] = std::move(entry);
+  if (hooks_.on_sessions) hooks_.on_sessions(sessions_.size());
   return absl::OkStatus();
 }
 
@@ -207,6 +219,7 @@ absl::Status FileStateStore::DeleteSession(absl::string_view id, absl::string_vi
   it->second->deleted = true;
   it->second->committed->MarkDeleted();
   sessions_.erase(it);
+  if (hooks_.on_sessions) hooks_.on_sessions(sessions_.size());
   return absl::OkStatus();
 }
 
@@ -299,23 +312,42 @@ std::vector<absl::Status> FileStateStore::MergeAll(
     }
     live.push_back(i);
   }
-  if (live.empty()) return statuses;
+  // The whole session lives in memory and in one file: its limits hold across every stream (a
+  // delta that would pass them fails its stream alone, nothing of it merged).
+  std::vector<size_t> applied;
   absl::Status status;
   for (size_t i : live) {
-    status = entry.committed->ApplyDelta(*deltas[i]);
-    if (!status.ok()) break;
-    if (deltas[i]->producer.has_value()) {
-      uint64_t& sequence = entry.sequences[deltas[i]->producer->producer_id];
-      sequence = std::max(sequence, deltas[i]->producer->sequence);
+    const SessionDelta& delta = *deltas[i];
+    if (delta.producer.has_value() && entry.sequences.count(delta.producer->producer_id) == 0 &&
+        static_cast<int64_t>(entry.sequences.size()) >= limits_.max_producers_per_session) {
+      statuses[i] = absl::ResourceExhaustedError(absl::StrCat(
+          "producer '", delta.producer->producer_id, "' would be producer ",
+          entry.sequences.size() + 1, " of this session, over the limit "
+          "max_producers_per_session=", limits_.max_producers_per_session));
+      continue;
     }
+    if (absl::Status fits = entry.committed->CheckDeltaFits(delta); !fits.ok()) {
+      statuses[i] = fits;
+      continue;
+    }
+    status = entry.committed->ApplyDelta(delta);
+    if (!status.ok()) break;
+    if (delta.producer.has_value()) {
+      uint64_t& sequence = entry.sequences[delta.producer->producer_id];
+      sequence = std::max(sequence, delta.producer->sequence);
+    }
+    applied.push_back(i);
   }
+  if (applied.empty() && status.ok()) return statuses;
   if (status.ok()) status = WriteLocked(entry);
   if (!status.ok()) {
     ReloadLocked(entry).IgnoreError();  // nothing of this merge stays (or stale: retried)
-    for (size_t i : live) statuses[i] = status;
+    for (size_t i : live) {
+      if (statuses[i].ok()) statuses[i] = status;
+    }
     return statuses;
   }
-  for (size_t i : live) entry.marks[deltas[i]->partial_id] = deltas[i]->flush;
+  for (size_t i : applied) entry.marks[deltas[i]->partial_id] = deltas[i]->flush;
   return statuses;
 }
 

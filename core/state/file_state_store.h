@@ -7,6 +7,7 @@
 #ifndef CALIPER_CORE_STATE_FILE_STATE_STORE_H_
 #define CALIPER_CORE_STATE_FILE_STATE_STORE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,11 +23,17 @@ namespace caliper {
 
 class FileStateStore final : public StateStore {
  public:
+  struct Hooks {
+    // After every file write attempt (on the caller's thread; must not block).
+    std::function<void(const SessionPersister::WriteEvent&)> on_write;
+    // The number of sessions held, after every create, import and delete.
+    std::function<void(size_t)> on_sessions;
+  };
   // Creates `dir` if needed and loads every session file under `limits`; a file that cannot be
   // loaded is set aside as "<name>.corrupt" and reported in `load_errors` (never loaded).
   static absl::StatusOr<std::unique_ptr<FileStateStore>> Open(
       std::string dir, const Limits& limits, Env* env = Env::Default(),
-      std::vector<absl::Status>* load_errors = nullptr);
+      std::vector<absl::Status>* load_errors = nullptr, Hooks hooks = {});
 
   const std::string& name() const override { return name_; }
   size_t size() const;  // sessions held
@@ -64,7 +71,8 @@ class FileStateStore final : public StateStore {
     bool stale = false;  // a failed write could not be undone from the file: reload first
   };
 
-  FileStateStore(std::unique_ptr<SessionStore> files, const Limits& limits, Env* env);
+  FileStateStore(std::unique_ptr<SessionStore> files, const Limits& limits, Env* env,
+                 Hooks hooks);
   // The session (any tenant when `tenant` is null). NotFound naming the id.
   absl::StatusOr<std::shared_ptr<Entry>> Find(absl::string_view id,
                                               const absl::string_view* tenant) const;
@@ -80,6 +88,7 @@ class FileStateStore final : public StateStore {
   const std::unique_ptr<SessionStore> files_;
   const Limits limits_;
   Env* const env_;
+  const Hooks hooks_;
   const std::string name_;
   mutable std::mutex mu_;  // guards sessions_ (held for creates and deletes)
   std::map<std::string, std::shared_ptr<Entry>> sessions_;

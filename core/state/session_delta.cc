@@ -1,6 +1,7 @@
 #include "core/state/session_delta.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -127,12 +128,47 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [layer, observer] : delta.kv_layers) kv_layers_[layer].Merge(observer);
   for (const auto& [module, observer] : delta.weights) modules_[module].weight.Merge(observer);
-  for (const auto& [key, observer] : delta.inputs) modules_[key.first].input.Merge(observer);
+  for (const auto& [key, observer] : delta.inputs) {
+    ActivationObserver& input = modules_[key.first].input;
+    const size_t before = input.batches.size();
+    input.Merge(observer);
+    batch_entries_ += static_cast<int64_t>(input.batches.size() - before);
+  }
   accepted_chunks_ += delta.counters.accepted_chunks;
   accepted_bytes_ += delta.counters.accepted_bytes;
   rejected_chunks_ += delta.counters.rejected_chunks;
   skipped_warmup_chunks_ += delta.counters.skipped_warmup_chunks;
   duplicate_chunks_ += delta.counters.duplicate_chunks;
+  return absl::OkStatus();
+}
+
+absl::Status CalibrationSession::CheckDeltaFits(const SessionDelta& delta) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::set<absl::string_view> new_modules;
+  for (const auto& [module, observer] : delta.weights) {
+    if (modules_.count(module) == 0) new_modules.insert(module);
+  }
+  int64_t new_entries = 0;
+  for (const auto& [key, observer] : delta.inputs) {
+    auto it = modules_.find(key.first);
+    if (it == modules_.end()) new_modules.insert(key.first);
+    for (const auto& [batch, stats] : observer.batches) {
+      if (it == modules_.end() || it->second.input.batches.count(batch) == 0) ++new_entries;
+    }
+  }
+  const int64_t modules = static_cast<int64_t>(modules_.size() + new_modules.size());
+  if (!new_modules.empty() && modules > limits_.max_modules_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "module \"", *new_modules.begin(), "\" would be module ", modules,
+        " of this session, over the limit max_modules_per_session=",
+        limits_.max_modules_per_session));
+  }
+  if (new_entries > 0 && batch_entries_ + new_entries > limits_.max_batches_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "inputs: ", batch_entries_ + new_entries,
+        " (module, batch) entries of this session, over the limit max_batches_per_session=",
+        limits_.max_batches_per_session));
+  }
   return absl::OkStatus();
 }
 

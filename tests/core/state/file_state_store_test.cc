@@ -141,6 +141,35 @@ TEST_F(FileStateStoreTest, AFailedWriteIsUnavailableAndLeavesTheSessionAsItsFile
   EXPECT_EQ(Open()->GetStatus("s1", "t")->accepted_chunks, 8);
 }
 
+TEST_F(FileStateStoreTest, TheSessionsLimitsHoldAcrossStreams) {
+  // Each stream stays within max_modules_per_session=2 (m0, m1 / m1, m2) but the session
+  // would not: the second stream's delta fails alone, naming the limit; nothing of it counts.
+  Limits limits;
+  limits.max_modules_per_session = 2;
+  Recipe recipe;
+  recipe.nvfp4_activations = true;
+  std::unique_ptr<CalibrationSession> created =
+      *CalibrationSession::Create(Model(), recipe, "s1", "name", "t", limits);
+  std::unique_ptr<FileStateStore> store = Open();
+  ASSERT_TRUE(store->CreateSession(*created, 0).ok());
+  auto delta = [&](std::vector<int> chunks, const std::string& partial) {
+    std::unique_ptr<CalibrationSession> p = created->EmptyLike();
+    for (int i : chunks) Observe(*p, i, *backend_, nullptr, static_cast<uint64_t>(i) + 1);
+    SessionDelta d = p->TakeDelta(nullptr);
+    d.partial_id = partial;
+    d.flush = 1;
+    return d;
+  };
+  const SessionDelta first = delta({1, 3}, "a");   // inputs of m1, m0
+  const SessionDelta second = delta({5, 9}, "b");  // inputs of m2, m0
+  std::vector<absl::Status> statuses = store->MergeAll("s1", {&first, &second});
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
+  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kResourceExhausted) << statuses[1];
+  EXPECT_NE(statuses[1].message().find("max_modules_per_session=2"), absl::string_view::npos);
+  EXPECT_EQ(store->GetStatus("s1", "t")->accepted_chunks, 2);
+  EXPECT_EQ(store->GetStatus("s1", "t")->modules_with_inputs, 2);
+}
+
 TEST_F(FileStateStoreTest, ACorruptFileIsSetAsideAndReported) {
   {
     std::unique_ptr<FileStateStore> store = Open();
