@@ -203,7 +203,7 @@ absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog*
   }
   ServerMetrics* metrics = server_metrics_.get();
   FileStateStore::Hooks hooks;
-  hooks.on_write = [metrics, log](const SessionPersister::WriteEvent& event) {
+  hooks.on_write = [metrics, log](const FileStateStore::WriteEvent& event) {
     metrics->StateWrite(event.status.ok(), event.bytes, absl::ToDoubleSeconds(event.duration));
     if (!event.status.ok()) {
       log->Log(Severity::kError, "state_write_failed",

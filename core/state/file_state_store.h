@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "core/env/env.h"
 #include "core/session/limits.h"
 #include "core/state/session_store.h"
@@ -23,9 +24,15 @@ namespace caliper {
 
 class FileStateStore final : public StateStore {
  public:
+  struct WriteEvent {
+    std::string session_id;
+    size_t bytes = 0;
+    absl::Duration duration;
+    absl::Status status;
+  };
   struct Hooks {
     // After every file write attempt (on the caller's thread; must not block).
-    std::function<void(const SessionPersister::WriteEvent&)> on_write;
+    std::function<void(const WriteEvent&)> on_write;
     // The number of sessions held, after every create, import and delete.
     std::function<void(size_t)> on_sessions;
   };

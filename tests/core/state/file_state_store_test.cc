@@ -170,6 +170,23 @@ TEST_F(FileStateStoreTest, TheSessionsLimitsHoldAcrossStreams) {
   EXPECT_EQ(store->GetStatus("s1", "t")->modules_with_inputs, 2);
 }
 
+TEST_F(FileStateStoreTest, ADeletedSessionsFileIsGoneAndNeverWrittenBack) {
+  std::unique_ptr<FileStateStore> store = Open();
+  std::unique_ptr<CalibrationSession> created = Session();
+  ASSERT_TRUE(store->CreateSession(*created, 0).ok());
+  const uint64_t epoch = store->OpenProducer("s1", "p")->epoch;
+  ASSERT_TRUE(store->Merge("s1", Delta(*created, 0, 4, epoch, 1)).ok());
+  const std::string path = dir_.path() + "/state/s1.session";
+  ASSERT_TRUE(std::ifstream(path).good());
+  ASSERT_TRUE(store->DeleteSession("s1", "t").ok());
+  EXPECT_FALSE(std::ifstream(path).good());
+  // A stream still open merges later: refused, and the file does not come back.
+  EXPECT_EQ(store->Merge("s1", Delta(*created, 4, 6, epoch, 2)).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::ifstream(path).good());
+  EXPECT_EQ(Open()->size(), 0u);
+}
+
 TEST_F(FileStateStoreTest, ACorruptFileIsSetAsideAndReported) {
   {
     std::unique_ptr<FileStateStore> store = Open();
