@@ -156,16 +156,18 @@ struct RunResult {
   DbCounters db;                 // during the run (replicas' start and stop included)
 };
 
-// Starts `replicas` servers (0: one in-memory server), runs the CLI through all of them.
+// Starts `replicas` servers (0: one in-memory server; -1: one with --state_dir), runs the CLI
+// through all of them.
 RunResult Run(const std::string& dir, const DemoFiles& demo, int replicas,
               testing::PostgresInstance* pg, int run) {
   std::vector<std::unique_ptr<e2e::ServerProcess>> servers;
   std::vector<std::string> logs;
-  const int n = replicas == 0 ? 1 : replicas;
+  const int n = replicas <= 0 ? 1 : replicas;
   const DbCounters before = pg != nullptr ? ReadCounters(pg->uri()) : DbCounters{};
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> flags = {"--log_format=text", "--device=cpu"};
     if (replicas > 0) flags.push_back("--state_store=" + pg->uri());
+    if (replicas < 0) flags.push_back(absl::StrCat("--state_dir=", dir, "/state_", run));
     logs.push_back(absl::StrCat(dir, "/server", replicas, "_", i, "_", run, ".log"));
     servers.push_back(std::make_unique<e2e::ServerProcess>(flags, logs.back()));
     if (!servers.back()->Start()) {
@@ -230,6 +232,10 @@ void IngestBench(const std::string& dir, int64_t mib, int reps, testing::Postgre
     std::printf("  [run %d] %-22s %7.2f s  %6.3f GiB/s  ratio 1.00  server CPU %.2f s/GiB\n", rep,
                 "1 server, in memory", baseline.seconds, gib / baseline.seconds,
                 baseline.cpu[0] / gib);
+    const RunResult file = Run(dir, *demo, -1, nullptr, rep);
+    std::printf("  [run %d] %-22s %7.2f s  %6.3f GiB/s  ratio %.2f  server CPU %.2f s/GiB\n", rep,
+                "1 server, --state_dir", file.seconds, gib / file.seconds,
+                baseline.seconds / file.seconds, file.cpu[0] / gib);
     for (int replicas = 1; replicas <= 3; ++replicas) {
       const RunResult r = Run(dir, *demo, replicas, pg, rep);
       std::vector<std::string> cpu;
