@@ -28,6 +28,13 @@ LAYERS, HEADS, KV_HEADS, HEAD_DIM, HIDDEN, VOCAB = 4, 8, 4, 32, 256, 512
 CALIB, HELD_OUT, SEQ = 16, 16, 128
 
 STATE = {"mode": "off", "kv": {}, "scales": None}
+KV = {"granularity": "per-head"}  # --kv: per-head or per-tensor scales, for every row
+
+
+def per_head(scale):
+    """A scale list as [KV_HEADS] (a per-tensor scale repeated)."""
+    t = torch.as_tensor(scale, dtype=torch.float32).reshape(-1)
+    return t.expand(KV_HEADS).clone() if t.numel() == 1 else t
 
 
 def fp8_fake_quant(x, scale):
@@ -92,10 +99,10 @@ def caliper_scales(build, addr, work, observer):
     out = os.path.join(work, "out-" + observer.replace(":", "_"))
     subprocess.run([f"{build}/client/caliper", "calibrate", f"--server={addr}",
                     f"--model={work}/config.json", f"--tensors={work}/dumps", f"--out={out}",
-                    f"--kv-observer={observer}", "--name=" + observer], check=True,
-                   stdout=subprocess.DEVNULL)
+                    f"--kv-observer={observer}", f"--kv={KV['granularity']}",
+                    "--name=" + observer], check=True, stdout=subprocess.DEVNULL)
     d = json.load(open(os.path.join(out, "scales.json")))
-    return {l["layer"]: (torch.tensor(l["k_scale"]), torch.tensor(l["v_scale"]))
+    return {l["layer"]: (per_head(l["k_scale"]), per_head(l["v_scale"]))
             for l in d["kv_cache"]["layers"]}
 
 
@@ -106,12 +113,15 @@ def llmc_scales(name):
     for layer, kv in STATE["kv"].items():
         pair = []
         for base in ("k", "v"):
-            args = QuantizationArgs(num_bits=8, type="float", strategy="attn_head", symmetric=True,
+            # As llm-compressor's own KV calibration builds and calls it (modifiers/quantization/
+            # calibration.py: load_from_registry, then observer(key_states) per forward pass).
+            strategy = "attn_head" if KV["granularity"] == "per-head" else "tensor"
+            args = QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True,
                                     dynamic=False, observer=name)
             obs = Observer.load_from_registry(name, base_name=base, args=args)
             for x in kv[base]:
                 obs(x)
-            pair.append(obs.get_qparams()["scale"].reshape(-1).float())
+            pair.append(per_head(obs.get_qparams()["scale"].float()))
         out[layer] = tuple(pair)
     return out
 
@@ -131,7 +141,16 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--outlier", type=float, default=12.0,
                     help="factor on the outlier K channels (V: 2/3 of it); 400 puts K beyond 448")
+    ap.add_argument("--kv", default="per-head", choices=["per-head", "per-tensor"],
+                    help="scale granularity of every row (llm-compressor: attn_head / tensor)")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="also rows of static_minmax's scales times 0.98..1.02: how much KL moves "
+                         "for a scale change far smaller than any observer's")
+    ap.add_argument("--jitter", action="store_true",
+                    help="also the median (and range) of KL over each row's scales times "
+                         "0.99..1.01 (9 points): a ranking that survives it is not rounding luck")
     args = ap.parse_args()
+    KV["granularity"] = args.kv
     build = os.path.abspath(args.build)
     work = args.out or tempfile.mkdtemp(prefix="kv-accuracy-")
     os.makedirs(f"{work}/dumps", exist_ok=True)
@@ -168,22 +187,42 @@ def main():
         server.wait()
     for obs in ("static_minmax", "minmax", "memoryless_mse", "mse"):
         rows.append((obs, "llm-compressor 0.14", llmc_scales(obs)))
-    print(f"| observer | scales from | mean KL (nats/token) | max KL | KL / KL(static_minmax) | mean k_scale / static |")
-    print("|---|---|---|---|---|---|")
+    if args.sensitivity:
+        for f in (0.98, 0.99, 0.995, 1.005, 1.01, 1.02):
+            rows.append((f"static_minmax x {f}", "Caliper, scaled",
+                         {l: (k * f, v * f) for l, (k, v) in rows[1][2].items()}))
+    jitter = [1 + i / 400 for i in range(-4, 5)] if args.jitter else []
+    head = ("| observer | scales from | mean KL (nats/token) | max KL | KL / KL(static_minmax) "
+            "| mean k_scale / static |")
+    print(head + (" median KL, scales x 0.99..1.01 | its range | median / static's median |"
+                  if jitter else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|---|" if jitter else ""))
     base_kl = None
     static = rows[1][2]
     results = []
+    base_median = None
     for name, source, scales in rows:
         mean, worst = kl(model, held, ref_logp, scales)
+        spread = sorted(kl(model, held, ref_logp, {l: (k * f, v * f)
+                                                   for l, (k, v) in scales.items()})[0]
+                        for f in jitter)
         if source == "Caliper" and name == "static_minmax":
             base_kl = mean
-        results.append((name, source, scales, mean, worst))
-    for name, source, scales, mean, worst in results:
+            base_median = spread[len(spread) // 2] if spread else None
+        results.append((name, source, scales, mean, worst, spread))
+    for name, source, scales, mean, worst, spread in results:
         ratio = sum((scales[l][0] / static[l][0]).mean().item() for l in range(LAYERS)) / LAYERS
-        print(f"| {name} | {source} | {mean:.3e} | {worst:.3e} | {mean / base_kl:.3f} | {ratio:.3f} |")
+        line = (f"| {name} | {source} | {mean:.3e} | {worst:.3e} | {mean / base_kl:.3f} "
+                f"| {ratio:.3f} |")
+        if spread:
+            median = spread[len(spread) // 2]
+            line += (f" {median:.3e} | {spread[0]:.2e}..{spread[-1]:.2e} "
+                     f"| {median / base_median:.3f} |")
+        print(line)
     kmax = max(x.abs().max().item() for kv in STATE["kv"].values() for x in kv["k"])
     vmax = max(x.abs().max().item() for kv in STATE["kv"].values() for x in kv["v"])
-    print(f"\noutlier factor {args.outlier}: K absmax {kmax:.4g}, V absmax {vmax:.4g}")
+    print(f"\noutlier factor {args.outlier}, {args.kv} scales: K absmax {kmax:.4g}, "
+          f"V absmax {vmax:.4g}")
     print(f"{CALIB} calibration and {HELD_OUT} held-out sequences of {SEQ} tokens; work dir {work}")
 
 

@@ -167,6 +167,9 @@ absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
     recipe.set_kv_observer(v1::KV_OBSERVER_STATIC_MINMAX);
   }
   recipe.set_histograms(flags.Has("histograms"));
+  if (flags.Get("compat") == std::optional<std::string>("llm-compressor")) {
+    recipe.set_compat(v1::COMPAT_LLM_COMPRESSOR);
+  }
   if (!nvfp4 && recipe.kv() == v1::KV_OFF) {
     return UsageError("nothing to calibrate: --kv=off without --nvfp4");
   }
@@ -453,8 +456,13 @@ const CommandSpec& CalibrateCommand() {
                    "(llm-compressor's names; docs/observers.md)",
            .default_value = "static_minmax"},
           {.name = "kv-observer", .value_name = "NAME",
-           .help = "FP8 KV observer: static_minmax, percentile:P or mse (docs/observers.md)",
+           .help = "FP8 KV observer: static_minmax, minmax, percentile:P or mse "
+                   "(docs/observers.md)",
            .default_value = "static_minmax"},
+          {.name = "compat", .value_name = "NAME",
+           .help = "llm-compressor: its arithmetic for every scale, in the model's dtype "
+                   "(absent: Caliper's correctly rounded float32; docs/observers.md)",
+           .choices = {"llm-compressor"}},
           {.name = "histograms",
            .help = "keep |x| histograms for `caliper report` (implied by percentile and mse)"},
           {.name = "warmup", .value_name = "N", .help = "skip forward passes (batches) below N",

@@ -19,7 +19,8 @@ const CommandSpec& AdaptCommand();
 const CommandSpec& MergeCommand();
 // caliper convert --in PATH --format NAME... --out DIR [--model CONFIG] [--tp T]
 const CommandSpec& ConvertCommand();
-// caliper quantize --checkpoint DIR --scales FILE --out DIR [--format F] [--compat llm-compressor]
+// caliper quantize --checkpoint DIR (--scales FILE | --server ADDR --session ID) --out DIR [--format F]
+//   [--compat llm-compressor]
 const CommandSpec& QuantizeCommand();
 
 int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
@@ -37,6 +38,16 @@ using RemoteAdaptFn = absl::StatusOr<std::string> (*)(const std::string& server,
                                                       const std::string& model_config_json,
                                                       int tp_size, std::ostream& err);
 void SetRemoteAdapt(RemoteAdaptFn fn);
+
+// `quantize --server ADDR --session ID` fetches the finalized session's scale file in `format`
+// ("compressed-tensors" or "modelopt": its .safetensors file, GetScales) through this hook
+// (null when gRPC is not linked in). Returns the file's bytes, or the error to report.
+using RemoteScaleFileFn = absl::StatusOr<std::string> (*)(const std::string& server,
+                                                          const ConnectionOptions& security,
+                                                          const std::string& session_id,
+                                                          const std::string& format,
+                                                          std::ostream& err);
+void SetRemoteScaleFile(RemoteScaleFileFn fn);
 
 }  // namespace caliper::cli
 

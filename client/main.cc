@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   };
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
   cli::SetRemoteAdapt(cli::RemoteAdapt);
+  cli::SetRemoteScaleFile(cli::RemoteScaleFile);
 #endif
   return cli::RunCaliper(commands, std::vector<std::string>(argv + 1, argv + argc), std::cout,
                          std::cerr);

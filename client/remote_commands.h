@@ -26,6 +26,12 @@ absl::StatusOr<std::string> RemoteAdapt(const std::string& server,
                                         const std::string& model_config_json, int tp_size,
                                         std::ostream& err);
 
+// The finalized session's `format` scale file bytes (GetScales); quantize's RemoteScaleFileFn.
+absl::StatusOr<std::string> RemoteScaleFile(const std::string& server,
+                                            const ConnectionOptions& security,
+                                            const std::string& session_id,
+                                            const std::string& format, std::ostream& err);
+
 }  // namespace caliper::cli
 
 #endif  // CALIPER_CLIENT_REMOTE_COMMANDS_H_

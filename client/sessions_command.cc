@@ -1,6 +1,7 @@
 // caliper sessions: a table of the server's sessions and their progress.
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli_args.h"
@@ -101,5 +102,29 @@ absl::StatusOr<std::string> RemoteAdapt(const std::string& server,
   return response.lightllm_json();
 }
 
-}  // namespace caliper::cli
+absl::StatusOr<std::string> RemoteScaleFile(const std::string& server,
+                                            const ConnectionOptions& security,
+                                            const std::string& session_id,
+                                            const std::string& format, std::ostream& err) {
+  absl::StatusOr<ServerConnection> connection = Connect(server, security);
+  if (!connection.ok()) return connection.status();
+  v1::ScalesRequest request;
+  request.set_session_id(session_id);
+  request.set_convention(format == "modelopt" ? v1::MODELOPT : v1::COMPRESSED_TENSORS);
+  request.add_formats(format);
+  v1::ScalesResponse response;
+  Backoff backoff(connection->retry, &err, "caliper quantize: GetScales");
+  grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+    return connection->stub->GetScales(&context, request, &response);
+  });
+  if (!status.ok()) return RpcError(absl::StrCat("GetScales of ", session_id, " on ", server), status);
+  for (const v1::OutputFile& file : response.files()) {
+    if (file.format() == format && absl::EndsWith(file.name(), ".safetensors")) {
+      return file.content();
+    }
+  }
+  return ServerError(absl::StrCat("GetScales of ", session_id, " returned no ", format,
+                                  " .safetensors scale file"));
+}
 
+}  // namespace caliper::cli

@@ -13,12 +13,19 @@ namespace caliper {
 
 absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto,
                                            const ModelLimits& limits) {
+  std::optional<DType> dtype;
+  if (!proto.dtype().empty()) {
+    absl::StatusOr<DType> parsed = ParseDType(proto.dtype(), "model.dtype");
+    if (!parsed.ok()) return parsed.status();
+    dtype = *parsed;
+  }
   if (!proto.hf_config_json().empty()) {
     absl::StatusOr<ModelConfig> parsed = ParseHfConfig(proto.hf_config_json(), limits);
     if (!parsed.ok()) {
       return absl::Status(parsed.status().code(),
                           absl::StrCat("model.hf_config_json: ", parsed.status().message()));
     }
+    if (dtype.has_value()) parsed->dtype = dtype;
     return parsed;
   }
   ModelFields fields;
@@ -29,7 +36,10 @@ absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto,
   fields.num_kv_heads = proto.num_kv_heads();
   fields.head_dim = proto.head_dim();
   fields.hidden_size = proto.hidden_size();
-  return ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.", limits);
+  absl::StatusOr<ModelConfig> model =
+      ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.", limits);
+  if (model.ok()) model->dtype = dtype;
+  return model;
 }
 
 v1::ModelDescription ModelToProto(const ModelConfig& model) {
@@ -41,6 +51,7 @@ v1::ModelDescription ModelToProto(const ModelConfig& model) {
   proto.set_num_kv_heads(model.num_kv_heads);
   proto.set_head_dim(model.head_dim);
   proto.set_hidden_size(model.hidden_size);
+  if (model.dtype.has_value()) proto.set_dtype(std::string(DTypeName(*model.dtype)));
   return proto;
 }
 
@@ -127,6 +138,17 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto, const Limits& li
     recipe.activation_percentile = proto.activation_percentile();
   }
   recipe.histograms = proto.histograms();
+  switch (proto.compat()) {
+    case v1::COMPAT_UNSPECIFIED:
+      recipe.compat = Compat::kCaliper;
+      break;
+    case v1::COMPAT_LLM_COMPRESSOR:
+      recipe.compat = Compat::kLlmCompressor;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe.compat: unknown value ", proto.compat()));
+  }
   return recipe;
 }
 
@@ -178,6 +200,8 @@ v1::Recipe RecipeToProto(const Recipe& recipe) {
   proto.set_kv_percentile(recipe.kv_percentile);
   proto.set_activation_percentile(recipe.activation_percentile);
   proto.set_histograms(recipe.histograms);
+  proto.set_compat(recipe.compat == Compat::kLlmCompressor ? v1::COMPAT_LLM_COMPRESSOR
+                                                           : v1::COMPAT_UNSPECIFIED);
   proto.set_averaging_constant(recipe.averaging_constant);
   std::vector<std::string> groups;
   for (const std::vector<std::string>& group : recipe.fused_groups.groups) {
@@ -269,6 +293,17 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto, const Limi
                              proto.statistics().absmax().end());
     if (proto.statistics().has_min()) statistics.min = proto.statistics().min();
     if (proto.statistics().has_max()) statistics.max = proto.statistics().max();
+    const v1::ChunkStatistics& sent = proto.statistics();
+    statistics.head_min.assign(sent.head_min().begin(), sent.head_min().end());
+    statistics.head_max.assign(sent.head_max().begin(), sent.head_max().end());
+    statistics.group_min.assign(sent.group_min().begin(), sent.group_min().end());
+    statistics.group_max.assign(sent.group_max().begin(), sent.group_max().end());
+    for (const v1::HistogramStatistics& h : proto.statistics().histograms()) {
+      HistogramStatistics& out = statistics.histograms.emplace_back();
+      out.slot_gaps.assign(h.slot_gaps().begin(), h.slot_gaps().end());
+      out.counts.assign(h.counts().begin(), h.counts().end());
+      out.max_count = h.max_count();
+    }
   }
   return chunk;
 }

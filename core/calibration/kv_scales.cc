@@ -13,10 +13,10 @@ namespace {
 // Scale for one entry, or 1.0 plus a warning when the statistic cannot give one: never
 // observed, non-finite, zero, subnormal, or a quotient that is not a normal float (its
 // reciprocal, which engines multiply by, would overflow). The warning names the entry.
-float ScaleOrWarn(float absmax, bool observed, float qmax, std::string where,
-                  std::vector<ScaleWarning>& warnings) {
+float ScaleOrWarn(float absmax, bool observed, float qmax, const ScaleArithmetic& arithmetic,
+                  std::string where, std::vector<ScaleWarning>& warnings) {
   std::string reason;
-  const float scale = absmax / qmax;
+  const float scale = arithmetic.KvScale(absmax, qmax);
   if (!observed) {
     reason = "never observed";
   } else if (!std::isfinite(absmax)) {
@@ -41,7 +41,8 @@ float ScaleOrWarn(float absmax, bool observed, float qmax, std::string where,
 float Fp8Max(Fp8Flavor flavor) { return flavor == Fp8Flavor::kE4M3FNUZ ? 240.0f : 448.0f; }
 
 KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularity granularity,
-                          Fp8Flavor flavor) {
+                          Fp8Flavor flavor, const KvScaleRule& rule) {
+  const bool moving_average = rule.observer == KvObserverKind::kMinMax;
   KvScales out;
   out.granularity = granularity;
   out.flavor = flavor;
@@ -54,7 +55,14 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
     const KvLayerObserver& layer = layers[l];
     for (int kind = 0; kind < 2; ++kind) {
       const char* name = kind == 0 ? "K" : "V";
-      const std::vector<float>& absmax = kind == 0 ? layer.k_absmax : layer.v_absmax;
+      const KvKind kv_kind = kind == 0 ? KvKind::kKey : KvKind::kValue;
+      const std::vector<float> averaged =
+          moving_average ? layer.MovingAverageAbsMax(kv_kind,
+                                                     granularity == KvGranularity::kPerTensor,
+                                                     rule.averaging_constant, rule.arithmetic)
+                         : std::vector<float>();
+      const std::vector<float>& absmax =
+          moving_average ? averaged : (kind == 0 ? layer.k_absmax : layer.v_absmax);
       const std::vector<int64_t>& tokens = kind == 0 ? layer.k_tokens : layer.v_tokens;
       auto head_absmax = [&](size_t h) { return h < absmax.size() ? absmax[h] : 0.0f; };
       auto head_observed = [&](size_t h) { return h < tokens.size() && tokens[h] > 0; };
@@ -63,6 +71,7 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
         for (size_t h = 0; h < heads; ++h) {
           entry_absmax.push_back(head_absmax(h));
           entry_scale.push_back(ScaleOrWarn(head_absmax(h), head_observed(h), qmax,
+                                            rule.arithmetic,
                                             absl::StrCat("layer ", l, " ", name, " head ", h),
                                             out.warnings));
         }
@@ -72,7 +81,7 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
         std::string missing;
         for (size_t h = 0; h < heads; ++h) {
           // NaN must win so the entry is flagged instead of being silently ignored by max.
-          const float a = head_absmax(h);
+          const float a = moving_average ? 0.0f : head_absmax(h);
           layer_max = (std::isnan(a) || std::isnan(layer_max)) ? NAN : std::max(layer_max, a);
           if (head_observed(h)) {
             any_observed = true;
@@ -86,8 +95,10 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
                                                       "] never observed; per-tensor scale uses "
                                                       "the other heads only")});
         }
+        if (moving_average) layer_max = head_absmax(0);  // averaged over all heads already
         entry_absmax.push_back(layer_max);
-        entry_scale.push_back(ScaleOrWarn(layer_max, any_observed, qmax, where, out.warnings));
+        entry_scale.push_back(
+            ScaleOrWarn(layer_max, any_observed, qmax, rule.arithmetic, where, out.warnings));
       }
       (kind == 0 ? out.k_absmax : out.v_absmax).push_back(std::move(entry_absmax));
       (kind == 0 ? out.k : out.v).push_back(std::move(entry_scale));

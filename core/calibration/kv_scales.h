@@ -30,11 +30,21 @@ struct KvScales {
   std::vector<ScaleWarning> warnings;    // one per zero, non-finite or unobserved entry
 };
 
+// How the observed statistics become absmax and scales: the observer (kMinMax averages per-batch
+// min / max; every other kind takes the static absmax here, the histogram kinds are applied
+// after, core/calibration/histogram_observers.h) and whose arithmetic.
+struct KvScaleRule {
+  KvObserverKind observer = KvObserverKind::kStaticMinMax;
+  double averaging_constant = 0.01;
+  ScaleArithmetic arithmetic;
+};
+
 // A zero, subnormal, non-finite or never-observed absmax (or one whose scale would not be a
 // normal float) yields scale 1.0 (LightLLM's convention) and a warning naming layer and head.
-// Per tensor takes the max over heads before dividing.
+// Per tensor takes the max over heads before dividing (kMinMax: averages the per-batch values
+// over all heads).
 KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularity granularity,
-                          Fp8Flavor flavor);
+                          Fp8Flavor flavor, const KvScaleRule& rule = KvScaleRule());
 
 // torch.finfo(torch.float32).eps: compressed-tensors clamps every FP8 scale to at least this.
 inline constexpr float kFloat32Eps = 1.1920929e-07f;

@@ -176,6 +176,15 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, const Mod
   absl::StatusOr<ModelConfig> config =
       ModelFromFields(fields, ModelFieldNames::kConfigJson, "config.json: ", limits);
   if (!config.ok()) return config.status();
+  // transformers 5 writes "dtype", earlier versions "torch_dtype".
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    const json* dtype = FindKey(root, key);
+    if (dtype == nullptr || !dtype->is_string()) continue;
+    // Other dtypes (float64, "auto") only matter to recipe.compat, which then says so.
+    absl::StatusOr<DType> parsed = ParseDType(dtype->get<std::string>());
+    if (parsed.ok()) config->dtype = *parsed;
+    break;
+  }
   // MoE by its expert count, never by model_type (Mixtral's is "mixtral").
   for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"}) {
     if (const json* experts = FindKey(root, key); experts && experts->is_number_integer() &&

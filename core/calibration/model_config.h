@@ -4,11 +4,13 @@
 #define CALIPER_CORE_CALIBRATION_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/session/limits.h"
+#include "core/tensor/dtype.h"
 
 namespace caliper {
 
@@ -21,6 +23,9 @@ struct ModelConfig {
   int head_dim = 0;             // head_dim, else hidden_size / num_attention_heads
   int hidden_size = 0;
   int num_experts = 0;          // num_local_experts / num_experts / n_routed_experts; 0: dense
+  // What the model computes in (config.json "torch_dtype" / "dtype"); llm-compressor observes
+  // in it. Absent when unknown.
+  std::optional<DType> dtype = std::nullopt;
 };
 
 // The fields as a caller has them; 0 means "absent". Errors name them with `prefix` and either

@@ -25,19 +25,21 @@ struct Resolved {
   float scale = 1.0f;    // in the requested form
 };
 
-float InForm(float amax, ScaleForm form) {
-  if (form == ScaleForm::kDivisor) return GlobalScaleFromAmax(amax).value;
+float InForm(float amax, const Nvfp4Options& options) {
+  if (options.form == ScaleForm::kDivisor) {
+    return GlobalScaleFromAmax(amax, options.arithmetic).value;
+  }
   // Multiplier computed directly (not 1/gs) so it is the correctly rounded amax / 2688.
   return amax / kFp4TimesFp8Max;
 }
 
 }  // namespace
 
-GlobalScale GlobalScaleFromAmax(float amax) {
+GlobalScale GlobalScaleFromAmax(float amax, const ScaleArithmetic& arithmetic) {
   // Non-finite amax is dead data: compressed-tensors would give 0 for +Inf, which is no scale.
   if (!std::isfinite(amax)) return {1.0f, true};
   const float clamped = std::max(amax, FLT_MIN);  // torch.finfo(float32).tiny
-  const float value = kFp4TimesFp8Max / clamped;
+  const float value = arithmetic.GlobalScale(clamped);
   if (!std::isfinite(value)) return {1.0f, true};
   return {value, false};
 }
@@ -133,7 +135,7 @@ Nvfp4Scales ComputeNvfp4Scales(const std::map<std::string, ModuleAmax>& modules,
           if (a.has_value() && !IsDead(*a)) shared = std::max(shared.value_or(0.0f), *a);
         }
         if (shared.has_value()) {
-          store(name, *shared, InForm(*shared, options.form));
+          store(name, *shared, InForm(*shared, options));
           if (IsDead(*own)) {
             out.warnings.push_back(
                 {absl::StrCat(name, " ", what),
@@ -152,7 +154,7 @@ Nvfp4Scales ComputeNvfp4Scales(const std::map<std::string, ModuleAmax>& modules,
                           "; global scale set to 1.0")});
         continue;
       }
-      store(name, *own, InForm(*own, options.form));
+      store(name, *own, InForm(*own, options));
     }
   };
   resolve(/*weight=*/true);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/calibration/scale_arithmetic.h"
 #include "core/calibration/warnings.h"
 
 namespace caliper {
@@ -23,7 +24,8 @@ struct GlobalScale {
   float value = 1.0f;
   bool fell_back = false;
 };
-GlobalScale GlobalScaleFromAmax(float amax);
+// The value in `arithmetic` (llm-compressor's: in the observed dtype, torch's operation order).
+GlobalScale GlobalScaleFromAmax(float amax, const ScaleArithmetic& arithmetic = ScaleArithmetic());
 
 // Fused groups by module-name suffix. A module "P.q_proj" belongs to group {q_proj,k_proj,v_proj}
 // of parent P. Modules outside every group (including an already fused qkv_proj) stand alone.
@@ -46,6 +48,7 @@ struct Nvfp4Options {
   FusedGroupTable groups = FusedGroupTable::Default();
   bool share_input_scales = false;  // ModelOpt shares input amax across the group too
   ScaleForm form = ScaleForm::kDivisor;
+  ScaleArithmetic arithmetic = ScaleArithmetic();  // for the divisor form; the multiplier stays amax / 2688
 };
 
 // Observed amax per module; either may be absent (weights-only or activations-only recipes).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -69,10 +71,66 @@ absl::StatusOr<int> KvChunkLocalHeads(const std::vector<int64_t>& shape, TpPlace
   return h;
 }
 
+void GroupRanges::MergeAt(size_t offset, absl::Span<const float> min_values,
+                          absl::Span<const float> max_values) {
+  const size_t n = std::min(min_values.size(), max_values.size());
+  if (min.size() < offset + n) {
+    min.resize(offset + n, std::numeric_limits<float>::infinity());
+    max.resize(offset + n, -std::numeric_limits<float>::infinity());
+  }
+  for (size_t i = 0; i < n; ++i) {
+    // Ties pick -0 for the min and +0 for the max, as one pass over both would.
+    float& lo = min[offset + i];
+    float& hi = max[offset + i];
+    if (min_values[i] < lo || (min_values[i] == lo && std::signbit(min_values[i]))) {
+      lo = min_values[i];
+    }
+    if (max_values[i] > hi || (max_values[i] == hi && !std::signbit(max_values[i]))) {
+      hi = max_values[i];
+    }
+  }
+}
+
+bool MovingAverageRange(const std::map<int64_t, GroupRanges>& batches, size_t group, double c,
+                        const ScaleArithmetic& arithmetic, float* min, float* max) {
+  bool seen = false;
+  double lo = 0, hi = 0;
+  for (const auto& [batch, ranges] : batches) {
+    if (!ranges.Observed(group)) continue;
+    if (!seen) {
+      lo = ranges.min[group];
+      hi = ranges.max[group];
+      seen = true;
+    } else {
+      lo = arithmetic.Step(lo, ranges.min[group], c);
+      hi = arithmetic.Step(hi, ranges.max[group], c);
+    }
+  }
+  *min = static_cast<float>(lo);
+  *max = static_cast<float>(hi);
+  return seen;
+}
+
+namespace {
+
+// The one message for a whole-tensor reduction that met NaN/Inf.
+absl::Status NonFiniteError(absl::string_view field, int64_t count, const PiecewiseTensor& tensor) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", count,
+                                                 " non-finite values (NaN/Inf) in ",
+                                                 tensor.ShapeString(), "; chunk rejected"));
+}
+
+// max(|min(lo, 0)|, max(hi, 0)): what compressed-tensors takes of a (min, max) pair.
+float PairAbsMax(float lo, float hi) {
+  return std::max(std::fabs(std::min(lo, 0.0f)), std::max(hi, 0.0f));
+}
+
+}  // namespace
+
 absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
                                            TpPlacement placement, int num_kv_heads,
                                            int head_dim, ReductionBackend& backend,
-                                           bool histograms) {
+                                           bool histograms, bool ranges) {
   absl::StatusOr<int> local_heads =
       KvChunkLocalHeads(tensor.shape(), placement, num_kv_heads, head_dim);
   if (!local_heads.ok()) return local_heads.status();
@@ -86,6 +144,8 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
   std::vector<float> run_absmax(h);
   std::vector<MagnitudeHistogram> run_hists(histograms ? h : 0);
   if (histograms) stats.hists.assign(h, MagnitudeHistogram());
+  GroupRanges head_ranges;
+  std::vector<float> run_min(ranges ? h : 0), run_max(ranges ? h : 0);
   // Absmax is a max of non-negative values and histograms add, so merging runs is exact.
   absl::Status reduced = tensor.ForEachRun(int64_t{h} * head_dim, [&](const TensorView& run) {
     int64_t run_nonfinite = 0;
@@ -95,6 +155,13 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
                                              absl::MakeSpan(run_hists), &run_nonfinite)
             : backend.AbsMaxPerHead(run, h, head_dim, absl::MakeSpan(run_absmax), &run_nonfinite);
     nonfinite += run_nonfinite;
+    if (s.ok() && ranges) {
+      // Non-finite values are counted once, by the absmax pass above.
+      int64_t ignored = 0;
+      s = backend.RangePerGroup(run, int64_t{h} * head_dim, head_dim, absl::MakeSpan(run_min),
+                                absl::MakeSpan(run_max), &ignored);
+      head_ranges.MergeAt(0, run_min, run_max);
+    }
     for (int i = 0; i < h; ++i) stats.absmax[i] = std::max(stats.absmax[i], run_absmax[i]);
     for (size_t i = 0; i < run_hists.size(); ++i) stats.hists[i].Merge(run_hists[i]);
     return s;
@@ -108,6 +175,12 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
   stats.heads.resize(h);
   for (int local = 0; local < h; ++local) {
     stats.heads[local] = OriginalKvHead(num_kv_heads, placement, local);
+  }
+  if (ranges && stats.tokens > 0) {  // no tokens, no ranges: nothing was observed
+    head_ranges.MergeAt(0, std::vector<float>(h, std::numeric_limits<float>::infinity()),
+                        std::vector<float>(h, -std::numeric_limits<float>::infinity()));
+    stats.min = std::move(head_ranges.min);
+    stats.max = std::move(head_ranges.max);
   }
   return stats;
 }
@@ -129,6 +202,11 @@ void KvLayerObserver::Accumulate(const KvChunkStats& stats) {
     if (head < 0 || static_cast<size_t>(head) >= absmax.size()) continue;
     absmax[head] = std::max(absmax[head], stats.absmax[i]);
     tokens[head] += stats.tokens;  // replicas each count their tokens
+    if (i < stats.min.size() && i < stats.max.size()) {
+      GroupRanges& batch = (stats.kind == KvKind::kKey ? k_batches : v_batches)[stats.batch];
+      batch.MergeAt(head, absl::MakeConstSpan(&stats.min[i], 1),
+                    absl::MakeConstSpan(&stats.max[i], 1));
+    }
     if (i < stats.hists.size()) {
       std::vector<MagnitudeHistogram>& hist = stats.kind == KvKind::kKey ? k_hist : v_hist;
       if (hist.size() < absmax.size()) hist.resize(absmax.size());
@@ -157,6 +235,32 @@ void KvLayerObserver::Merge(const KvLayerObserver& other) {
   };
   merge_hist(k_hist, other.k_hist);
   merge_hist(v_hist, other.v_hist);
+  for (const auto& [batch, ranges] : other.k_batches) k_batches[batch].Merge(ranges);
+  for (const auto& [batch, ranges] : other.v_batches) v_batches[batch].Merge(ranges);
+}
+
+std::vector<float> KvLayerObserver::MovingAverageAbsMax(KvKind kind, bool per_tensor, double c,
+                                                        const ScaleArithmetic& arithmetic) const {
+  const std::map<int64_t, GroupRanges>& batches = kind == KvKind::kKey ? k_batches : v_batches;
+  float lo = 0, hi = 0;
+  if (per_tensor) {
+    // llm-compressor's TENSOR strategy averages the per-batch min / max over all heads.
+    std::map<int64_t, GroupRanges> whole;
+    for (const auto& [batch, ranges] : batches) {
+      GroupRanges& tensor = whole[batch];
+      for (size_t h = 0; h < ranges.min.size(); ++h) {
+        if (ranges.Observed(h)) tensor.MergeAt(0, {&ranges.min[h], 1}, {&ranges.max[h], 1});
+      }
+    }
+    if (!MovingAverageRange(whole, 0, c, arithmetic, &lo, &hi)) return {0.0f};
+    return {PairAbsMax(lo, hi)};
+  }
+  const size_t heads = (kind == KvKind::kKey ? k_absmax : v_absmax).size();
+  std::vector<float> out(heads, 0.0f);
+  for (size_t h = 0; h < heads; ++h) {
+    if (MovingAverageRange(batches, h, c, arithmetic, &lo, &hi)) out[h] = PairAbsMax(lo, hi);
+  }
+  return out;
 }
 
 absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionBackend& backend,
@@ -176,12 +280,32 @@ absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionB
     return s;
   }, backend.min_run_bytes());
   if (!reduced.ok()) return reduced;
-  if (stats.nonfinite > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", stats.nonfinite,
-                                                   " non-finite values (NaN/Inf) in ",
-                                                   tensor.ShapeString(), "; chunk rejected"));
-  }
+  if (stats.nonfinite > 0) return NonFiniteError(field, stats.nonfinite, tensor);
   return stats;
+}
+
+absl::StatusOr<GroupRanges> ReduceColumnGroups(const PiecewiseTensor& tensor, int64_t group_width,
+                                               ReductionBackend& backend,
+                                               absl::string_view field) {
+  GroupRanges out;
+  // Nothing observed (and nothing sized by a shape no byte backs).
+  if (tensor.num_elements() == 0) return out;
+  const std::vector<int64_t>& shape = tensor.shape();
+  const int64_t row = shape.empty() || shape.back() == 0 ? 1 : shape.back();
+  const int64_t groups = (row + group_width - 1) / group_width;
+  std::vector<float> lo(groups), hi(groups);
+  int64_t nonfinite = 0;
+  absl::Status reduced = tensor.ForEachRun(row, [&](const TensorView& run) {
+    int64_t bad = 0;
+    absl::Status s = backend.RangePerGroup(run, row, group_width, absl::MakeSpan(lo),
+                                           absl::MakeSpan(hi), &bad);
+    nonfinite += bad;
+    out.MergeAt(0, lo, hi);
+    return s;
+  }, backend.min_run_bytes());
+  if (!reduced.ok()) return reduced;
+  if (nonfinite > 0) return NonFiniteError(field, nonfinite, tensor);
+  return out;
 }
 
 absl::StatusOr<MagnitudeHistogram> ReduceHistogram(const PiecewiseTensor& tensor,
@@ -203,11 +327,7 @@ absl::StatusOr<MagnitudeHistogram> ReduceHistogram(const PiecewiseTensor& tensor
     return s;
   }, backend.min_run_bytes());
   if (!reduced.ok()) return reduced;
-  if (nonfinite > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", nonfinite,
-                                                   " non-finite values (NaN/Inf) in ",
-                                                   tensor.ShapeString(), "; chunk rejected"));
-  }
+  if (nonfinite > 0) return NonFiniteError(field, nonfinite, tensor);
   return out;
 }
 
@@ -235,10 +355,12 @@ void ActivationObserver::Accumulate(int64_t batch, const RangeStats& stats) {
 
 void ActivationObserver::Merge(const ActivationObserver& other) {
   for (const auto& [batch, stats] : other.batches) batches[batch].Merge(stats);
+  for (const auto& [batch, ranges] : other.group_batches) group_batches[batch].Merge(ranges);
 }
 
 ActivationObserver::MinMax ActivationObserver::Result(ActivationObserverKind kind,
-                                                      double averaging_constant) const {
+                                                      double averaging_constant,
+                                                      const ScaleArithmetic& arithmetic) const {
   MinMax out;
   // Doubles keep the EMA from drifting over thousands of batches; the result is rounded once.
   double lo = 0, hi = 0;
@@ -251,8 +373,8 @@ ActivationObserver::MinMax ActivationObserver::Result(ActivationObserverKind kin
       lo = std::min<double>(lo, stats.min);
       hi = std::max<double>(hi, stats.max);
     } else {
-      lo = lo * (1.0 - averaging_constant) + stats.min * averaging_constant;
-      hi = hi * (1.0 - averaging_constant) + stats.max * averaging_constant;
+      lo = arithmetic.Step(lo, stats.min, averaging_constant);
+      hi = arithmetic.Step(hi, stats.max, averaging_constant);
     }
     ++out.batches;
   }
@@ -261,9 +383,21 @@ ActivationObserver::MinMax ActivationObserver::Result(ActivationObserverKind kin
   return out;
 }
 
-float ActivationObserver::AbsMax(ActivationObserverKind kind, double averaging_constant) const {
-  const MinMax r = Result(kind, averaging_constant);
-  return std::max(std::fabs(std::min(r.min, 0.0f)), std::max(r.max, 0.0f));
+float ActivationObserver::AbsMax(ActivationObserverKind kind, double averaging_constant,
+                                 const ScaleArithmetic& arithmetic) const {
+  if (kind == ActivationObserverKind::kMinMax && !group_batches.empty()) {
+    size_t groups = 0;
+    for (const auto& [batch, ranges] : group_batches) groups = std::max(groups, ranges.min.size());
+    float amax = 0.0f, lo = 0, hi = 0;
+    for (size_t g = 0; g < groups; ++g) {
+      if (MovingAverageRange(group_batches, g, averaging_constant, arithmetic, &lo, &hi)) {
+        amax = std::max(amax, PairAbsMax(lo, hi));
+      }
+    }
+    return amax;
+  }
+  const MinMax r = Result(kind, averaging_constant, arithmetic);
+  return PairAbsMax(r.min, r.max);
 }
 
 }  // namespace caliper

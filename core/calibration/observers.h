@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/calibration/scale_arithmetic.h"
 #include "core/tensor/magnitude_histogram.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/tensor_view.h"
@@ -37,11 +39,32 @@ int OriginalKvHead(int num_kv_heads, TpPlacement placement, int local);
 
 enum class KvKind { kKey, kValue };
 
+// Min and max per group of one batch, for the moving-average observers (K/V: per original head;
+// inputs: per 16-column group). A group never observed holds +inf / -inf.
+struct GroupRanges {
+  std::vector<float> min, max;
+
+  bool Observed(size_t group) const { return group < min.size() && min[group] <= max[group]; }
+  // Elementwise min / max of `min_values` / `max_values` placed from group `offset` on (grows).
+  void MergeAt(size_t offset, absl::Span<const float> min_values,
+               absl::Span<const float> max_values);
+  void Merge(const GroupRanges& other) { MergeAt(0, other.min, other.max); }
+};
+
+// The moving average llm-compressor's `minmax` observer keeps: over the batches of `batches` (in
+// ascending batch id) in which `group` was observed, the first initialises, each next one steps
+// v = v * (1 - c) + x * c, for min and max apart. False when the group was never observed.
+bool MovingAverageRange(const std::map<int64_t, GroupRanges>& batches, size_t group, double c,
+                        const ScaleArithmetic& arithmetic, float* min, float* max);
+
 // The reduction of one K or V chunk, already mapped onto original heads.
 struct KvChunkStats {
   KvKind kind = KvKind::kKey;
   std::vector<int> heads;        // original head index of each entry
   std::vector<float> absmax;     // same length as heads
+  // Per local head, only when asked for (kv_observer minmax): min / max over the chunk.
+  std::vector<float> min, max;
+  int64_t batch = 0;             // forward pass, keys the moving average
   int64_t tokens = 0;
   std::vector<MagnitudeHistogram> hists;  // same length as heads when histograms were asked for
 };
@@ -55,10 +78,11 @@ absl::StatusOr<int> KvChunkLocalHeads(const std::vector<int64_t>& shape, TpPlace
 // [tokens, heads_local * head_dim] produced by `placement`. A tensor in pieces is reduced run by
 // run (rows split across pieces are copied alone); the result equals the contiguous one bit for bit.
 // With `histograms`, each head's |x| histogram comes from the same pass (stats.hists).
+// With `ranges`, each head's min / max too (stats.min / stats.max).
 absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& tensor,
                                            TpPlacement placement, int num_kv_heads,
                                            int head_dim, ReductionBackend& backend,
-                                           bool histograms = false);
+                                           bool histograms = false, bool ranges = false);
 
 // One layer's K and V absmax per original KV head.
 struct KvLayerObserver {
@@ -72,12 +96,25 @@ struct KvLayerObserver {
   // Per original head, only for recipes that ask for histograms (else empty). Replicas under
   // TP > heads each add their copy: counts scale, fractions (all that observers use) do not.
   std::vector<MagnitudeHistogram> k_hist, v_hist;
+  // Per batch, per original head min / max, only for kv_observer minmax (else empty): the moving
+  // average needs every batch apart, so the state grows with batches x heads (8 bytes each).
+  std::map<int64_t, GroupRanges> k_batches, v_batches;
+
+  // The absmax the kv_observer minmax gives per original head (per_tensor: one entry from the
+  // per-batch min / max over all heads); 0 where nothing was observed.
+  std::vector<float> MovingAverageAbsMax(KvKind kind, bool per_tensor, double c,
+                                         const ScaleArithmetic& arithmetic) const;
 };
 
 // Min/max of finite values of a whole tensor; rejects NaN/Inf naming `field`. Pieces are reduced
 // run by run and merged exactly (-0 orders below +0, as in one pass).
 absl::StatusOr<RangeStats> ReduceRange(const PiecewiseTensor& tensor, ReductionBackend& backend,
                                        absl::string_view field = "tensor");
+// Min / max per group of `group_width` consecutive columns of the last dimension (the last group
+// may be shorter): ceil(columns / group_width) groups; NaN/Inf rejected naming `field`.
+absl::StatusOr<GroupRanges> ReduceColumnGroups(const PiecewiseTensor& tensor, int64_t group_width,
+                                               ReductionBackend& backend,
+                                               absl::string_view field = "tensor");
 // The |x| histogram of a whole tensor (one head spanning its last dimension); NaN/Inf rejected
 // naming `field`.
 absl::StatusOr<MagnitudeHistogram> ReduceHistogram(const PiecewiseTensor& tensor,
@@ -98,7 +135,7 @@ struct MinMaxObserver {
 
 enum class ActivationObserverKind {
   kStaticMinMax,  // running min and max over all batches
-  kMinMax,        // exponential moving average per batch: v = v*(1-c) + batch*c
+  kMinMax,        // moving average per batch, v = v*(1-c) + batch*c, per 16-column group
   kPercentile,    // from the input's |x| histogram (core/calibration/histogram_observers.h)
   kMse,           // from the input's |x| histogram
 };
@@ -107,7 +144,7 @@ enum class ActivationObserverKind {
 // histograms (core/calibration/histogram_observers.h).
 enum class KvObserverKind {
   kStaticMinMax,  // absmax over every token
-  kMinMax,        // moving average of per-batch absmax (llm-compressor's default)
+  kMinMax,        // moving average of per-batch min and max (llm-compressor's default)
   kPercentile,    // smallest scale clipping at most (100 - P)% of the values
   kMse,           // least expected squared FP8 error
 };
@@ -135,11 +172,17 @@ struct ActivationObserver {
   // averaging_constant is c (default 0.01), only used by kMinMax. The first batch initialises.
   // The histogram kinds are resolved by the caller from a histogram; here they give the static
   // min/max.
-  MinMax Result(ActivationObserverKind kind, double averaging_constant = 0.01) const;
-  // max(|min(r,0)|, max(r,0)) of Result().
-  float AbsMax(ActivationObserverKind kind, double averaging_constant = 0.01) const;
+  MinMax Result(ActivationObserverKind kind, double averaging_constant = 0.01,
+                const ScaleArithmetic& arithmetic = ScaleArithmetic()) const;
+  // The amax: max(|min(r,0)|, max(r,0)) of Result(), except kMinMax with group_batches, where
+  // it is the max over groups of each group's moving average (llm-compressor's TENSOR_GROUP).
+  float AbsMax(ActivationObserverKind kind, double averaging_constant = 0.01,
+               const ScaleArithmetic& arithmetic = ScaleArithmetic()) const;
 
   std::map<int64_t, MinMaxObserver> batches;
+  // Per batch, per 16-column group, only for the minmax observer on modules it averages per
+  // group (else empty): batches x groups x 8 bytes.
+  std::map<int64_t, GroupRanges> group_batches;
 };
 
 }  // namespace caliper

@@ -14,6 +14,18 @@ bool IsMoeRouterModule(absl::string_view module) {
   return leaf == "gate" || leaf == "router" || leaf == "shared_expert_gate";
 }
 
+bool IsMoeExpertModule(absl::string_view module) {
+  // "<...>.experts.<E>.<projection>": a routed expert (shared experts are "shared_expert(s)").
+  for (size_t at = module.find(".experts."); at != absl::string_view::npos;
+       at = module.find(".experts.", at + 1)) {
+    const absl::string_view rest = module.substr(at + 9);
+    size_t digits = 0;
+    while (digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9') ++digits;
+    if (digits > 0 && digits < rest.size() && rest[digits] == '.') return true;
+  }
+  return false;
+}
+
 std::vector<std::string> DetectMoeRouters(const std::vector<std::string>& tensor_names) {
   std::set<std::string> routers;
   for (const std::string& name : tensor_names) {

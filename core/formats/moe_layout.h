@@ -19,6 +19,10 @@ namespace caliper {
 // so the leaf name alone is safe. `module` has no ".weight" suffix.
 bool IsMoeRouterModule(absl::string_view module);
 
+// A routed expert's projection: "...experts.<E>.<name>" (Mixtral w1/w2/w3, linearized
+// gate_proj/up_proj/down_proj, Qwen-MoE); shared experts are not.
+bool IsMoeExpertModule(absl::string_view module);
+
 // Router modules present in a checkpoint (names of its "<module>.weight" tensors), sorted.
 std::vector<std::string> DetectMoeRouters(const std::vector<std::string>& tensor_names);
 

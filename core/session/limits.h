@@ -36,7 +36,7 @@ struct Limits {
   int max_formats = 8;  // entries of ScalesRequest.formats, after de-duplication
   // Per session.
   int max_modules_per_session = 131072;
-  int64_t max_batches_per_session = int64_t{1} << 24;  // (module, batch) activation entries
+  int64_t max_batches_per_session = int64_t{1} << 24;  // (module or K/V layer, batch) entries
   int max_producers_per_session = 65536;  // the CLI uses one producer per dump file
   size_t max_producer_id_bytes = 256;
   size_t max_module_bytes = 1024;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/calibration/histogram_observers.h"
+#include "core/formats/moe_layout.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
@@ -23,7 +24,33 @@ int64_t NowUnixMs() {
 
 bool IsKv(ChunkKind kind) { return kind == ChunkKind::kKey || kind == ChunkKind::kValue; }
 
+// llm-compressor's TENSOR_GROUP activations are averaged per group of 16 columns.
+constexpr int64_t kInputGroupColumns = 16;
+// Bounds one module's per-batch group state (8 bytes a group): 16M input columns.
+constexpr int64_t kMaxInputGroups = int64_t{1} << 20;
+
 }  // namespace
+
+std::string Recipe::KvObserverName() const {
+  switch (kv_observer) {
+    case KvObserverKind::kStaticMinMax: return "static_minmax";
+    case KvObserverKind::kMinMax: return "minmax";
+    case KvObserverKind::kPercentile: return absl::StrCat("percentile:", kv_percentile);
+    case KvObserverKind::kMse: return "mse";
+  }
+  return "static_minmax";
+}
+
+std::string Recipe::ActivationObserverName() const {
+  switch (activation_observer) {
+    case ActivationObserverKind::kStaticMinMax: return "static_minmax";
+    case ActivationObserverKind::kMinMax: return "minmax";
+    case ActivationObserverKind::kPercentile:
+      return absl::StrCat("percentile:", activation_percentile);
+    case ActivationObserverKind::kMse: return "mse";
+  }
+  return "static_minmax";
+}
 
 absl::string_view ChunkKindName(ChunkKind kind) {
   switch (kind) {
@@ -74,10 +101,10 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
           absl::StrCat("recipe.", name, ": must be in (0, 100], got ", value));
     }
   }
-  if (recipe.kv_observer == KvObserverKind::kMinMax) {
+  if (recipe.compat == Compat::kLlmCompressor && !model.dtype.has_value()) {
     return absl::InvalidArgumentError(
-        "recipe.kv_observer: minmax (moving average) is not available in this build; use "
-        "static_minmax, percentile:P or mse");
+        "recipe.compat: llm-compressor computes scales in the model's dtype, and the model has "
+        "none (config.json \"torch_dtype\" / \"dtype\", or model.dtype)");
   }
   if (recipe.warmup_batches < 0) {
     return absl::InvalidArgumentError(
@@ -104,6 +131,20 @@ absl::Status CalibrationSession::CheckOpen() const {
   return absl::OkStatus();
 }
 
+ScaleArithmetic CalibrationSession::Arithmetic() const {
+  if (recipe_.compat == Compat::kLlmCompressor && model_.dtype.has_value()) {
+    return ScaleArithmetic(Compat::kLlmCompressor, *model_.dtype);
+  }
+  return ScaleArithmetic();
+}
+
+bool CalibrationSession::AveragesInputPerGroup(absl::string_view module) const {
+  // llm-compressor hands its linearized MoE experts 2-D token lists, which its flattening makes
+  // one tensor-wide group: their moving average is of the whole tensor's min / max.
+  return recipe_.activation_observer == ActivationObserverKind::kMinMax &&
+         !IsMoeExpertModule(module);
+}
+
 absl::Status CalibrationSession::ValidateChunk(const ChunkRef& chunk) const {
   const TpPlacement& p = chunk.placement;
   if (p.tp_size < 1) {
@@ -117,6 +158,12 @@ absl::Status CalibrationSession::ValidateChunk(const ChunkRef& chunk) const {
   if (chunk.batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk.batch: must be >= 0, got ", chunk.batch));
+  }
+  if (recipe_.compat == Compat::kLlmCompressor && model_.dtype.has_value() &&
+      chunk.dtype != *model_.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk.dtype: ", DTypeName(chunk.dtype), ", but recipe.compat llm-compressor computes in ",
+        "the model's dtype ", DTypeName(*model_.dtype), ": send tensors as the model holds them"));
   }
   switch (chunk.kind) {
     case ChunkKind::kKey:
@@ -250,11 +297,38 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
           chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, chunk.shape,
           *chunk.statistics, chunk.placement, model_.num_kv_heads, model_.head_dim);
       if (!kv.ok()) return reject(kv.status());
+      if (recipe_.kv_observer == KvObserverKind::kMinMax && kv->min.empty() && kv->tokens > 0) {
+        return reject(absl::InvalidArgumentError(
+            "chunk.statistics.head_min/head_max: required by recipe.kv_observer minmax (a moving "
+            "average of per-batch min and max), instead of absmax"));
+      }
+      if (recipe_.kv_observer != KvObserverKind::kMinMax) kv->min.clear(), kv->max.clear();
+      if (absl::Status s = AddKvHistogramsFromStatistics(
+              chunk.statistics->histograms, model_.head_dim, recipe_.NeedsHistograms(), &*kv);
+          !s.ok()) {
+        return reject(s);
+      }
       if (!warmup) stats.kv = *std::move(kv);
     } else {
-      absl::StatusOr<RangeStats> range = RangeFromStatistics(chunk.shape, *chunk.statistics);
+      GroupRanges groups;
+      absl::StatusOr<RangeStats> range =
+          RangeFromStatistics(chunk.shape, *chunk.statistics, kInputGroupColumns, &groups);
       if (!range.ok()) return reject(range.status());
-      if (!warmup) stats.range = *range;
+      absl::StatusOr<std::optional<MagnitudeHistogram>> hist = RangeHistogramFromStatistics(
+          chunk.statistics->histograms, chunk.shape, *range, chunk.kind == ChunkKind::kInput,
+          recipe_.NeedsHistograms());
+      if (!hist.ok()) return reject(hist.status());
+      const bool per_group = chunk.kind == ChunkKind::kInput && AveragesInputPerGroup(chunk.module);
+      if (per_group && groups.min.empty() && range->min <= range->max) {
+        return reject(absl::InvalidArgumentError(
+            "chunk.statistics.group_min/group_max: required by recipe.activation_observer minmax "
+            "(a moving average per 16-column group), instead of min/max"));
+      }
+      if (!warmup) {
+        stats.range = *range;
+        if (per_group) stats.groups = std::move(groups);
+        if (hist->has_value()) stats.hist = **std::move(hist);
+      }
     }
   }
   absl::StatusOr<PiecewiseTensor> view =
@@ -267,19 +341,48 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
     if (IsKv(chunk.kind)) {
       absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(
           chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, *view, chunk.placement,
-          model_.num_kv_heads, model_.head_dim, backend, recipe_.NeedsHistograms());
+          model_.num_kv_heads, model_.head_dim, backend, recipe_.NeedsHistograms(),
+          recipe_.kv_observer == KvObserverKind::kMinMax);
       if (!kv.ok()) return reject(kv.status());
       stats.kv = *std::move(kv);
     } else {
       absl::StatusOr<RangeStats> range = ReduceRange(*view, backend, "chunk");
       if (!range.ok()) return reject(range.status());
       stats.range = *range;
+      if (chunk.kind == ChunkKind::kInput && AveragesInputPerGroup(chunk.module)) {
+        absl::StatusOr<GroupRanges> groups =
+            ReduceColumnGroups(*view, kInputGroupColumns, backend, "chunk");
+        if (!groups.ok()) return reject(groups.status());
+        stats.groups = *std::move(groups);
+      }
       if (chunk.kind == ChunkKind::kInput && recipe_.NeedsHistograms()) {
         absl::StatusOr<MagnitudeHistogram> hist = ReduceHistogram(*view, backend, "chunk");
         if (!hist.ok()) return reject(hist.status());
         stats.hist = *std::move(hist);
       }
     }
+  }
+
+  if (stats.kv.has_value()) stats.kv->batch = chunk.batch;
+  if (stats.groups.has_value() && chunk.placement.tp_size > 1) {
+    // A TP rank's input columns sit at its rank's offset (row-parallel shards); a replicated
+    // input lands in its own copy of the groups, which leaves the max over groups unchanged.
+    const int64_t columns = chunk.shape.empty() ? 1 : chunk.shape.back();
+    if (columns % kInputGroupColumns != 0) {
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "chunk.shape[", chunk.shape.size() - 1, "]: ", columns, " columns of a TP shard (tp_size ",
+          chunk.placement.tp_size, ") must be a multiple of ", kInputGroupColumns,
+          " for recipe.activation_observer minmax")));
+    }
+    stats.group_offset = static_cast<size_t>(chunk.placement.tp_rank) * stats.groups->min.size();
+  }
+  if (stats.groups.has_value() &&
+      stats.group_offset + stats.groups->min.size() > static_cast<size_t>(kMaxInputGroups)) {
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+        "chunk.shape: ", stats.groups->min.size(), " column groups at tp_rank ",
+        chunk.placement.tp_rank, " reach group ", stats.group_offset + stats.groups->min.size(),
+        ", over the ", kMaxInputGroups, " (", kMaxInputGroups * kInputGroupColumns,
+        " input columns) the minmax observer keeps per module")));
   }
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -318,11 +421,28 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
           limits_.max_batches_per_session));
     }
   }
+  if (IsKv(chunk.kind) && !stats.kv->min.empty()) {
+    const KvLayerObserver& layer = kv_layers_[chunk.layer];
+    const auto& batches = chunk.kind == ChunkKind::kKey ? layer.k_batches : layer.v_batches;
+    if (batches.count(chunk.batch) == 0 && batch_entries_ >= limits_.max_batches_per_session) {
+      ++rejected_chunks_;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "chunk.batch: ", chunk.batch, " of layer ", chunk.layer, " ",
+          ChunkKindName(chunk.kind), " would be batch entry ", batch_entries_ + 1,
+          " of this session, over the limit max_batches_per_session=",
+          limits_.max_batches_per_session));
+    }
+  }
   switch (chunk.kind) {
     case ChunkKind::kKey:
-    case ChunkKind::kValue:
-      kv_layers_[chunk.layer].Accumulate(*stats.kv);
+    case ChunkKind::kValue: {
+      KvLayerObserver& layer = kv_layers_[chunk.layer];
+      const size_t before = layer.k_batches.size() + layer.v_batches.size();
+      layer.Accumulate(*stats.kv);
+      batch_entries_ += static_cast<int64_t>(layer.k_batches.size() + layer.v_batches.size() -
+                                             before);
       break;
+    }
     case ChunkKind::kWeight:
       modules_[std::string(chunk.module)].weight.Accumulate(*stats.range);
       break;
@@ -331,6 +451,10 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
       const size_t before = module.input.batches.size();
       module.input.Accumulate(chunk.batch, *stats.range);
       batch_entries_ += static_cast<int64_t>(module.input.batches.size() - before);
+      if (stats.groups.has_value()) {
+        module.input.group_batches[chunk.batch].MergeAt(stats.group_offset, stats.groups->min,
+                                                        stats.groups->max);
+      }
       if (stats.hist.has_value()) module.input_hist.Merge(*stats.hist);
       break;
     }
@@ -357,7 +481,8 @@ absl::Status CalibrationSession::Finalize() {
     final_kv_ = FinalizeKvScales(kv_layers_,
                                  recipe_.kv == KvMode::kPerHead ? KvGranularity::kPerHead
                                                                 : KvGranularity::kPerTensor,
-                                 recipe_.fp8_flavor);
+                                 recipe_.fp8_flavor,
+                                 {recipe_.kv_observer, recipe_.averaging_constant, Arithmetic()});
     if (IsHistogramObserver(recipe_.kv_observer)) {
       ApplyKvHistogramObserver(kv_layers_, recipe_.kv_observer, recipe_.kv_percentile,
                                &*final_kv_);
@@ -379,7 +504,8 @@ absl::Status CalibrationSession::Finalize() {
     if (recipe_.nvfp4_activations) {
       if (!state.input.batches.empty()) {
         amax.input_amax =
-            state.input.AbsMax(recipe_.activation_observer, recipe_.averaging_constant);
+            state.input.AbsMax(recipe_.activation_observer, recipe_.averaging_constant,
+                               Arithmetic());
         if (IsHistogramObserver(recipe_.activation_observer)) {
           // NVFP4 block scales are E4M3FN whatever the KV flavor (docs/observers.md).
           const double clip = HistogramClip(
@@ -437,7 +563,8 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
   out.fp8_flavor = recipe_.fp8_flavor;
   out.num_kv_heads = model_.num_kv_heads;
   out.convention = convention;
-  out.activation_observer = recipe_.activation_observer;
+  out.input_observer = recipe_.ActivationObserverName();
+  out.kv_observer = recipe_.KvObserverName();
   out.tp_size = resolved->tp_size;
   out.deployed_total_kv_heads = resolved->total_kv_heads;
   out.rank = resolved->rank;
@@ -464,6 +591,7 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
     options.share_input_scales = convention == Nvfp4Convention::kModelOpt;
     options.form =
         convention == Nvfp4Convention::kModelOpt ? ScaleForm::kMultiplier : ScaleForm::kDivisor;
+    options.arithmetic = Arithmetic();
     out.nvfp4 = ComputeNvfp4Scales(amax, options);
     out.warnings.insert(out.warnings.end(), out.nvfp4.warnings.begin(),
                         out.nvfp4.warnings.end());
@@ -487,8 +615,8 @@ absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
   inputs.tp_size = scales.tp_size;
   inputs.kv = scales.kv_scales;
   inputs.nvfp4 = scales.nvfp4;
-  inputs.input_observer =
-      scales.activation_observer == ActivationObserverKind::kMinMax ? "minmax" : "static_minmax";
+  inputs.input_observer = scales.input_observer;
+  inputs.kv_observer = scales.kv_observer;
   return RenderOutputs(wanted, inputs, warnings);
 }
 

@@ -53,6 +53,8 @@ struct Recipe {
   double kv_percentile = 99.99;          // P of kv_observer kPercentile, in (0, 100]
   double activation_percentile = 99.99;  // P of activation_observer kPercentile, in (0, 100]
   bool histograms = false;  // keep |x| histograms (for the report) whatever the observers
+  // Whose arithmetic turns statistics into scales; llm-compressor's needs the model's dtype.
+  Compat compat = Compat::kCaliper;
 
   // Histograms are kept (and computed in the reduction pass) only when this is true, so
   // absmax-only sessions keep the absmax path's speed.
@@ -60,6 +62,10 @@ struct Recipe {
     return histograms || IsHistogramObserver(kv_observer) ||
            IsHistogramObserver(activation_observer);
   }
+  // llm-compressor's spelling, as configs and reports name them: "static_minmax", "minmax",
+  // "percentile:P", "mse".
+  std::string KvObserverName() const;
+  std::string ActivationObserverName() const;
 };
 
 enum class ChunkKind { kKey, kValue, kWeight, kInput };
@@ -115,8 +121,8 @@ struct SessionScales {
   std::vector<RankSlice> rank_slices;  // [layer] when rank is set (per tensor: one value each)
   Nvfp4Convention convention = Nvfp4Convention::kCompressedTensors;
   Nvfp4Scales nvfp4;
-  // The recipe's activation observer, named in the compressed-tensors config.
-  ActivationObserverKind activation_observer = ActivationObserverKind::kStaticMinMax;
+  // The recipe's observers as the compressed-tensors config names them (Recipe::*ObserverName).
+  std::string input_observer = "static_minmax", kv_observer = "static_minmax";
   std::vector<ScaleWarning> warnings;  // KV, NVFP4 and session-level warnings together
 };
 
@@ -280,6 +286,8 @@ class CalibrationSession {
     std::optional<KvChunkStats> kv;
     std::optional<RangeStats> range;
     std::optional<MagnitudeHistogram> hist;  // input chunks of histogram recipes
+    std::optional<GroupRanges> groups;       // input chunks averaged per 16 columns
+    size_t group_offset = 0;                 // where the chunk's first group sits
   };
 
   // Observe's body; sets *ends_stream for a sequence that breaks the producer stream's order.
@@ -287,6 +295,10 @@ class CalibrationSession {
                                               const ProducerLedger::Stream* producer,
                                               bool* ends_stream);
   uint64_t ChangeCountLocked() const;
+  // The arithmetic the recipe asks for (llm-compressor's in the model's dtype).
+  ScaleArithmetic Arithmetic() const;
+  // Whether the minmax activation observer averages `module`'s input per 16-column group.
+  bool AveragesInputPerGroup(absl::string_view module) const;
   absl::Status ValidateChunk(const ChunkRef& chunk) const;
   absl::Status CheckOpen() const;  // caller holds mu_ or accepts a racy pre-check
 
@@ -301,7 +313,9 @@ class CalibrationSession {
   SessionState state_ = SessionState::kOpen;
   std::vector<KvLayerObserver> kv_layers_;       // [num_layers] when kv is on
   std::map<std::string, ModuleState, std::less<>> modules_;  // by module name
-  int64_t batch_entries_ = 0;  // sum over modules_ of input.batches.size()
+  // Per-batch entries: modules_' input.batches plus, for kv_observer minmax, the K and V
+  // batches of every layer (bounded by limits_.max_batches_per_session).
+  int64_t batch_entries_ = 0;
   int64_t accepted_chunks_ = 0, accepted_bytes_ = 0;
   int64_t rejected_chunks_ = 0, skipped_warmup_chunks_ = 0;
   int64_t duplicate_chunks_ = 0;

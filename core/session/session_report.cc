@@ -17,27 +17,6 @@ using nlohmann::json;
 
 json Num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
-std::string KvObserverName(const Recipe& r) {
-  switch (r.kv_observer) {
-    case KvObserverKind::kStaticMinMax: return "static_minmax";
-    case KvObserverKind::kMinMax: return "minmax";
-    case KvObserverKind::kPercentile: return absl::StrCat("percentile:", r.kv_percentile);
-    case KvObserverKind::kMse: return "mse";
-  }
-  return "static_minmax";
-}
-
-std::string ActivationObserverName(const Recipe& r) {
-  switch (r.activation_observer) {
-    case ActivationObserverKind::kStaticMinMax: return "static_minmax";
-    case ActivationObserverKind::kMinMax: return "minmax";
-    case ActivationObserverKind::kPercentile:
-      return absl::StrCat("percentile:", r.activation_percentile);
-    case ActivationObserverKind::kMse: return "mse";
-  }
-  return "static_minmax";
-}
-
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -65,7 +44,7 @@ struct Totals {
 
 json Bins(const MagnitudeHistogram& h) {
   json bins = json::array();
-  for (int s = MagnitudeHistogram::kUnderflowSlot; s < MagnitudeHistogram::kSlots; ++s) {
+  for (int s = MagnitudeHistogram::kUnderflowSlot; s < static_cast<int>(h.counts.size()); ++s) {
     if (h.counts[s] == 0) continue;
     bins.push_back({MagnitudeHistogram::SlotLower(s),
                     std::min(MagnitudeHistogram::SlotUpper(s), 1e300), h.counts[s]});
@@ -106,8 +85,8 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
       {"recipe",
        {{"kv", recipe.kv == KvMode::kOff ? "off" : (per_head ? "per-head" : "per-tensor")},
         {"fp8_flavor", flavor == Fp8Flavor::kE4M3FN ? "e4m3fn" : "e4m3fnuz"},
-        {"kv_observer", KvObserverName(recipe)},
-        {"observer", ActivationObserverName(recipe)},
+        {"kv_observer", recipe.KvObserverName()},
+        {"observer", recipe.ActivationObserverName()},
         {"histograms", recipe.NeedsHistograms()}}}};
   report["qmax"] = qmax;
   report["has_histograms"] = recipe.NeedsHistograms();
@@ -168,6 +147,8 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
                        {"tokens", h < tokens.size() ? tokens[h] : 0},
                        {"scale", scale},
                        {"outlier", median > 0 && absmax[h] >= kOutlierHeadRatio * median}};
+          // A head no chunk has reached yet (e.g. one TP rank so far) has no histogram.
+          const bool head_hist = has_hist && !hists[h].empty();
           json observers = json::object(), sqnr_by = json::object();
           for (int o = 0; o < 3; ++o) {
             const double s = per_head ? observer_scale(has_hist ? hists[h] : MagnitudeHistogram(),
@@ -178,7 +159,7 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
                                                                               : session.v_absmax[l][0]),
                                                        kObservers[o]);
             observers[kObservers[o]] = Num(s);
-            if (has_hist && std::isfinite(s) && s > 0) {
+            if (head_hist && std::isfinite(s) && s > 0) {
               sqnr_by[kObservers[o]] = Num(MeasureFp8Quality(hists[h], s, flavor).sqnr_db);
               observer_totals[o].Add(hists[h], s, flavor);
             } else {
@@ -186,7 +167,7 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
             }
           }
           head["observers"] = observers;
-          if (has_hist) {
+          if (head_hist) {
             const Fp8Quality q = MeasureFp8Quality(hists[h], scale, flavor);
             head["fraction_clipped"] = Num(q.fraction_clipped);
             head["sqnr_db"] = Num(q.sqnr_db);

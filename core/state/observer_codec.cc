@@ -1,7 +1,9 @@
 #include "core/state/observer_codec.h"
 
 #include <bit>
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,11 +33,16 @@ absl::Status CheckMinMax(const MinMaxObserver& observer, absl::string_view field
   return absl::OkStatus();
 }
 
+// Bodies that version 2 extended carry it; the others keep version 1 (unchanged bytes).
+uint8_t VersionOf(uint8_t tag) {
+  return tag == kTagKvLayer || tag == kTagActivation ? kObserverCodecVersion : 1;
+}
+
 std::string Standalone(uint8_t tag, const StateEncoder& body) {
   std::string out;
   out.reserve(2 + body.bytes().size());
   out.push_back(static_cast<char>(tag));
-  out.push_back(static_cast<char>(kObserverCodecVersion));
+  out.push_back(static_cast<char>(VersionOf(tag)));
   out += body.bytes();
   return out;
 }
@@ -50,11 +57,12 @@ absl::Status ExpectHeader(StateDecoder& in, uint8_t tag, absl::string_view field
   }
   absl::StatusOr<uint8_t> version = in.GetU8(absl::StrCat(field, ".version"));
   if (!version.ok()) return version.status();
-  if (*version != kObserverCodecVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".version: ", *version,
-                                                   " is not supported (expected ",
-                                                   kObserverCodecVersion, ")"));
+  if (*version < 1 || *version > VersionOf(tag)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".version: ", *version, " is not supported (expected ",
+        VersionOf(tag) == 1 ? "1" : absl::StrCat("1 to ", VersionOf(tag)), ")"));
   }
+  in.set_codec_version(*version);
   return absl::OkStatus();
 }
 
@@ -103,6 +111,21 @@ void StateEncoder::PutKvLayer(const KvLayerObserver& observer) {
     PutU32(static_cast<uint32_t>(tokens->size()));
     for (int64_t v : *tokens) PutI64(v);
   }
+  PutBatchRanges(observer.k_batches);
+  PutBatchRanges(observer.v_batches);
+}
+
+void StateEncoder::PutBatchRanges(const std::map<int64_t, GroupRanges>& batches) {
+  PutU32(static_cast<uint32_t>(batches.size()));
+  for (const auto& [batch, ranges] : batches) {
+    PutI64(batch);
+    const size_t n = std::min(ranges.min.size(), ranges.max.size());
+    PutU32(static_cast<uint32_t>(n));
+    for (size_t g = 0; g < n; ++g) {
+      PutF32(ranges.min[g]);
+      PutF32(ranges.max[g]);
+    }
+  }
 }
 
 void StateEncoder::PutHistogram(const MagnitudeHistogram& histogram) {
@@ -132,6 +155,7 @@ void StateEncoder::PutActivation(const ActivationObserver& observer) {
     PutI64(batch);
     PutMinMax(stats);
   }
+  PutBatchRanges(observer.group_batches);
 }
 
 void StateEncoder::PutProducerSequences(const ProducerSequences& sequences) {
@@ -251,6 +275,54 @@ absl::StatusOr<KvLayerObserver> StateDecoder::GetKvLayer(absl::string_view field
       (*array.values)[i] = v;
     }
   }
+  if (codec_version_ >= 2) {
+    for (auto [name, batches] : {std::pair{"k_batches", &out.k_batches},
+                                 std::pair{"v_batches", &out.v_batches}}) {
+      absl::StatusOr<std::map<int64_t, GroupRanges>> got =
+          GetBatchRanges(absl::StrCat(field, ".", name));
+      if (!got.ok()) return got.status();
+      *batches = *std::move(got);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<int64_t, GroupRanges>> StateDecoder::GetBatchRanges(
+    absl::string_view field) {
+  absl::StatusOr<uint32_t> count = GetCount(field, 8 + 4);
+  if (!count.ok()) return count.status();
+  std::map<int64_t, GroupRanges> out;
+  int64_t previous = 0;
+  for (uint32_t i = 0; i < *count; ++i) {
+    // Entries vary in size: every read is checked (the count guaranteed only the smallest).
+    absl::StatusOr<int64_t> got_batch = GetI64(absl::StrCat(field, "[", i, "].batch"));
+    if (!got_batch.ok()) return got_batch.status();
+    const int64_t batch = *got_batch;
+    if (i > 0 && batch <= previous) {
+      return Invalid(field, i, absl::StrCat("batch id ", batch, " not above the previous ",
+                                            previous, " (duplicate or out of order)"));
+    }
+    previous = batch;
+    const std::string groups_field = absl::StrCat(field, "[", i, "].groups");
+    absl::StatusOr<uint32_t> groups = GetCount(groups_field, 8);
+    if (!groups.ok()) return groups.status();
+    GroupRanges ranges;
+    ranges.min.resize(*groups);
+    ranges.max.resize(*groups);
+    for (uint32_t g = 0; g < *groups; ++g) {
+      const float lo = std::bit_cast<float>(static_cast<uint32_t>(ReadLittleEndian(4)));
+      const float hi = std::bit_cast<float>(static_cast<uint32_t>(ReadLittleEndian(4)));
+      const bool unobserved = lo == std::numeric_limits<float>::infinity() &&
+                              hi == -std::numeric_limits<float>::infinity();
+      if (!unobserved && !(std::isfinite(lo) && std::isfinite(hi) && lo <= hi)) {
+        return Invalid(groups_field, g, absl::StrCat("min ", lo, " / max ", hi,
+                                                     " is not a finite range"));
+      }
+      ranges.min[g] = lo;
+      ranges.max[g] = hi;
+    }
+    out.emplace_hint(out.end(), batch, std::move(ranges));
+  }
   return out;
 }
 
@@ -315,6 +387,12 @@ absl::StatusOr<ActivationObserver> StateDecoder::GetActivation(absl::string_view
     stats.observations = static_cast<int64_t>(ReadLittleEndian(8));
     if (absl::Status s = CheckMinMax(stats, name, i); !s.ok()) return s;
     out.batches.emplace_hint(out.batches.end(), batch, stats);
+  }
+  if (codec_version_ >= 2) {
+    absl::StatusOr<std::map<int64_t, GroupRanges>> groups =
+        GetBatchRanges(absl::StrCat(field, ".group_batches"));
+    if (!groups.ok()) return groups.status();
+    out.group_batches = *std::move(groups);
   }
   return out;
 }

@@ -18,7 +18,10 @@
 
 namespace caliper {
 
-inline constexpr uint8_t kObserverCodecVersion = 1;
+// 2 adds the moving-average observers' per-batch ranges (GroupRanges) to K/V layer and activation
+// bodies (their standalone blobs say 2; min/max and producer blobs stay 1); version 1 bodies still
+// decode (without them).
+inline constexpr uint8_t kObserverCodecVersion = 2;
 
 // Last durable sequence per producer_id (see core/producer_ledger.h).
 using ProducerSequences = std::map<std::string, uint64_t>;
@@ -41,6 +44,8 @@ class StateEncoder {
   void PutProducerSequences(const ProducerSequences& sequences);
   // Sparse: max, max_count, then (slot, count) for nonzero slots only; <= 1027 pairs.
   void PutHistogram(const MagnitudeHistogram& histogram);
+  // Per-batch ranges: count, then (batch, n, n x (min, max)) in ascending batch order.
+  void PutBatchRanges(const std::map<int64_t, GroupRanges>& batches);
 
   const std::string& bytes() const { return out_; }
   std::string Release() { return std::move(out_); }
@@ -54,6 +59,9 @@ class StateEncoder {
 class StateDecoder {
  public:
   explicit StateDecoder(absl::string_view bytes) : in_(bytes) {}
+  // The codec version the bodies were written with (the record's header says); default current.
+  void set_codec_version(uint8_t version) { codec_version_ = version; }
+  uint8_t codec_version() const { return codec_version_; }
 
   absl::StatusOr<uint8_t> GetU8(absl::string_view field);
   absl::StatusOr<uint32_t> GetU32(absl::string_view field);
@@ -73,6 +81,8 @@ class StateDecoder {
   absl::StatusOr<ProducerSequences> GetProducerSequences(absl::string_view field);
   // Slots ascending and in range, counts positive, then MagnitudeHistogram::Validate.
   absl::StatusOr<MagnitudeHistogram> GetHistogram(absl::string_view field);
+  // Batch ids strictly ascending, no NaN, each group min <= max or unobserved (+inf / -inf).
+  absl::StatusOr<std::map<int64_t, GroupRanges>> GetBatchRanges(absl::string_view field);
 
   // InvalidArgument naming `field` when bytes are left over.
   absl::Status ExpectEnd(absl::string_view field) const;
@@ -84,6 +94,7 @@ class StateDecoder {
 
   absl::string_view in_;
   size_t pos_ = 0;
+  uint8_t codec_version_ = kObserverCodecVersion;
 };
 
 // Standalone, versioned blobs. Decoding fails on a wrong tag, an unknown version, a bad body or

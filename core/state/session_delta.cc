@@ -62,6 +62,12 @@ absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64
           absl::StrCat("input row: batch ", batch, " does not belong to block ", block));
     }
   }
+  for (const auto& [batch, ranges] : observer->group_batches) {
+    if (batch < 0 || ActivationBlockOf(batch) != block) {
+      return absl::InvalidArgumentError(absl::StrCat("input row: group batch ", batch,
+                                                     " does not belong to block ", block));
+    }
+  }
   return observer;
 }
 
@@ -92,6 +98,10 @@ SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* produce
     for (const auto& [batch, stats] : state.input.batches) {
       delta.inputs[{name, ActivationBlockOf(batch)}].batches.emplace(batch, stats);
     }
+    for (auto& [batch, ranges] : state.input.group_batches) {
+      delta.inputs[{name, ActivationBlockOf(batch)}].group_batches.emplace(batch,
+                                                                           std::move(ranges));
+    }
   }
   // Module names stay (so max_modules_per_session keeps counting them), their state goes.
   for (auto& [name, state] : modules_) state = ModuleState{};
@@ -117,6 +127,15 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
         observer.k_tokens.size() != heads || observer.v_tokens.size() != heads) {
       return absl::InvalidArgumentError(absl::StrCat(
           "kv_layers[", layer, "]: per-head arrays must have num_kv_heads=", heads, " entries"));
+    }
+    for (const auto* batches : {&observer.k_batches, &observer.v_batches}) {
+      for (const auto& [batch, ranges] : *batches) {
+        if (ranges.min.size() > heads) {
+          return absl::InvalidArgumentError(absl::StrCat("kv_layers[", layer, "]: batch ", batch,
+                                                         " has more than num_kv_heads=", heads,
+                                                         " heads"));
+        }
+      }
     }
   }
   if (!delta.weights.empty() && !recipe_.nvfp4_weights) {

@@ -14,8 +14,10 @@ namespace caliper {
 namespace {
 
 constexpr uint8_t kTagSession = 'S';
-// 2 adds the histogram recipe fields and the histograms section; version 1 files still load.
-constexpr uint8_t kSessionStateVersion = 2;
+// 2 adds the histogram recipe fields and the histograms section; 3 the model's dtype, the
+// recipe's compat and the moving-average observers' per-batch ranges (observer codec 2).
+// Versions 1 and 2 still load.
+constexpr uint8_t kSessionStateVersion = 3;
 
 void PutModel(StateEncoder& out, const ModelConfig& model) {
   out.PutString(model.architecture);
@@ -24,6 +26,7 @@ void PutModel(StateEncoder& out, const ModelConfig& model) {
                     model.head_dim, model.hidden_size}) {
     out.PutI64(value);
   }
+  out.PutU8(model.dtype.has_value() ? 1 + static_cast<uint8_t>(*model.dtype) : 0);
 }
 
 void PutRecipe(StateEncoder& out, const Recipe& recipe) {
@@ -43,6 +46,7 @@ void PutRecipe(StateEncoder& out, const Recipe& recipe) {
   out.PutF64(recipe.kv_percentile);
   out.PutF64(recipe.activation_percentile);
   out.PutU8(recipe.histograms ? 1 : 0);
+  out.PutU8(static_cast<uint8_t>(recipe.compat));
 }
 
 // An int field that must lie in [lo, hi].
@@ -66,7 +70,7 @@ absl::StatusOr<uint8_t> GetEnum(StateDecoder& in, absl::string_view field, uint8
   return *value;
 }
 
-absl::StatusOr<ModelConfig> GetModel(StateDecoder& in) {
+absl::StatusOr<ModelConfig> GetModel(StateDecoder& in, uint8_t version) {
   ModelConfig model;
   absl::StatusOr<std::string> architecture = in.GetString("model.architecture");
   if (!architecture.ok()) return architecture.status();
@@ -86,6 +90,12 @@ absl::StatusOr<ModelConfig> GetModel(StateDecoder& in) {
     absl::StatusOr<int> value = GetInt(in, field.name, 0, 1 << 30);
     if (!value.ok()) return value.status();
     *field.value = *value;
+  }
+  if (version >= 3) {
+    absl::StatusOr<uint8_t> dtype =
+        GetEnum(in, "model.dtype", 1 + static_cast<uint8_t>(DType::kF32));
+    if (!dtype.ok()) return dtype.status();
+    if (*dtype > 0) model.dtype = static_cast<DType>(*dtype - 1);
   }
   return model;
 }
@@ -143,6 +153,11 @@ absl::StatusOr<Recipe> GetRecipe(StateDecoder& in, uint8_t version) {
   recipe.kv_percentile = *kv_percentile;
   recipe.activation_percentile = *activation_percentile;
   recipe.histograms = *histograms == 1;
+  if (version < 3) return recipe;
+  absl::StatusOr<uint8_t> compat =
+      GetEnum(in, "recipe.compat", static_cast<uint8_t>(Compat::kLlmCompressor));
+  if (!compat.ok()) return compat.status();
+  recipe.compat = static_cast<Compat>(*compat);
   return recipe;
 }
 
@@ -232,7 +247,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
   }
   absl::StatusOr<uint8_t> version = in.GetU8("session.version");
   if (!version.ok()) return version.status();
-  if (*version != 1 && *version != kSessionStateVersion) {
+  if (*version < 1 || *version > kSessionStateVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("session.version: unsupported version ", static_cast<int>(*version),
                      " (this build reads ", static_cast<int>(kSessionStateVersion), ")"));
@@ -255,7 +270,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
   }
   absl::StatusOr<int64_t> created = in.GetI64("session.created_unix_ms");
   if (!created.ok()) return created.status();
-  absl::StatusOr<ModelConfig> model = GetModel(in);
+  absl::StatusOr<ModelConfig> model = GetModel(in, *version);
   if (!model.ok()) return model.status();
   absl::StatusOr<Recipe> recipe = GetRecipe(in, *version);
   if (!recipe.ok()) return recipe.status();
@@ -285,6 +300,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
     *counter.value = *value;
   }
 
+  in.set_codec_version(*version >= 3 ? 2 : 1);
   absl::StatusOr<uint32_t> layers = in.GetCount("session.kv_layers", 8);
   if (!layers.ok()) return layers.status();
   if (*layers != s.kv_layers_.size()) {
@@ -301,6 +317,20 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
         layer->k_tokens.size() != heads || layer->v_tokens.size() != heads) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": per-head arrays must have num_kv_heads=", heads, " entries"));
+    }
+    for (const auto* batches : {&layer->k_batches, &layer->v_batches}) {
+      for (const auto& [batch, ranges] : *batches) {
+        if (ranges.min.size() > heads) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": batch ", batch, " has ", ranges.min.size(), " heads, more than ", heads));
+        }
+      }
+      s.batch_entries_ += static_cast<int64_t>(batches->size());
+    }
+    if (absl::Status b = CheckLimit(absl::StrCat(field, ".batches"), s.batch_entries_,
+                                    "max_batches_per_session", limits.max_batches_per_session);
+        !b.ok()) {
+      return b;
     }
     s.kv_layers_[i] = *std::move(layer);
   }

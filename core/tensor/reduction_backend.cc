@@ -1,5 +1,6 @@
 #include "core/tensor/reduction_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +9,21 @@
 #include "core/tensor/dtype.h"
 
 namespace caliper {
+namespace {
+
+// Element i of a little-endian buffer of `dtype`, as float (the reference loops' one load).
+float ElementAt(DType dtype, const uint8_t* p, int64_t i) {
+  if (dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  uint16_t b;
+  std::memcpy(&b, p + 2 * i, 2);
+  return dtype == DType::kBF16 ? BF16ToFloat(b) : F16ToFloat(b);
+}
+
+}  // namespace
 
 absl::Status CheckAbsMaxPerHeadArgs(const TensorView& t, int64_t num_heads, int64_t head_dim,
                                     absl::Span<const float> out, const int64_t* nonfinite) {
@@ -53,14 +69,7 @@ absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64
   *nonfinite = 0;
   const uint8_t* p = t.bytes().data();
   for (int64_t i = 0; i < t.num_elements(); ++i) {
-    float v;
-    if (t.dtype() == DType::kF32) {
-      std::memcpy(&v, p + 4 * i, 4);
-    } else {
-      uint16_t b;
-      std::memcpy(&b, p + 2 * i, 2);
-      v = t.dtype() == DType::kBF16 ? BF16ToFloat(b) : F16ToFloat(b);
-    }
+    const float v = ElementAt(t.dtype(), p, i);
     const int64_t h = (i / head_dim) % num_heads;
     if (!std::isfinite(v)) {
       ++*nonfinite;
@@ -72,6 +81,44 @@ absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64
   }
   for (int64_t h = 0; h < num_heads; ++h) {
     absmax[h] = hists[h].max;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReductionBackend::RangePerGroup(const TensorView& t, int64_t row_width,
+                                             int64_t group_width, absl::Span<float> min,
+                                             absl::Span<float> max, int64_t* nonfinite) {
+  if (row_width <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("row_width: must be positive, got ", row_width));
+  }
+  if (group_width <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group_width: must be positive, got ", group_width));
+  }
+  const int64_t groups = (row_width + group_width - 1) / group_width;
+  if (static_cast<int64_t>(min.size()) != groups || static_cast<int64_t>(max.size()) != groups) {
+    return absl::InvalidArgumentError(absl::StrCat("min/max: have ", min.size(), "/", max.size(),
+                                                   " entries for ", groups, " groups"));
+  }
+  if (nonfinite == nullptr) return absl::InvalidArgumentError("nonfinite: must not be null");
+  if (t.num_elements() % row_width != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor.shape: ", t.ShapeString(), " (",
+                                                   t.num_elements(),
+                                                   " elements) is not whole rows of ", row_width));
+  }
+  std::fill(min.begin(), min.end(), std::numeric_limits<float>::infinity());
+  std::fill(max.begin(), max.end(), -std::numeric_limits<float>::infinity());
+  *nonfinite = 0;
+  const uint8_t* p = t.bytes().data();
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    const float v = ElementAt(t.dtype(), p, i);
+    if (!std::isfinite(v)) {
+      ++*nonfinite;
+      continue;
+    }
+    const int64_t g = (i % row_width) / group_width;
+    if (v < min[g] || (v == min[g] && std::signbit(v))) min[g] = v;
+    if (v > max[g] || (v == max[g] && !std::signbit(v))) max[g] = v;
   }
   return absl::OkStatus();
 }

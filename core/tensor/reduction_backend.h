@@ -56,6 +56,15 @@ class ReductionBackend {
                                               int64_t head_dim, absl::Span<float> absmax,
                                               absl::Span<MagnitudeHistogram> hists,
                                               int64_t* nonfinite);
+  // Min and max per column group, for the moving-average observers (per K/V head, per 16 input
+  // columns). The tensor is read as rows of `row_width` elements; group g is columns
+  // [g * group_width, min((g + 1) * group_width, row_width)), so min/max hold
+  // ceil(row_width / group_width) entries, each overwritten (+inf / -inf when empty). Ties order
+  // -0 below +0, as Range. Non-finite elements are counted, not reduced. The default is the scalar
+  // reference loop (these observers are opt-in; the absmax path stays the fast one).
+  virtual absl::Status RangePerGroup(const TensorView& tensor, int64_t row_width,
+                                     int64_t group_width, absl::Span<float> min,
+                                     absl::Span<float> max, int64_t* nonfinite);
   // NVFP4 packing of a [rows, cols] weight (core/tensor/nvfp4_pack.h): the same bytes as
   // PackNvfp4Reference, the same errors (arguments, non-finite weights). The default runs the
   // reference on the calling thread.

@@ -193,5 +193,26 @@ TEST_F(DeprecatedSpellingTest, HelpStatesExitCodes) {
   EXPECT_THAT(calibrate.out, HasSubstr("deprecated spelling: --deploy-tp"));
 }
 
+// quantize takes its scales from a file or from a session, never both, and says which is wrong.
+TEST_F(DeprecatedSpellingTest, QuantizeTakesAScaleFileOrASession) {
+  const std::string base = "quantize --checkpoint " + Path("ckpt") + " --out " + Path("out") + " ";
+  RunResult both = Run(base + "--scales x.safetensors --server 127.0.0.1:1 --session s");
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_THAT(both.err, HasSubstr("either --scales FILE or --server ADDR --session ID"));
+  RunResult neither = Run(base);
+  EXPECT_EQ(neither.exit_code, 2);
+  EXPECT_THAT(neither.err, HasSubstr("either --scales FILE"));
+  RunResult no_server = Run(base + "--session s");
+  EXPECT_EQ(no_server.exit_code, 2);
+  EXPECT_THAT(no_server.err, HasSubstr("--session needs --server"));
+  RunResult token = Run(base + "--scales x.safetensors --token t");
+  EXPECT_EQ(token.exit_code, 2);
+  EXPECT_THAT(token.err, HasSubstr("--token only applies with --server"));
+  // A server that is not there: the fetch fails as an unreachable server (exit 1), after retries.
+  RunResult down = Run(base + "--server 127.0.0.1:1 --session s --attempts 1");
+  EXPECT_EQ(down.exit_code, 1) << down.err;
+  EXPECT_THAT(down.err, HasSubstr("GetScales of s"));
+}
+
 }  // namespace
 }  // namespace caliper

@@ -14,6 +14,8 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
+from . import _histogram
+
 try:  # torch is optional
     import torch
 except ImportError:  # pragma: no cover - exercised without the torch extra
@@ -60,6 +62,7 @@ class Chunk:
     absmax: Optional[List[float]] = None  # statistics mode, K/V: per local head
     min: Optional[float] = None           # statistics mode, weights and inputs
     max: Optional[float] = None
+    histograms: Optional[List[_histogram.Histogram]] = None  # statistics, histogram sessions
     first_row: int = 0
 
     @property
@@ -121,7 +124,7 @@ def raw_chunks(x: Any, dtype: str, chunk_bytes: int) -> List[Chunk]:
     return out
 
 
-def kv_statistics(x: Any, dtype: str, where: str) -> Chunk:
+def kv_statistics(x: Any, dtype: str, where: str, histograms: bool = False) -> Chunk:
     """Per-head absmax of [tokens, heads, head_dim], reduced on x's device."""
     shape = [int(d) for d in x.shape]
     if is_torch(x):
@@ -137,10 +140,11 @@ def kv_statistics(x: Any, dtype: str, where: str) -> Chunk:
         if not math.isfinite(value):
             raise TensorError(f"{where}: NaN or Inf in kv head {head} (the whole tensor is "
                               "refused; nothing of it was sent)")
-    return Chunk(dtype, shape, absmax=absmax)
+    return Chunk(dtype, shape, absmax=absmax,
+                 histograms=_histogram.kv_histograms(x) if histograms else None)
 
 
-def range_statistics(x: Any, dtype: str, where: str) -> Chunk:
+def range_statistics(x: Any, dtype: str, where: str, histograms: bool = False) -> Chunk:
     """Min and max of the whole tensor, reduced on x's device."""
     shape = [int(d) for d in x.shape]
     if math.prod(shape) == 0:
@@ -153,7 +157,8 @@ def range_statistics(x: Any, dtype: str, where: str) -> Chunk:
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise TensorError(f"{where}: NaN or Inf in the tensor (the whole tensor is refused; "
                           "nothing of it was sent)")
-    return Chunk(dtype, shape, min=lo, max=hi)
+    return Chunk(dtype, shape, min=lo, max=hi,
+                 histograms=[_histogram.tensor_histogram(x)] if histograms else None)
 
 
 def flatten_rows(x: Any) -> Any:

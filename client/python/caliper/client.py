@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO, Union
 
 import grpc
 
-from . import _retry, _tensors
+from . import _histogram, _retry, _tensors
 from ._pb import caliper_pb2 as pb
 from ._pb import caliper_pb2_grpc as pb_grpc
 from ._producer import Producer, RejectedChunksError, StreamError
@@ -244,7 +244,7 @@ class Session:
             prepared.append((arg, kind, dtype, view))
         chunks = []
         for arg, kind, dtype, view in prepared:
-            for chunk in self._chunks(view, dtype, f"{where}: {arg}", kv=True):
+            for chunk in self._chunks(view, dtype, f"{where}: {arg}", kv=True, histograms=True):
                 chunks.append((f"layer {layer} {arg}{_rows(chunk)} batch {batch}", kind, chunk))
         self._put(chunks, tp_rank, lambda m: (setattr(m, "layer", layer),
                                                setattr(m, "tp_rank", tp_rank),
@@ -261,7 +261,7 @@ class Session:
         dtype = _tensors.dtype_name(x, f"{where}: x")
         view = _tensors.flatten_rows(x)
         chunks = [(f"{module} input{_rows(c)} batch {batch}", pb.INPUT_ACTIVATION, c)
-                  for c in self._chunks(view, dtype, f"{where}: x", kv=False)]
+                  for c in self._chunks(view, dtype, f"{where}: x", kv=False, histograms=True)]
         self._put(chunks, tp_rank, lambda m: (setattr(m, "module", module),
                                                setattr(m, "tp_rank", tp_rank),
                                                setattr(m, "tp_size", tp_size),
@@ -280,12 +280,15 @@ class Session:
                                                setattr(m, "tp_rank", tp_rank),
                                                setattr(m, "tp_size", tp_size)))
 
-    def _chunks(self, x: Any, dtype: str, where: str, kv: bool) -> List[_tensors.Chunk]:
+    def _chunks(self, x: Any, dtype: str, where: str, kv: bool,
+                histograms: bool = False) -> List[_tensors.Chunk]:
         if self.mode == "raw":
             return _tensors.raw_chunks(x, dtype, self.chunk_bytes)
+        # Sessions that keep histograms need them from K/V and inputs (the server refuses less).
+        histograms = histograms and _histogram.recipe_needs_histograms(self.proto.recipe)
         if kv:
-            return [_tensors.kv_statistics(x, dtype, where)]
-        return [_tensors.range_statistics(x, dtype, where)]
+            return [_tensors.kv_statistics(x, dtype, where, histograms)]
+        return [_tensors.range_statistics(x, dtype, where, histograms)]
 
     def _put(self, chunks, tp_rank: int, fill) -> None:
         producer = self.producer(tp_rank)
@@ -301,6 +304,8 @@ class Session:
                 else:
                     stats.min = chunk.min
                     stats.max = chunk.max
+                if chunk.histograms is not None:
+                    _histogram.to_proto(stats, chunk.histograms)
             producer.put(message, tensor, chunk.tensor_bytes)
 
     # ---- results -------------------------------------------------------------------------

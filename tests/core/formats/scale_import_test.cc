@@ -57,7 +57,7 @@ TEST(RoundTripTest, CompressedTensorsFileReadsBackToTheSameNumbers) {
 TEST(RoundTripTest, ModelOptFileReadsBackAndConvertsToExactReciprocals) {
   RenderInputs in = LlamaInputs(KvGranularity::kPerTensor, true);
   in.nvfp4 = ComputeNvfp4Scales(LlamaAmax(true), Nvfp4Options{FusedGroupTable::Default(), true,
-                                                              ScaleForm::kDivisor});
+                                                              ScaleForm::kDivisor, {}});
   std::vector<ScaleWarning> warnings;
   auto file = Parse(*ModelOptScalesFile(in, &warnings));
   ASSERT_NE(file, nullptr);

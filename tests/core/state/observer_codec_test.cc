@@ -64,7 +64,7 @@ TEST(ObserverCodecTest, ProducerGoldenBytes) {
 TEST(ObserverCodecTest, KvLayerRoundTripIsBitExact) {
   const KvLayerObserver kv = SampleKvLayer();
   const std::string bytes = EncodeKvLayerObserver(kv);
-  EXPECT_EQ(bytes.size(), 2 + 2 * (4 + 4 * 4) + 2 * (4 + 4 * 8));
+  EXPECT_EQ(bytes.size(), 2 + 2 * (4 + 4 * 4) + 2 * (4 + 4 * 8) + 2 * 4);
   auto back = DecodeKvLayerObserver(bytes);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(Bits(back->k_absmax), Bits(kv.k_absmax));
@@ -166,9 +166,51 @@ TEST(ObserverCodecTest, EveryTruncationFailsNamingAField) {
   }
   // The field is the one actually cut: drop the last byte of v_tokens.
   std::string kv = EncodeKvLayerObserver(SampleKvLayer());
-  kv.pop_back();
+  kv.resize(kv.size() - 9);  // the two (empty) batch maps, then v_tokens' last byte
   auto status = DecodeKvLayerObserver(kv).status();
   EXPECT_NE(status.message().find("kv_layer.v_tokens"), std::string::npos) << status;
+}
+
+// The moving-average observers' per-batch ranges round-trip bit for bit (-0, unobserved
+// +inf / -inf seeds included), and version 1 blobs (without them) still decode.
+TEST(ObserverCodecTest, BatchRangesRoundTripAndVersionOneStillDecodes) {
+  KvLayerObserver kv = SampleKvLayer();
+  const float inf = std::numeric_limits<float>::infinity();
+  kv.k_batches[3] = GroupRanges{{-0.0f, inf, 1.5f, -2.0f}, {0.0f, -inf, 2.5f, 7.0f}};
+  kv.v_batches[-0] = GroupRanges{{-1.0f}, {1.0f}};
+  kv.v_batches[1LL << 40] = GroupRanges{{0.25f}, {0.5f}};
+  auto back = DecodeKvLayerObserver(EncodeKvLayerObserver(kv));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->k_batches.size(), 1u);
+  EXPECT_EQ(Bits(back->k_batches.at(3).min), Bits(kv.k_batches.at(3).min));
+  EXPECT_EQ(Bits(back->k_batches.at(3).max), Bits(kv.k_batches.at(3).max));
+  EXPECT_EQ(back->v_batches.size(), 2u);
+  EXPECT_EQ(EncodeKvLayerObserver(*back), EncodeKvLayerObserver(kv));
+
+  ActivationObserver act;
+  act.batches[0].Accumulate(RangeStats{-1.0f, 2.0f, 0});
+  act.group_batches[0] = GroupRanges{{-1.0f, 0.5f}, {1.0f, 2.0f}};
+  auto act_back = DecodeActivationObserver(EncodeActivationObserver(act));
+  ASSERT_TRUE(act_back.ok()) << act_back.status();
+  EXPECT_EQ(Bits(act_back->group_batches.at(0).max), Bits(act.group_batches.at(0).max));
+
+  // Version 1: the same body without the batch maps.
+  std::string v1 = EncodeKvLayerObserver(SampleKvLayer());
+  v1[1] = 1;
+  v1.resize(v1.size() - 8);
+  auto old = DecodeKvLayerObserver(v1);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(Bits(old->k_absmax), Bits(SampleKvLayer().k_absmax));
+  EXPECT_TRUE(old->k_batches.empty());
+
+  // A range that is neither finite nor the unobserved seed, and unsorted batches, are refused.
+  KvLayerObserver bad = SampleKvLayer();
+  bad.k_batches[0] = GroupRanges{{2.0f}, {1.0f}};
+  auto refused = DecodeKvLayerObserver(EncodeKvLayerObserver(bad)).status();
+  EXPECT_NE(refused.message().find("kv_layer.k_batches[0].groups[0]"), std::string::npos)
+      << refused;
+  bad.k_batches[0] = GroupRanges{{std::nanf("")}, {1.0f}};
+  EXPECT_FALSE(DecodeKvLayerObserver(EncodeKvLayerObserver(bad)).ok());
 }
 
 TEST(ObserverCodecTest, HeaderAndTrailingBytesAreChecked) {
@@ -272,7 +314,7 @@ TEST(ObserverCodecTest, RandomBytesNeverCrashAndDecodedBlobsAreCanonical) {
     std::string bytes(rng() % 64, '\0');
     for (char& c : bytes) c = static_cast<char>(rng() % 4 == 0 ? rng() : rng() % 3);
     if (!bytes.empty()) bytes[0] = "KMAP"[rng() % 4];
-    if (bytes.size() > 1) bytes[1] = 1;
+    if (bytes.size() > 1) bytes[1] = bytes[0] == 'K' || bytes[0] == 'A' ? kObserverCodecVersion : 1;
     if (auto kv = DecodeKvLayerObserver(bytes); kv.ok()) {
       ++decoded;
       EXPECT_EQ(EncodeKvLayerObserver(*kv), bytes);
