@@ -56,6 +56,15 @@ absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes) {
 absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block) {
   absl::StatusOr<ActivationObserver> observer = DecodeActivationObserver(bytes);
   if (!observer.ok()) return observer.status();
+  if (block <= -2) {
+    if (!observer->batches.empty() || observer->group_batches.size() != 1 ||
+        GroupRowOf(observer->group_batches.begin()->first) != block) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input row ", block, ": a group row holds the group ranges of batch ", -2 - block,
+          " only"));
+    }
+    return observer;
+  }
   for (const auto& [batch, stats] : observer->batches) {
     if (batch < 0 || ActivationBlockOf(batch) != block) {
       return absl::InvalidArgumentError(
@@ -99,8 +108,7 @@ SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* produce
       delta.inputs[{name, ActivationBlockOf(batch)}].batches.emplace(batch, stats);
     }
     for (auto& [batch, ranges] : state.input.group_batches) {
-      delta.inputs[{name, ActivationBlockOf(batch)}].group_batches.emplace(batch,
-                                                                           std::move(ranges));
+      delta.inputs[{name, GroupRowOf(batch)}].group_batches.emplace(batch, std::move(ranges));
     }
   }
   // Module names stay (so max_modules_per_session keeps counting them), their state goes.

@@ -1,7 +1,7 @@
 // What one replica folded into a session since its last flush, in the row layout a shared store
 // keeps (core/state/state_store.h): K/V observers per layer, weight observers per module, and
-// activation observers per (module, block of kActivationBlockBatches batch ids), so a flush
-// rewrites only the rows it touched. Every part merges associatively and commutatively
+// activation observers per (module, block of kActivationBlockBatches batch ids; per-group ranges
+// per (module, batch)), so a flush rewrites only the rows it touched. Every part merges associatively and commutatively
 // (max/min/sum, per-batch min/max), so replicas merging in any order reach the same state.
 #ifndef CALIPER_CORE_STATE_SESSION_DELTA_H_
 #define CALIPER_CORE_STATE_SESSION_DELTA_H_
@@ -23,6 +23,10 @@ namespace caliper {
 // goes batch by batch) touches one or two blocks per module, not the module's whole history.
 inline constexpr int64_t kActivationBlockBatches = 64;
 inline int64_t ActivationBlockOf(int64_t batch) { return batch / kActivationBlockBatches; }
+// The moving-average observer's per-16-column-group ranges of one batch are large (hidden / 16
+// groups x 8 bytes): each batch has a row of its own, keyed -2 - batch (blocks >= 0 hold the
+// per-batch min/max, -1 a module's weight), so a flush writes only the batches it saw.
+inline int64_t GroupRowOf(int64_t batch) { return -2 - batch; }
 
 // The session counters reported by GetSession; they add up across replicas.
 struct SessionCounters {
@@ -50,7 +54,8 @@ struct SessionDelta {
   uint64_t flush = 0;
   std::map<int, KvLayerObserver> kv_layers;                   // by layer
   std::map<std::string, MinMaxObserver> weights;              // by module
-  std::map<std::pair<std::string, int64_t>, ActivationObserver> inputs;  // by (module, block)
+  // By (module, block), and (module, GroupRowOf(batch)) for per-group ranges.
+  std::map<std::pair<std::string, int64_t>, ActivationObserver> inputs;
   SessionCounters counters;
   std::optional<ProducerAdvance> producer;
 
@@ -64,7 +69,7 @@ struct SessionDelta {
 std::string EncodeWeightRow(const MinMaxObserver& observer);
 std::string EncodeInputRow(const ActivationObserver& observer);
 absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes);
-// Also checks every batch id lies in `block`.
+// Also checks every batch id lies in `block` (one batch of group ranges for a group row).
 absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block);
 
 }  // namespace caliper

@@ -69,7 +69,8 @@ CREATE TABLE caliper_partials (
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kPostgresSchemaVersion);
 
-// module_rows.block of a module's weight observer; activation blocks are >= 0.
+// module_rows.block of a module's weight observer; activation blocks are >= 0, and a batch's
+// per-group ranges (the minmax input observer) have row GroupRowOf(batch) <= -2.
 constexpr int64_t kWeightBlock = -1;
 
 struct ResultDeleter {
