@@ -481,6 +481,33 @@ void FlushBench(const std::string& dir, int modules, int batches, int groups,
       std::exit(1);
     }
   }
+  // With --groups, the minmax K/V observer's per-batch, per-head ranges of every layer too.
+  auto kv_layer = [&](int64_t first, int64_t last) {
+    KvLayerObserver layer(model.num_kv_heads);
+    for (int h = 0; h < model.num_kv_heads; ++h) {
+      layer.k_absmax[h] = layer.v_absmax[h] = 1.0f + static_cast<float>(h);
+      layer.k_tokens[h] = layer.v_tokens[h] = 16 * (last - first);
+    }
+    for (int64_t b = first; b < last; ++b) {
+      GroupRanges heads = ranges(b);
+      heads.min.resize(static_cast<size_t>(model.num_kv_heads));
+      heads.max.resize(static_cast<size_t>(model.num_kv_heads));
+      layer.k_batches[b] = heads;
+      layer.v_batches[b] = heads;
+    }
+    return layer;
+  };
+  if (groups > 0) {
+    SessionDelta delta;
+    delta.partial_id = "fill";
+    delta.flush = ++flush;
+    for (int l = 0; l < model.num_layers; ++l) delta.kv_layers.emplace(l, kv_layer(0, batches));
+    delta.counters.accepted_chunks = 1;
+    if (absl::Status s = (*store)->Merge("flush-bench", delta); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  }
   const double fill_s = Seconds(Clock::now() - fill_start);
   const int64_t entries = static_cast<int64_t>(modules) * batches;
 
@@ -536,6 +563,22 @@ void FlushBench(const std::string& dir, int modules, int batches, int groups,
   };
   const Timed all = timed_merge(modules, batches - 1);
   const Timed one = timed_merge(1, batches - 1);
+  // Steady K/V ingestion: one new batch of every layer.
+  Timed kv;
+  for (int i = 0; groups > 0 && i < 3; ++i) {
+    SessionDelta delta;
+    delta.partial_id = "steady";
+    delta.flush = ++flush;
+    for (int l = 0; l < model.num_layers; ++l) {
+      delta.kv_layers.emplace(l, kv_layer(batches - 1, batches));
+    }
+    delta.counters.accepted_chunks = 1;
+    const int64_t wal_before = WalBytes(pg->uri());
+    const auto start = Clock::now();
+    if (absl::Status s = (*store)->Merge("flush-bench", delta); !s.ok()) std::exit(1);
+    kv.seconds = std::min(kv.seconds, Seconds(Clock::now() - start));
+    kv.wal_bytes = WalBytes(pg->uri()) - wal_before;
+  }
   const double file_mib = static_cast<double>(snapshot.bytes.size()) / (1 << 20);
   std::printf("flush: %d modules x %d batches = %.2fM activation entries, %d groups each "
               "(%.1f MiB as a state file, %.0f MiB in the database)\n",
@@ -552,6 +595,12 @@ void FlushBench(const std::string& dir, int modules, int batches, int groups,
               "WAL %.1f KiB\n",
               one.seconds * 1e3, one.seconds / file_s,
               static_cast<double>(one.wal_bytes) / 1024);
+  if (groups > 0) {
+    std::printf("  postgres merge, one K/V batch of every layer (%d layers x %d heads x %d batches "
+                "of K/V ranges)  %8.1f ms  ratio %.3f  WAL %.2f MiB\n",
+                model.num_layers, model.num_kv_heads, batches, kv.seconds * 1e3,
+                kv.seconds / file_s, static_cast<double>(kv.wal_bytes) / (1 << 20));
+  }
   std::printf("  (initial fill %.1f s; LoadSession of the whole state %.2f s)\n", fill_s, load_s);
 }
 
