@@ -481,27 +481,29 @@ void FlushBench(const std::string& dir, int modules, int batches, int groups,
       std::exit(1);
     }
   }
-  // With --groups, the minmax K/V observer's per-batch, per-head ranges of every layer too.
-  auto kv_layer = [&](int64_t first, int64_t last) {
+  // With --groups, the minmax K/V observer's per-batch, per-head ranges of every layer too, in
+  // the rows TakeDelta gives them (a layer row, and a row per (layer, batch)).
+  auto kv_layer = [&](SessionDelta& delta, int l, int64_t first, int64_t last) {
     KvLayerObserver layer(model.num_kv_heads);
     for (int h = 0; h < model.num_kv_heads; ++h) {
       layer.k_absmax[h] = layer.v_absmax[h] = 1.0f + static_cast<float>(h);
       layer.k_tokens[h] = layer.v_tokens[h] = 16 * (last - first);
     }
+    delta.kv_layers.emplace(l, std::move(layer));
     for (int64_t b = first; b < last; ++b) {
       GroupRanges heads = ranges(b);
       heads.min.resize(static_cast<size_t>(model.num_kv_heads));
       heads.max.resize(static_cast<size_t>(model.num_kv_heads));
-      layer.k_batches[b] = heads;
-      layer.v_batches[b] = heads;
+      KvLayerObserver& row = delta.kv_batches[{l, b}];
+      row.k_batches[b] = heads;
+      row.v_batches[b] = heads;
     }
-    return layer;
   };
   if (groups > 0) {
     SessionDelta delta;
     delta.partial_id = "fill";
     delta.flush = ++flush;
-    for (int l = 0; l < model.num_layers; ++l) delta.kv_layers.emplace(l, kv_layer(0, batches));
+    for (int l = 0; l < model.num_layers; ++l) kv_layer(delta, l, 0, batches);
     delta.counters.accepted_chunks = 1;
     if (absl::Status s = (*store)->Merge("flush-bench", delta); !s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -569,9 +571,7 @@ void FlushBench(const std::string& dir, int modules, int batches, int groups,
     SessionDelta delta;
     delta.partial_id = "steady";
     delta.flush = ++flush;
-    for (int l = 0; l < model.num_layers; ++l) {
-      delta.kv_layers.emplace(l, kv_layer(batches - 1, batches));
-    }
+    for (int l = 0; l < model.num_layers; ++l) kv_layer(delta, l, batches - 1, batches);
     delta.counters.accepted_chunks = 1;
     const int64_t wal_before = WalBytes(pg->uri());
     const auto start = Clock::now();

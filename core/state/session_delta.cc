@@ -23,12 +23,17 @@ bool SessionCounters::empty() const {
 }
 
 bool SessionDelta::empty() const {
-  return kv_layers.empty() && weights.empty() && inputs.empty() && counters.empty();
+  return kv_layers.empty() && kv_batches.empty() && weights.empty() && inputs.empty() &&
+         counters.empty();
 }
 
 void SessionDelta::Merge(const SessionDelta& other) {
   for (const auto& [layer, observer] : other.kv_layers) {
     auto [it, inserted] = kv_layers.emplace(layer, observer);
+    if (!inserted) it->second.Merge(observer);
+  }
+  for (const auto& [key, observer] : other.kv_batches) {
+    auto [it, inserted] = kv_batches.emplace(key, observer);
     if (!inserted) it->second.Merge(observer);
   }
   for (const auto& [module, observer] : other.weights) weights[module].Merge(observer);
@@ -99,7 +104,17 @@ SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* produce
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t layer = 0; layer < kv_layers_.size(); ++layer) {
     if (Untouched(kv_layers_[layer])) continue;
-    delta.kv_layers.emplace(static_cast<int>(layer), std::move(kv_layers_[layer]));
+    KvLayerObserver& observer = kv_layers_[layer];
+    const int l = static_cast<int>(layer);
+    for (auto& [batch, ranges] : observer.k_batches) {
+      delta.kv_batches[{l, batch}].k_batches.emplace(batch, std::move(ranges));
+    }
+    for (auto& [batch, ranges] : observer.v_batches) {
+      delta.kv_batches[{l, batch}].v_batches.emplace(batch, std::move(ranges));
+    }
+    observer.k_batches.clear();
+    observer.v_batches.clear();
+    delta.kv_layers.emplace(l, std::move(observer));
     kv_layers_[layer] = KvLayerObserver(model_.num_kv_heads);
   }
   for (auto& [name, state] : modules_) {
@@ -146,6 +161,22 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
       }
     }
   }
+  for (const auto& [key, observer] : delta.kv_batches) {
+    const auto [layer, batch] = key;
+    if (layer < 0 || static_cast<size_t>(layer) >= kv_layers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_batches[", layer, "]: outside the session's ", kv_layers_.size(), " K/V layers"));
+    }
+    for (const auto* batches : {&observer.k_batches, &observer.v_batches}) {
+      for (const auto& [b, ranges] : *batches) {
+        if (b != batch || ranges.min.size() > heads) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "kv_batches[", layer, ", ", batch, "]: holds batch ", b, " with ",
+              ranges.min.size(), " heads (one batch, at most num_kv_heads=", heads, ")"));
+        }
+      }
+    }
+  }
   if (!delta.weights.empty() && !recipe_.nvfp4_weights) {
     return absl::InvalidArgumentError("weights: the session's recipe has nvfp4_weights off");
   }
@@ -154,6 +185,7 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [layer, observer] : delta.kv_layers) kv_layers_[layer].Merge(observer);
+  for (const auto& [key, observer] : delta.kv_batches) kv_layers_[key.first].Merge(observer);
   for (const auto& [module, observer] : delta.weights) modules_[module].weight.Merge(observer);
   for (const auto& [key, observer] : delta.inputs) {
     ActivationObserver& input = modules_[key.first].input;

@@ -1,5 +1,6 @@
 // What one replica folded into a session since its last flush, in the row layout a shared store
-// keeps (core/state/state_store.h): K/V observers per layer, weight observers per module, and
+// keeps (core/state/state_store.h): K/V observers per layer (their per-batch ranges per (layer,
+// batch)), weight observers per module, and
 // activation observers per (module, block of kActivationBlockBatches batch ids; per-group ranges
 // per (module, batch)), so a flush rewrites only the rows it touched. Every part merges associatively and commutatively
 // (max/min/sum, per-batch min/max), so replicas merging in any order reach the same state.
@@ -52,7 +53,10 @@ struct SessionDelta {
   // cannot count it twice.
   std::string partial_id;
   uint64_t flush = 0;
-  std::map<int, KvLayerObserver> kv_layers;                   // by layer
+  std::map<int, KvLayerObserver> kv_layers;  // by layer: absmax, tokens, histograms
+  // The minmax K/V observer's per-head ranges of one batch of a layer (only k_batches and
+  // v_batches, keyed that batch): a row each, so a flush writes the batches it saw.
+  std::map<std::pair<int, int64_t>, KvLayerObserver> kv_batches;  // by (layer, batch)
   std::map<std::string, MinMaxObserver> weights;              // by module
   // By (module, block), and (module, GroupRowOf(batch)) for per-group ranges.
   std::map<std::pair<std::string, int64_t>, ActivationObserver> inputs;

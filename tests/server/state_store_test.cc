@@ -9,6 +9,7 @@
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <future>
@@ -49,6 +50,7 @@ Recipe AllOn() {
   r.nvfp4_weights = true;
   r.nvfp4_activations = true;
   r.activation_observer = ActivationObserverKind::kMinMax;  // order-dependent maths
+  r.kv_observer = KvObserverKind::kMinMax;  // per-batch K/V rows too
   return r;
 }
 
@@ -281,7 +283,7 @@ TEST_F(PostgresStoreTest, ConcurrentOpensMigrateOnceAndAgreeOnTheVersion) {
   PGconn* conn = PQconnectdb(pg_->uri().c_str());
   PGresult* r = PQexec(conn, "SELECT count(*), max(version) FROM caliper_schema_migrations");
   ASSERT_EQ(PQresultStatus(r), PGRES_TUPLES_OK);
-  EXPECT_STREQ(PQgetvalue(r, 0, 0), "1");
+  EXPECT_EQ(std::string(PQgetvalue(r, 0, 0)), absl::StrCat(kPostgresSchemaVersion));
   EXPECT_EQ(std::string(PQgetvalue(r, 0, 1)), absl::StrCat(kPostgresSchemaVersion));
   PQclear(r);
   // A database migrated by a newer release is refused, not written.
@@ -352,6 +354,9 @@ std::map<std::string, std::string> Rows(CalibrationSession& session) {
   for (const auto& [layer, o] : delta.kv_layers) {
     rows[absl::StrCat("kv ", layer)] = EncodeKvLayerObserver(o);
   }
+  for (const auto& [key, o] : delta.kv_batches) {
+    rows[absl::StrCat("kv ", key.first, " batch ", key.second)] = EncodeKvLayerObserver(o);
+  }
   for (const auto& [module, o] : delta.weights) rows["w " + module] = EncodeWeightRow(o);
   for (const auto& [key, o] : delta.inputs) {
     rows[absl::StrCat("i ", key.first, " ", key.second)] = EncodeInputRow(o);
@@ -409,7 +414,11 @@ TEST_P(StateStoreContractTest, MergeAllEqualsSeparateMergesInOneTransaction) {
   EXPECT_EQ((*a)->Status().accepted_chunks, kPartials * 40);
   EXPECT_EQ(*store_->CommittedSequence(batched->id(), "", "host/3"), 40u);
   ExpectSameResults(**b, **a);
-  EXPECT_EQ(Rows(**a), Rows(**b));
+  const std::map<std::string, std::string> rows = Rows(**a);
+  EXPECT_EQ(rows, Rows(**b));
+  // The minmax K/V observer's per-batch ranges came back from rows of their own.
+  EXPECT_TRUE(std::any_of(rows.begin(), rows.end(),
+                          [](const auto& row) { return absl::StrContains(row.first, " batch "); }));
 
   // Retried (the answer was lost): counts once. A fenced partial fails alone.
   for (const absl::Status& s : store_->MergeAll(batched->id(), all)) EXPECT_TRUE(s.ok()) << s;
