@@ -131,12 +131,14 @@ absl::Status CalibrationSession::CheckOpen() const {
   return absl::OkStatus();
 }
 
-ScaleArithmetic CalibrationSession::Arithmetic() const {
-  if (recipe_.compat == Compat::kLlmCompressor && model_.dtype.has_value()) {
-    return ScaleArithmetic(Compat::kLlmCompressor, *model_.dtype);
+ScaleArithmetic RecipeArithmetic(const Recipe& recipe, const ModelConfig& model) {
+  if (recipe.compat == Compat::kLlmCompressor && model.dtype.has_value()) {
+    return ScaleArithmetic(Compat::kLlmCompressor, *model.dtype);
   }
   return ScaleArithmetic();
 }
+
+ScaleArithmetic CalibrationSession::Arithmetic() const { return RecipeArithmetic(recipe_, model_); }
 
 bool CalibrationSession::AveragesInputPerGroup(absl::string_view module) const {
   // llm-compressor hands its linearized MoE experts 2-D token lists, which its flattening makes

@@ -68,6 +68,10 @@ struct Recipe {
   std::string ActivationObserverName() const;
 };
 
+// The arithmetic `recipe` asks for: llm-compressor's in the model's dtype under compat
+// llm-compressor (Create refuses that without a dtype), else Caliper's.
+ScaleArithmetic RecipeArithmetic(const Recipe& recipe, const ModelConfig& model);
+
 enum class ChunkKind { kKey, kValue, kWeight, kInput };
 absl::string_view ChunkKindName(ChunkKind kind);  // "KEY", "VALUE", "WEIGHT", "INPUT_ACTIVATION"
 

@@ -104,7 +104,10 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
   if (recipe.kv != KvMode::kOff && !obs.kv_layers.empty()) {
     const KvGranularity granularity =
         per_head ? KvGranularity::kPerHead : KvGranularity::kPerTensor;
-    KvScales session = FinalizeKvScales(obs.kv_layers, granularity, flavor);
+    // The session's own rule (its observer and arithmetic), as Finalize applies it.
+    KvScales session = FinalizeKvScales(obs.kv_layers, granularity, flavor,
+                                        {recipe.kv_observer, recipe.averaging_constant,
+                                         RecipeArithmetic(recipe, obs.model)});
     if (IsHistogramObserver(recipe.kv_observer) && recipe.NeedsHistograms()) {
       ApplyKvHistogramObserver(obs.kv_layers, recipe.kv_observer, kv_p, &session);
     }

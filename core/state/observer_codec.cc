@@ -16,6 +16,7 @@ constexpr uint8_t kTagKvLayer = 'K';
 constexpr uint8_t kTagMinMax = 'M';
 constexpr uint8_t kTagActivation = 'A';
 constexpr uint8_t kTagProducers = 'P';
+constexpr uint8_t kTagHistogram = 'H';
 
 constexpr size_t kMinMaxBytes = 4 + 4 + 8;
 
@@ -113,6 +114,13 @@ void StateEncoder::PutKvLayer(const KvLayerObserver& observer) {
   }
   PutBatchRanges(observer.k_batches);
   PutBatchRanges(observer.v_batches);
+}
+
+void StateEncoder::PutKvHistograms(const KvLayerObserver& observer) {
+  for (const std::vector<MagnitudeHistogram>* hists : {&observer.k_hist, &observer.v_hist}) {
+    PutU32(static_cast<uint32_t>(hists->size()));
+    for (const MagnitudeHistogram& h : *hists) PutHistogram(h);
+  }
 }
 
 void StateEncoder::PutBatchRanges(const std::map<int64_t, GroupRanges>& batches) {
@@ -287,6 +295,27 @@ absl::StatusOr<KvLayerObserver> StateDecoder::GetKvLayer(absl::string_view field
   return out;
 }
 
+absl::Status StateDecoder::GetKvHistograms(absl::string_view field, KvLayerObserver* observer) {
+  const size_t heads = observer->k_absmax.size();
+  for (int kv = 0; kv < 2; ++kv) {
+    const std::string name = absl::StrCat(field, ".", kv == 0 ? "k_hist" : "v_hist");
+    absl::StatusOr<uint32_t> count = GetCount(name, 1);
+    if (!count.ok()) return count.status();
+    if (*count != 0 && *count != heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": ", *count, " histograms, expected 0 or num_kv_heads=", heads));
+    }
+    std::vector<MagnitudeHistogram>& hists = kv == 0 ? observer->k_hist : observer->v_hist;
+    hists.resize(*count);
+    for (uint32_t h = 0; h < *count; ++h) {
+      absl::StatusOr<MagnitudeHistogram> hist = GetHistogram(absl::StrCat(name, "[", h, "]"));
+      if (!hist.ok()) return hist.status();
+      hists[h] = *std::move(hist);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::map<int64_t, GroupRanges>> StateDecoder::GetBatchRanges(
     absl::string_view field) {
   absl::StatusOr<uint32_t> count = GetCount(field, 8 + 4);
@@ -427,7 +456,20 @@ absl::Status StateDecoder::ExpectEnd(absl::string_view field) const {
 std::string EncodeKvLayerObserver(const KvLayerObserver& observer) {
   StateEncoder body;
   body.PutKvLayer(observer);
+  body.PutKvHistograms(observer);
   return Standalone(kTagKvLayer, body);
+}
+
+std::string EncodeHistogram(const MagnitudeHistogram& histogram) {
+  StateEncoder body;
+  body.PutHistogram(histogram);
+  return Standalone(kTagHistogram, body);
+}
+
+absl::StatusOr<MagnitudeHistogram> DecodeHistogram(absl::string_view bytes) {
+  return DecodeStandalone<MagnitudeHistogram>(
+      bytes, kTagHistogram, "histogram",
+      [](StateDecoder& in) { return in.GetHistogram("histogram"); });
 }
 
 std::string EncodeMinMaxObserver(const MinMaxObserver& observer) {
@@ -450,7 +492,12 @@ std::string EncodeProducerSequences(const ProducerSequences& sequences) {
 
 absl::StatusOr<KvLayerObserver> DecodeKvLayerObserver(absl::string_view bytes) {
   return DecodeStandalone<KvLayerObserver>(
-      bytes, kTagKvLayer, "kv_layer", [](StateDecoder& in) { return in.GetKvLayer("kv_layer"); });
+      bytes, kTagKvLayer, "kv_layer", [](StateDecoder& in) -> absl::StatusOr<KvLayerObserver> {
+        absl::StatusOr<KvLayerObserver> layer = in.GetKvLayer("kv_layer");
+        if (!layer.ok() || in.codec_version() < 2) return layer;
+        if (absl::Status s = in.GetKvHistograms("kv_layer", &*layer); !s.ok()) return s;
+        return layer;
+      });
 }
 
 absl::StatusOr<MinMaxObserver> DecodeMinMaxObserver(absl::string_view bytes) {

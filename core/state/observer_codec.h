@@ -19,8 +19,8 @@
 namespace caliper {
 
 // 2 adds the moving-average observers' per-batch ranges (GroupRanges) to K/V layer and activation
-// bodies (their standalone blobs say 2; min/max and producer blobs stay 1); version 1 bodies still
-// decode (without them).
+// bodies and the layer's histograms to K/V standalone blobs (those blobs say 2; min/max, producer
+// and histogram blobs say 1); version 1 bodies still decode (without them).
 inline constexpr uint8_t kObserverCodecVersion = 2;
 
 // Last durable sequence per producer_id (see core/producer_ledger.h).
@@ -44,6 +44,8 @@ class StateEncoder {
   void PutProducerSequences(const ProducerSequences& sequences);
   // Sparse: max, max_count, then (slot, count) for nonzero slots only; <= 1027 pairs.
   void PutHistogram(const MagnitudeHistogram& histogram);
+  // A layer's K then V histograms: count (0 or heads), then each PutHistogram.
+  void PutKvHistograms(const KvLayerObserver& observer);
   // Per-batch ranges: count, then (batch, n, n x (min, max)) in ascending batch order.
   void PutBatchRanges(const std::map<int64_t, GroupRanges>& batches);
 
@@ -81,6 +83,8 @@ class StateDecoder {
   absl::StatusOr<ProducerSequences> GetProducerSequences(absl::string_view field);
   // Slots ascending and in range, counts positive, then MagnitudeHistogram::Validate.
   absl::StatusOr<MagnitudeHistogram> GetHistogram(absl::string_view field);
+  // Into observer->k_hist / v_hist; counts other than 0 or k_absmax.size() are refused.
+  absl::Status GetKvHistograms(absl::string_view field, KvLayerObserver* observer);
   // Batch ids strictly ascending, no NaN, each group min <= max or unobserved (+inf / -inf).
   absl::StatusOr<std::map<int64_t, GroupRanges>> GetBatchRanges(absl::string_view field);
 
@@ -98,8 +102,11 @@ class StateDecoder {
 };
 
 // Standalone, versioned blobs. Decoding fails on a wrong tag, an unknown version, a bad body or
-// trailing bytes.
+// trailing bytes. A K/V layer blob (version 2) carries the layer's histograms too; a histogram
+// blob is one module's input |x| histogram.
 std::string EncodeKvLayerObserver(const KvLayerObserver& observer);
+std::string EncodeHistogram(const MagnitudeHistogram& histogram);
+absl::StatusOr<MagnitudeHistogram> DecodeHistogram(absl::string_view bytes);
 std::string EncodeMinMaxObserver(const MinMaxObserver& observer);
 std::string EncodeActivationObserver(const ActivationObserver& observer);
 std::string EncodeProducerSequences(const ProducerSequences& sequences);

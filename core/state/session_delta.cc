@@ -24,7 +24,7 @@ bool SessionCounters::empty() const {
 
 bool SessionDelta::empty() const {
   return kv_layers.empty() && kv_batches.empty() && weights.empty() && inputs.empty() &&
-         counters.empty();
+         input_hists.empty() && counters.empty();
 }
 
 void SessionDelta::Merge(const SessionDelta& other) {
@@ -38,6 +38,7 @@ void SessionDelta::Merge(const SessionDelta& other) {
   }
   for (const auto& [module, observer] : other.weights) weights[module].Merge(observer);
   for (const auto& [key, observer] : other.inputs) inputs[key].Merge(observer);
+  for (const auto& [module, hist] : other.input_hists) input_hists[module].Merge(hist);
   counters.Add(other.counters);
   if (other.producer.has_value()) {
     const uint64_t before = producer.has_value() ? producer->sequence : 0;
@@ -58,14 +59,22 @@ absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes) {
   return DecodeMinMaxObserver(bytes);
 }
 
+std::string EncodeInputHistogramRow(const MagnitudeHistogram& histogram) {
+  return EncodeHistogram(histogram);
+}
+
+absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view bytes) {
+  return DecodeHistogram(bytes);
+}
+
 absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block) {
   absl::StatusOr<ActivationObserver> observer = DecodeActivationObserver(bytes);
   if (!observer.ok()) return observer.status();
-  if (block <= -2) {
+  if (IsGroupRow(block)) {
     if (!observer->batches.empty() || observer->group_batches.size() != 1 ||
         GroupRowOf(observer->group_batches.begin()->first) != block) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "input row ", block, ": a group row holds the group ranges of batch ", -2 - block,
+          "input row ", block, ": a group row holds the group ranges of batch ", -3 - block,
           " only"));
     }
     return observer;
@@ -122,6 +131,7 @@ SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* produce
     for (const auto& [batch, stats] : state.input.batches) {
       delta.inputs[{name, ActivationBlockOf(batch)}].batches.emplace(batch, stats);
     }
+    if (!state.input_hist.empty()) delta.input_hists.emplace(name, std::move(state.input_hist));
     for (auto& [batch, ranges] : state.input.group_batches) {
       delta.inputs[{name, GroupRowOf(batch)}].group_batches.emplace(batch, std::move(ranges));
     }
@@ -180,8 +190,11 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
   if (!delta.weights.empty() && !recipe_.nvfp4_weights) {
     return absl::InvalidArgumentError("weights: the session's recipe has nvfp4_weights off");
   }
-  if (!delta.inputs.empty() && !recipe_.nvfp4_activations) {
+  if ((!delta.inputs.empty() || !delta.input_hists.empty()) && !recipe_.nvfp4_activations) {
     return absl::InvalidArgumentError("inputs: the session's recipe has nvfp4_activations off");
+  }
+  if (!delta.input_hists.empty() && !recipe_.NeedsHistograms()) {
+    return absl::InvalidArgumentError("input_hists: the session's recipe keeps no histograms");
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [layer, observer] : delta.kv_layers) kv_layers_[layer].Merge(observer);
@@ -193,6 +206,7 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
     input.Merge(observer);
     batch_entries_ += static_cast<int64_t>(input.batches.size() - before);
   }
+  for (const auto& [module, hist] : delta.input_hists) modules_[module].input_hist.Merge(hist);
   accepted_chunks_ += delta.counters.accepted_chunks;
   accepted_bytes_ += delta.counters.accepted_bytes;
   rejected_chunks_ += delta.counters.rejected_chunks;

@@ -25,9 +25,11 @@ namespace caliper {
 inline constexpr int64_t kActivationBlockBatches = 64;
 inline int64_t ActivationBlockOf(int64_t batch) { return batch / kActivationBlockBatches; }
 // The moving-average observer's per-16-column-group ranges of one batch are large (hidden / 16
-// groups x 8 bytes): each batch has a row of its own, keyed -2 - batch (blocks >= 0 hold the
-// per-batch min/max, -1 a module's weight), so a flush writes only the batches it saw.
-inline int64_t GroupRowOf(int64_t batch) { return -2 - batch; }
+// groups x 8 bytes): each batch has a row of its own, keyed -3 - batch (blocks >= 0 hold the
+// per-batch min/max, -1 a module's weight, -2 its input histogram), so a flush writes only the
+// batches it saw.
+constexpr int64_t GroupRowOf(int64_t batch) { return -3 - batch; }
+constexpr bool IsGroupRow(int64_t block) { return block <= -3; }
 
 // The session counters reported by GetSession; they add up across replicas.
 struct SessionCounters {
@@ -60,6 +62,7 @@ struct SessionDelta {
   std::map<std::string, MinMaxObserver> weights;              // by module
   // By (module, block), and (module, GroupRowOf(batch)) for per-group ranges.
   std::map<std::pair<std::string, int64_t>, ActivationObserver> inputs;
+  std::map<std::string, MagnitudeHistogram> input_hists;  // by module (histogram recipes)
   SessionCounters counters;
   std::optional<ProducerAdvance> producer;
 
@@ -73,6 +76,8 @@ struct SessionDelta {
 std::string EncodeWeightRow(const MinMaxObserver& observer);
 std::string EncodeInputRow(const ActivationObserver& observer);
 absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes);
+std::string EncodeInputHistogramRow(const MagnitudeHistogram& histogram);
+absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view bytes);
 // Also checks every batch id lies in `block` (one batch of group ranges for a group row).
 absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block);
 

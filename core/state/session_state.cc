@@ -224,12 +224,7 @@ SessionSnapshot CalibrationSession::Snapshot() const {
   snapshot.producers = ledger_.Snapshot();
   out.PutProducerSequences(snapshot.producers);
   // Histograms (version 2): per layer K then V per original head, then per module input.
-  for (const KvLayerObserver& layer : kv_layers_) {
-    for (const std::vector<MagnitudeHistogram>* hists : {&layer.k_hist, &layer.v_hist}) {
-      out.PutU32(static_cast<uint32_t>(hists->size()));
-      for (const MagnitudeHistogram& h : *hists) out.PutHistogram(h);
-    }
-  }
+  for (const KvLayerObserver& layer : kv_layers_) out.PutKvHistograms(layer);
   for (const auto& [name, module] : modules_) out.PutHistogram(module.input_hist);
   snapshot.version = ChangeCountLocked();
   snapshot.finalized = state_ == SessionState::kFinalized;
@@ -383,25 +378,11 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
     }
   }
   if (*version >= 2) {
-    const size_t heads = static_cast<size_t>(s.model_.num_kv_heads);
     for (size_t l = 0; l < s.kv_layers_.size(); ++l) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const std::string field =
-            absl::StrCat("session.kv_layers[", l, "].", kv == 0 ? "k_hist" : "v_hist");
-        absl::StatusOr<uint32_t> count = in.GetCount(field, 1);
-        if (!count.ok()) return count.status();
-        if (*count != 0 && *count != heads) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              field, ": ", *count, " histograms, expected 0 or num_kv_heads=", heads));
-        }
-        std::vector<MagnitudeHistogram>& hists =
-            kv == 0 ? s.kv_layers_[l].k_hist : s.kv_layers_[l].v_hist;
-        hists.resize(*count);
-        for (uint32_t h = 0; h < *count; ++h) {
-          absl::StatusOr<MagnitudeHistogram> hist = in.GetHistogram(absl::StrCat(field, "[", h, "]"));
-          if (!hist.ok()) return hist.status();
-          hists[h] = *std::move(hist);
-        }
+      if (absl::Status h = in.GetKvHistograms(absl::StrCat("session.kv_layers[", l, "]"),
+                                              &s.kv_layers_[l]);
+          !h.ok()) {
+        return h;
       }
     }
     for (auto& [name, module] : s.modules_) {

@@ -80,8 +80,11 @@ CREATE TABLE caliper_kv_batches (
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kPostgresSchemaVersion);
 
 // module_rows.block of a module's weight observer; activation blocks are >= 0, and a batch's
-// per-group ranges (the minmax input observer) have row GroupRowOf(batch) <= -2.
+// per-group ranges (the minmax input observer) have row GroupRowOf(batch) <= -3.
 constexpr int64_t kWeightBlock = -1;
+// module_rows.block of a module's input |x| histogram (histogram recipes only).
+constexpr int64_t kInputHistogramBlock = -2;
+static_assert(!IsGroupRow(kWeightBlock) && !IsGroupRow(kInputHistogramBlock));
 
 struct ResultDeleter {
   void operator()(PGresult* result) const { PQclear(result); }
@@ -796,6 +799,10 @@ class PostgresStore final : public StateStore {
         absl::StatusOr<MinMaxObserver> observer = DecodeWeightRow(*bytes);
         if (!observer.ok()) return RowError("caliper_module_rows", observer.status());
         rows.weights[std::move(module)] = *observer;
+      } else if (block == kInputHistogramBlock) {
+        absl::StatusOr<MagnitudeHistogram> hist = DecodeInputHistogramRow(*bytes);
+        if (!hist.ok()) return RowError("caliper_module_rows", hist.status());
+        rows.input_hists[std::move(module)] = *std::move(hist);
       } else {
         absl::StatusOr<ActivationObserver> observer = DecodeInputRow(*bytes, block);
         if (!observer.ok()) return RowError("caliper_module_rows", observer.status());
@@ -840,7 +847,7 @@ class PostgresStore final : public StateStore {
       if (!kv.ok()) return kv.status();
       if (absl::Status s = ParseKvBatchRows(kv->get(), merged); !s.ok()) return s;
     }
-    if (!delta.weights.empty() || !delta.inputs.empty()) {
+    if (!delta.weights.empty() || !delta.inputs.empty() || !delta.input_hists.empty()) {
       std::vector<std::string> modules;
       std::vector<int64_t> blocks;
       for (const auto& [module, observer] : delta.weights) {
@@ -850,6 +857,10 @@ class PostgresStore final : public StateStore {
       for (const auto& [key, observer] : delta.inputs) {
         modules.push_back(key.first);
         blocks.push_back(key.second);
+      }
+      for (const auto& [module, hist] : delta.input_hists) {
+        modules.push_back(module);
+        blocks.push_back(kInputHistogramBlock);
       }
       // One primary-key lookup per key (LATERAL with LIMIT, which the planner cannot flatten):
       // as a join it hashed the session's whole history, so a flush grew with the state
@@ -916,6 +927,9 @@ class PostgresStore final : public StateStore {
     }
     for (const auto& [key, observer] : rows.inputs) {
       modules.push_back({key.first, key.second, EncodeInputRow(observer)});
+    }
+    for (const auto& [module, hist] : rows.input_hists) {
+      modules.push_back({module, kInputHistogramBlock, EncodeInputHistogramRow(hist)});
     }
     for (size_t start = 0; start < kv.size(); start += kRowsPerInsert) {
       std::vector<Param> params = {Text(id)};

@@ -80,6 +80,8 @@ class ReplicasTest : public ::testing::Test {
   std::vector<std::string> CalibrateArgs(const std::string& server, const std::string& out) {
     return {e2e::CliPath(), "calibrate", "--server=" + server,
             "--model=" + demo_.config_json, "--kv=per-head", "--nvfp4",
+            // Histogram and moving-average state must cross the store like the rest.
+            "--kv-observer=minmax", "--histograms",
             "--weights=" + demo_.checkpoint_dir,
             "--tensors=" + fs::path(demo_.dumps[0]).parent_path().string(),
             "--chunk-bytes=1024", "--streams=4", "--name=replicas", "--out=" + out};

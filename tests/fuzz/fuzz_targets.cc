@@ -125,6 +125,9 @@ int FuzzObserverCodec(const uint8_t* data, size_t size) {
     Require(!current || EncodeActivationObserver(*act) == bytes, "activation canonical");
     act->AbsMax(ActivationObserverKind::kMinMax, 0.01);
   }
+  if (auto hist = DecodeHistogram(bytes); hist.ok()) {
+    Require(EncodeHistogram(*hist) == bytes, "histogram canonical");
+  }
   if (auto seqs = DecodeProducerSequences(bytes); seqs.ok()) {
     Require(EncodeProducerSequences(*seqs) == bytes, "producers canonical");
   }

@@ -51,6 +51,7 @@ Recipe AllOn() {
   r.nvfp4_activations = true;
   r.activation_observer = ActivationObserverKind::kMinMax;  // order-dependent maths
   r.kv_observer = KvObserverKind::kMinMax;  // per-batch K/V rows too
+  r.histograms = true;  // and input histogram rows next to the per-batch group rows
   return r;
 }
 

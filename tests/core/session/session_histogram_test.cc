@@ -9,6 +9,8 @@
 #include "core/calibration/histogram_observers.h"
 #include "core/calibration/histogram_statistics.h"
 #include "core/session/session.h"
+#include "core/state/observer_codec.h"
+#include "core/state/session_delta.h"
 #include "core/session/session_report.h"
 
 namespace caliper {
@@ -186,6 +188,43 @@ TEST(SessionHistogramTest, TpSplitAndOrderGiveTheSameScalesAndStateRoundTrips) {
   EXPECT_EQ(*module.input_amax, static_cast<float>(PercentileClip(h, 99.0)));
   EXPECT_LT(*module.input_amax, 40.0f);
   EXPECT_EQ(*c->nvfp4.modules.at("model.layers.0.mlp.down_proj").input_amax, *module.input_amax);
+
+  // The replica path: a partial's delta, through the store's row blobs, into an empty session
+  // carries the K/V and input histograms, so the histogram observers give the same scales.
+  auto partial = CalibrationSession::Restore(whole->Snapshot().bytes);
+  ASSERT_TRUE(partial.ok());
+  // Restore finalizes a finalized snapshot; rebuild an open one from the chunks instead.
+  auto open = Make(r);
+  ASSERT_TRUE(open->Observe(Kv(ChunkKind::kKey, 0, full, kHeads), *backend).ok());
+  ASSERT_TRUE(open->Observe(in, *backend).ok());
+  SessionDelta delta = open->TakeDelta(nullptr);
+  SessionDelta rows;
+  for (const auto& [layer, observer] : delta.kv_layers) {
+    auto back = DecodeKvLayerObserver(EncodeKvLayerObserver(observer));
+    ASSERT_TRUE(back.ok()) << back.status();
+    rows.kv_layers[layer] = *std::move(back);
+  }
+  for (const auto& [key, observer] : delta.inputs) {
+    rows.inputs[key] = *DecodeInputRow(EncodeInputRow(observer), key.second);
+  }
+  ASSERT_EQ(delta.input_hists.size(), 1u);
+  for (const auto& [module, hist] : delta.input_hists) {
+    auto back = DecodeInputHistogramRow(EncodeInputHistogramRow(hist));
+    ASSERT_TRUE(back.ok()) << back.status();
+    rows.input_hists[module] = *std::move(back);
+  }
+  auto applied = whole->EmptyLike();
+  ASSERT_TRUE(applied->ApplyDelta(rows).ok());
+  ASSERT_TRUE(applied->Finalize().ok());
+  auto d = applied->Scales(Deployment{}, Nvfp4Convention::kCompressedTensors);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->kv_scales->k, a->kv_scales->k);
+  EXPECT_EQ(*d->nvfp4.modules.at("model.layers.0.mlp.down_proj").input_amax, *module.input_amax);
+  Recipe plain;
+  plain.nvfp4_activations = true;
+  auto no_hist = Make(plain);
+  auto refused = no_hist->ApplyDelta(rows);
+  EXPECT_NE(refused.message().find("input_hists"), std::string::npos) << refused;
 }
 
 TEST(SessionHistogramTest, AbsmaxRecipesKeepNoHistograms) {
@@ -204,7 +243,7 @@ TEST(SessionHistogramTest, AbsmaxRecipesKeepNoHistograms) {
 }
 
 // A producer in statistics mode: the chunk's statistics (and histograms) instead of its data.
-ChunkRef AsStatistics(const ChunkRef& raw, bool histograms) {
+ChunkRef AsStatistics(const ChunkRef& raw, bool histograms, bool head_ranges = false) {
   auto backend = MakeCpuBackend(1);
   auto view = PiecewiseTensor::Create(raw.dtype, raw.shape, raw.data, "chunk");
   EXPECT_TRUE(view.ok());
@@ -212,9 +251,15 @@ ChunkRef AsStatistics(const ChunkRef& raw, bool histograms) {
   c.data = ByteSpans();
   ChunkStatistics& st = c.statistics.emplace();
   if (raw.kind == ChunkKind::kKey || raw.kind == ChunkKind::kValue) {
-    auto kv = ReduceKvChunk(KvKind::kKey, *view, raw.placement, kHeads, kHeadDim, *backend, true);
+    auto kv = ReduceKvChunk(KvKind::kKey, *view, raw.placement, kHeads, kHeadDim, *backend, true,
+                            head_ranges);
     EXPECT_TRUE(kv.ok());
-    st.absmax = kv->absmax;
+    if (head_ranges) {  // kv_observer minmax: per-head min / max instead of absmax
+      st.head_min = kv->min;
+      st.head_max = kv->max;
+    } else {
+      st.absmax = kv->absmax;
+    }
     for (const MagnitudeHistogram& h : kv->hists) {
       if (histograms) st.histograms.push_back(SparseHistogram(h));
     }
@@ -314,6 +359,41 @@ TEST(SessionHistogramTest, ReportOfAPartlyObservedLayer) {
   ASSERT_FALSE(report["worst_histograms"].empty());
   EXPECT_EQ(report["worst_histograms"][0]["layer"], 1);
   EXPECT_GE(report["worst_histograms"][0]["head"].get<int>(), 2);
+}
+
+// The moving-average K/V observer sends per-head min / max instead of absmax; the histograms'
+// max is then checked against the absmax derived from them, and the report still equals raw's.
+TEST(SessionHistogramTest, MinMaxStatisticsWithHistogramsEqualRaw) {
+  auto backend = MakeCpuBackend(1);
+  Recipe r;
+  r.kv_observer = KvObserverKind::kMinMax;
+  r.histograms = true;
+  auto raw = Make(r), stats = Make(r);
+  const std::vector<float> k0 = Data(3, kHeads), k1 = Data(8, kHeads);
+  ChunkRef a = Kv(ChunkKind::kKey, 0, k0, kHeads), b = Kv(ChunkKind::kKey, 0, k1, kHeads);
+  b.batch = 1;
+  for (const ChunkRef& c : {a, b}) {
+    ASSERT_TRUE(raw->Observe(c, *backend).ok());
+    auto got = stats->Observe(AsStatistics(c, true, /*head_ranges=*/true), *backend);
+    ASSERT_TRUE(got.ok()) << got.status();
+  }
+  // Histograms whose max disagrees with the head ranges are refused.
+  ChunkRef bad = AsStatistics(a, true, true);
+  bad.statistics->head_max[0] *= 2;
+  bad.statistics->head_min[0] *= 2;
+  auto refused = stats->Observe(bad, *backend);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("histograms[0].slot_gaps: highest nonzero slot"),
+            std::string::npos)
+      << refused.status();
+  for (CalibrationSession* s : {raw.get(), stats.get()}) ASSERT_TRUE(s->Finalize().ok());
+  auto sa = raw->Scales(Deployment{}, Nvfp4Convention::kCompressedTensors);
+  auto sb = stats->Scales(Deployment{}, Nvfp4Convention::kCompressedTensors);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_EQ(sa->kv_scales->k, sb->kv_scales->k);
+  auto ra = raw->Observations(), rb = stats->Observations();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(BuildSessionReportJson(*ra), BuildSessionReportJson(*rb));
 }
 
 }  // namespace

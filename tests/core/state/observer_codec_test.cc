@@ -64,7 +64,8 @@ TEST(ObserverCodecTest, ProducerGoldenBytes) {
 TEST(ObserverCodecTest, KvLayerRoundTripIsBitExact) {
   const KvLayerObserver kv = SampleKvLayer();
   const std::string bytes = EncodeKvLayerObserver(kv);
-  EXPECT_EQ(bytes.size(), 2 + 2 * (4 + 4 * 4) + 2 * (4 + 4 * 8) + 2 * 4);
+  // + two empty batch maps and two empty histogram lists (version 2).
+  EXPECT_EQ(bytes.size(), 2 + 2 * (4 + 4 * 4) + 2 * (4 + 4 * 8) + 2 * 4 + 2 * 4);
   auto back = DecodeKvLayerObserver(bytes);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(Bits(back->k_absmax), Bits(kv.k_absmax));
@@ -166,7 +167,7 @@ TEST(ObserverCodecTest, EveryTruncationFailsNamingAField) {
   }
   // The field is the one actually cut: drop the last byte of v_tokens.
   std::string kv = EncodeKvLayerObserver(SampleKvLayer());
-  kv.resize(kv.size() - 9);  // the two (empty) batch maps, then v_tokens' last byte
+  kv.resize(kv.size() - 17);  // the (empty) batch maps and histogram lists, v_tokens' last byte
   auto status = DecodeKvLayerObserver(kv).status();
   EXPECT_NE(status.message().find("kv_layer.v_tokens"), std::string::npos) << status;
 }
@@ -179,8 +180,14 @@ TEST(ObserverCodecTest, BatchRangesRoundTripAndVersionOneStillDecodes) {
   kv.k_batches[3] = GroupRanges{{-0.0f, inf, 1.5f, -2.0f}, {0.0f, -inf, 2.5f, 7.0f}};
   kv.v_batches[-0] = GroupRanges{{-1.0f}, {1.0f}};
   kv.v_batches[1LL << 40] = GroupRanges{{0.25f}, {0.5f}};
+  kv.k_hist.resize(kv.k_absmax.size());
+  for (float x : {0.5f, -3.0f, 0.0f, 1e-30f}) kv.k_hist[1].Add(x);
   auto back = DecodeKvLayerObserver(EncodeKvLayerObserver(kv));
   ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->k_hist.size(), kv.k_absmax.size());
+  EXPECT_EQ(back->k_hist[1].counts, kv.k_hist[1].counts);
+  EXPECT_EQ(back->k_hist[1].max, 3.0f);
+  EXPECT_TRUE(back->v_hist.empty());
   ASSERT_EQ(back->k_batches.size(), 1u);
   EXPECT_EQ(Bits(back->k_batches.at(3).min), Bits(kv.k_batches.at(3).min));
   EXPECT_EQ(Bits(back->k_batches.at(3).max), Bits(kv.k_batches.at(3).max));
@@ -197,7 +204,7 @@ TEST(ObserverCodecTest, BatchRangesRoundTripAndVersionOneStillDecodes) {
   // Version 1: the same body without the batch maps.
   std::string v1 = EncodeKvLayerObserver(SampleKvLayer());
   v1[1] = 1;
-  v1.resize(v1.size() - 8);
+  v1.resize(v1.size() - 16);  // without the batch maps and histogram lists
   auto old = DecodeKvLayerObserver(v1);
   ASSERT_TRUE(old.ok()) << old.status();
   EXPECT_EQ(Bits(old->k_absmax), Bits(SampleKvLayer().k_absmax));
