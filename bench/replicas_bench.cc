@@ -9,12 +9,13 @@
 //      per second at --state_flush_interval=1s.
 //   c. Database capacity: W writers merging small (steady-flush-sized) deltas as fast as they can.
 //   d. Flush cost at a large state: a session with M modules x B activation batches in the
-//      database; one merge of a delta touching one batch of every module (steady ingestion) and
+//      database (with --groups=G, each batch also holds the minmax observer's G per-group
+//      ranges); one merge of a delta touching one batch of every module (steady ingestion) and
 //      of one module, as a ratio to writing the whole session as a --state_dir file (what the file
 //      store does for every flush), and the WAL bytes each merge wrote.
 //   replicas_bench [--mib=1024] [--reps=2] [--modules=2000] [--batches=512] [--skip_ingest]
 //                  [--skip_steady] [--steady_seconds=10] [--skip_capacity] [--skip_flush]
-//                  [--shared_buffers_mib=N]
+//                  [--groups=G] [--shared_buffers_mib=N]
 #include <libpq-fe.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -156,16 +158,18 @@ struct RunResult {
   DbCounters db;                 // during the run (replicas' start and stop included)
 };
 
-// Starts `replicas` servers (0: one in-memory server), runs the CLI through all of them.
+// Starts `replicas` servers (0: one in-memory server; -1: one with --state_dir), runs the CLI
+// through all of them.
 RunResult Run(const std::string& dir, const DemoFiles& demo, int replicas,
               testing::PostgresInstance* pg, int run) {
   std::vector<std::unique_ptr<e2e::ServerProcess>> servers;
   std::vector<std::string> logs;
-  const int n = replicas == 0 ? 1 : replicas;
+  const int n = replicas <= 0 ? 1 : replicas;
   const DbCounters before = pg != nullptr ? ReadCounters(pg->uri()) : DbCounters{};
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> flags = {"--log_format=text", "--device=cpu"};
     if (replicas > 0) flags.push_back("--state_store=" + pg->uri());
+    if (replicas < 0) flags.push_back(absl::StrCat("--state_dir=", dir, "/state_", run));
     logs.push_back(absl::StrCat(dir, "/server", replicas, "_", i, "_", run, ".log"));
     servers.push_back(std::make_unique<e2e::ServerProcess>(flags, logs.back()));
     if (!servers.back()->Start()) {
@@ -230,6 +234,10 @@ void IngestBench(const std::string& dir, int64_t mib, int reps, testing::Postgre
     std::printf("  [run %d] %-22s %7.2f s  %6.3f GiB/s  ratio 1.00  server CPU %.2f s/GiB\n", rep,
                 "1 server, in memory", baseline.seconds, gib / baseline.seconds,
                 baseline.cpu[0] / gib);
+    const RunResult file = Run(dir, *demo, -1, nullptr, rep);
+    std::printf("  [run %d] %-22s %7.2f s  %6.3f GiB/s  ratio %.2f  server CPU %.2f s/GiB\n", rep,
+                "1 server, --state_dir", file.seconds, gib / file.seconds,
+                baseline.seconds / file.seconds, file.cpu[0] / gib);
     for (int replicas = 1; replicas <= 3; ++replicas) {
       const RunResult r = Run(dir, *demo, replicas, pg, rep);
       std::vector<std::string> cpu;
@@ -405,7 +413,8 @@ void CapacityBench(int threads, int seconds, testing::PostgresInstance* pg) {
               failures.load() > 0 ? " (SOME FAILED)" : "");
 }
 
-void FlushBench(const std::string& dir, int modules, int batches, testing::PostgresInstance* pg) {
+void FlushBench(const std::string& dir, int modules, int batches, int groups,
+                testing::PostgresInstance* pg) {
   PostgresStoreOptions options;
   options.uri = pg->uri();
   absl::StatusOr<std::unique_ptr<StateStore>> store = OpenPostgresStore(options);
@@ -431,6 +440,18 @@ void FlushBench(const std::string& dir, int modules, int batches, testing::Postg
   auto module_name = [](int m) {
     return absl::StrCat("model.layers.", m / 128, ".mlp.experts.", m % 128, ".down_proj");
   };
+  // The moving-average input observer's per-batch, per-16-column-group min/max (`--groups`).
+  // Random values, as real ranges are: constant ones would let TOAST compress the rows away.
+  auto ranges = [groups](int64_t batch) {
+    std::mt19937 rng(static_cast<uint32_t>(batch) + 1);
+    std::uniform_real_distribution<float> dist(0.5f, 8.0f);
+    GroupRanges r;
+    for (int g = 0; g < groups; ++g) {
+      r.min.push_back(-dist(rng));
+      r.max.push_back(dist(rng));
+    }
+    return r;
+  };
   auto stats = [](int64_t batch) {
     MinMaxObserver o;
     o.min = -1.0f - static_cast<float>(batch % 7);
@@ -449,8 +470,40 @@ void FlushBench(const std::string& dir, int modules, int batches, testing::Postg
       delta.weights[module_name(m)] = stats(m);
       for (int64_t b = 0; b < batches; ++b) {
         delta.inputs[{module_name(m), ActivationBlockOf(b)}].batches[b] = stats(b);
+        if (groups > 0) {
+          delta.inputs[{module_name(m), GroupRowOf(b)}].group_batches[b] = ranges(b);
+        }
       }
     }
+    delta.counters.accepted_chunks = 1;
+    if (absl::Status s = (*store)->Merge("flush-bench", delta); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  // With --groups, the minmax K/V observer's per-batch, per-head ranges of every layer too, in
+  // the rows TakeDelta gives them (a layer row, and a row per (layer, batch)).
+  auto kv_layer = [&](SessionDelta& delta, int l, int64_t first, int64_t last) {
+    KvLayerObserver layer(model.num_kv_heads);
+    for (int h = 0; h < model.num_kv_heads; ++h) {
+      layer.k_absmax[h] = layer.v_absmax[h] = 1.0f + static_cast<float>(h);
+      layer.k_tokens[h] = layer.v_tokens[h] = 16 * (last - first);
+    }
+    delta.kv_layers.emplace(l, std::move(layer));
+    for (int64_t b = first; b < last; ++b) {
+      GroupRanges heads = ranges(b);
+      heads.min.resize(static_cast<size_t>(model.num_kv_heads));
+      heads.max.resize(static_cast<size_t>(model.num_kv_heads));
+      KvLayerObserver& row = delta.kv_batches[{l, b}];
+      row.k_batches[b] = heads;
+      row.v_batches[b] = heads;
+    }
+  };
+  if (groups > 0) {
+    SessionDelta delta;
+    delta.partial_id = "fill";
+    delta.flush = ++flush;
+    for (int l = 0; l < model.num_layers; ++l) kv_layer(delta, l, 0, batches);
     delta.counters.accepted_chunks = 1;
     if (absl::Status s = (*store)->Merge("flush-bench", delta); !s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -497,6 +550,9 @@ void FlushBench(const std::string& dir, int modules, int batches, testing::Postg
       delta.flush = ++flush;
       for (int m = 0; m < touched_modules; ++m) {
         delta.inputs[{module_name(m), ActivationBlockOf(batch)}].batches[batch] = stats(batch);
+        if (groups > 0) {
+          delta.inputs[{module_name(m), GroupRowOf(batch)}].group_batches[batch] = ranges(batch);
+        }
       }
       delta.counters.accepted_chunks = touched_modules;
       const int64_t wal_before = WalBytes(pg->uri());
@@ -509,22 +565,42 @@ void FlushBench(const std::string& dir, int modules, int batches, testing::Postg
   };
   const Timed all = timed_merge(modules, batches - 1);
   const Timed one = timed_merge(1, batches - 1);
+  // Steady K/V ingestion: one new batch of every layer.
+  Timed kv;
+  for (int i = 0; groups > 0 && i < 3; ++i) {
+    SessionDelta delta;
+    delta.partial_id = "steady";
+    delta.flush = ++flush;
+    for (int l = 0; l < model.num_layers; ++l) kv_layer(delta, l, batches - 1, batches);
+    delta.counters.accepted_chunks = 1;
+    const int64_t wal_before = WalBytes(pg->uri());
+    const auto start = Clock::now();
+    if (absl::Status s = (*store)->Merge("flush-bench", delta); !s.ok()) std::exit(1);
+    kv.seconds = std::min(kv.seconds, Seconds(Clock::now() - start));
+    kv.wal_bytes = WalBytes(pg->uri()) - wal_before;
+  }
   const double file_mib = static_cast<double>(snapshot.bytes.size()) / (1 << 20);
-  std::printf("flush: %d modules x %d batches = %.2fM activation entries (%.1f MiB as a state "
-              "file, %.0f MiB in the database)\n",
-              modules, batches, static_cast<double>(entries) / 1e6, file_mib,
+  std::printf("flush: %d modules x %d batches = %.2fM activation entries, %d groups each "
+              "(%.1f MiB as a state file, %.0f MiB in the database)\n",
+              modules, batches, static_cast<double>(entries) / 1e6, groups, file_mib,
               static_cast<double>(db_bytes) / (1 << 20));
   std::printf("  baseline: whole-session state file write (--state_dir flush)  %8.1f ms  ratio "
               "1.00  writes %.1f MiB\n",
               file_s * 1e3, file_mib);
-  std::printf("  postgres merge, one batch of every module (%d rows)   %8.1f ms  ratio %.3f  "
+  std::printf("  postgres merge, one batch of every module (%d modules)%8.1f ms  ratio %.3f  "
               "WAL %.2f MiB\n",
               modules, all.seconds * 1e3, all.seconds / file_s,
               static_cast<double>(all.wal_bytes) / (1 << 20));
-  std::printf("  postgres merge, one module (1 row)                      %8.1f ms  ratio %.4f  "
+  std::printf("  postgres merge, one module                                %8.1f ms  ratio %.4f  "
               "WAL %.1f KiB\n",
               one.seconds * 1e3, one.seconds / file_s,
               static_cast<double>(one.wal_bytes) / 1024);
+  if (groups > 0) {
+    std::printf("  postgres merge, one K/V batch of every layer (%d layers x %d heads x %d batches "
+                "of K/V ranges)  %8.1f ms  ratio %.3f  WAL %.2f MiB\n",
+                model.num_layers, model.num_kv_heads, batches, kv.seconds * 1e3,
+                kv.seconds / file_s, static_cast<double>(kv.wal_bytes) / (1 << 20));
+  }
   std::printf("  (initial fill %.1f s; LoadSession of the whole state %.2f s)\n", fill_s, load_s);
 }
 
@@ -571,7 +647,8 @@ int main(int argc, char** argv) {
   }
   if (!FlagSet(argc, argv, "skip_flush")) {
     FlushBench(dir, static_cast<int>(FlagInt(argc, argv, "modules", 2000)),
-               static_cast<int>(FlagInt(argc, argv, "batches", 512)), pg->get());
+               static_cast<int>(FlagInt(argc, argv, "batches", 512)),
+               static_cast<int>(FlagInt(argc, argv, "groups", 0)), pg->get());
   }
   fs::remove_all(dir);
   return 0;

@@ -101,23 +101,6 @@ void CalibrationService::FinishReactor(grpc::ServerUnaryReactor* reactor,
   reactor->Finish(ToGrpcStatus(status));
 }
 
-grpc::ServerUnaryReactor* CalibrationService::FinishUnaryWhenDurable(
-    grpc::CallbackServerContext* context, absl::string_view method,
-    const std::shared_ptr<CalibrationSession>& session, int64_t start_ns,
-    std::function<void()> undo) {
-  if (options_.persister == nullptr) {
-    return FinishUnary(context, method, session->id(), start_ns, absl::OkStatus());
-  }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  options_.persister->WhenDurable(
-      session, [this, reactor, context, method = std::string(method), id = session->id(),
-                start_ns, undo = std::move(undo)](absl::Status status) {
-        if (!status.ok() && undo) undo();
-        FinishReactor(reactor, context, method, id, start_ns, status);
-      });
-  return reactor;
-}
-
 absl::StatusOr<std::shared_ptr<CalibrationSession>> CalibrationService::GetOwned(
     const grpc::CallbackServerContext& context, absl::string_view session_id) const {
   if (absl::Status s = CheckSessionId("session_id", session_id); !s.ok()) return s;
@@ -130,13 +113,6 @@ absl::Status CalibrationService::DeleteWithState(absl::string_view session_id,
                                                 absl::string_view tenant) {
   absl::Status status = registry_->DeleteForTenant(session_id, tenant);
   metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
-  if (status.ok() && options_.persister != nullptr) {
-    if (absl::Status removed = options_.persister->Remove(session_id); !removed.ok()) {
-      status = absl::InternalError(absl::StrCat(
-          "session deleted, but its state file could not be removed (it would come back after "
-          "a restart): ", removed.message()));
-    }
-  }
   return status;
 }
 
@@ -160,13 +136,8 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
     metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
     return absl::OkStatus();
   });
-  if (!status.ok() || created == nullptr) return FinishUnary(context, "CreateSession", "", start, status);
-  // The id goes out only once a restart would know it; a session that cannot be made durable
-  // is taken back, so a failed create leaves nothing behind.
-  return FinishUnaryWhenDurable(context, "CreateSession", created, start,
-                                [this, id = created->id(), owner = created->tenant()] {
-                                  DeleteWithState(id, owner).IgnoreError();
-                                });
+  return FinishUnary(context, "CreateSession", created == nullptr ? "" : created->id(), start,
+                     status);
 }
 
 grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerContext* context,
@@ -229,7 +200,6 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
     return absl::OkStatus();
   });
   metrics_->Finalization(status.ok());
-  if (status.ok()) return FinishUnaryWhenDurable(context, "Finalize", finalized, start);
   return FinishUnary(context, "Finalize", request->session_id(), start, status);
 }
 
@@ -248,16 +218,6 @@ grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerCont
     absl::StatusOr<std::vector<std::string>> formats =
         FormatsFromProto(request->formats(), options_.limits);
     if (!formats.ok()) return formats.status();
-    // Scales come only from a finalization a restart would find: one whose state write failed
-    // may come back OPEN with fewer chunks, so serving it would hand out scales for lost data.
-    if (options_.persister != nullptr && !(*session)->FinalizationDurable()) {
-      absl::StatusOr<SessionScales> probe = (*session)->Scales(Deployment(), Nvfp4Convention());
-      if (!probe.ok()) return probe.status();  // not finalized at all: the usual error
-      return absl::UnavailableError(absl::StrCat(
-          "session ", (*session)->id(),
-          ": its finalization is not durable yet (the state write failed); call Finalize again "
-          "once the state directory is writable"));
-    }
     absl::StatusOr<SessionScales> scales =
         (*session)->Scales(*deployment, ConventionFromProto(request->convention()));
     if (!scales.ok()) return scales.status();
@@ -311,11 +271,7 @@ grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext
         !s.ok()) {
       return s;
     }
-    // With --state_dir only durable chunks count: a producer re-sends the rest (acknowledged
-    // as duplicates where they were accepted), so a crash after this answer loses nothing.
-    response->set_next_sequence(options_.persister != nullptr
-                                    ? (*session)->DurableResumeFrom(request->producer_id())
-                                    : (*session)->ResumeFrom(request->producer_id()));
+    response->set_next_sequence((*session)->ResumeFrom(request->producer_id()));
     return absl::OkStatus();
   });
   return FinishUnary(context, "Resume", request->session_id(), start, status);

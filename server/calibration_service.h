@@ -47,10 +47,9 @@ struct ServiceOptions {
   int64_t stream_lookahead_bytes = int64_t{1} << 20;
   int max_concurrent_streams = 1024;               // Observe streams open at once
   absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
-  // --state_dir: acknowledgements (stream ends, CreateSession, Finalize, Resume) wait for it.
-  SessionPersister* persister = nullptr;
-  // --state_store: sessions live in this shared store (replicas), not in the registry; streams
-  // fold into partials that `flusher` merges. Both set or both null.
+  // --state_dir (a FileStateStore) or --state_store (PostgreSQL, shared by replicas): sessions
+  // live in this store, not in the registry; streams fold into partials that `flusher` merges,
+  // and every answer waits for the store. Both set or both null (in memory).
   StateStore* store = nullptr;
   PartialFlusher* flusher = nullptr;
   int store_threads = 8;  // threads for unary calls that wait on the store
@@ -103,8 +102,7 @@ class CalibrationService final
   // The session if it exists and belongs to the calling tenant, else NotFound/Unauthenticated.
   absl::StatusOr<std::shared_ptr<CalibrationSession>> GetOwned(
       const grpc::CallbackServerContext& context, absl::string_view session_id) const;
-  // Deletes the tenant's session and, with a persister, its state file (a write that failed only
-  // at the directory fsync may have left one).
+  // Deletes the tenant's session (in memory; the stores delete through StoreDeleteSession).
   absl::Status DeleteWithState(absl::string_view session_id, absl::string_view tenant);
   // --state_store: each call runs `call` on a store worker, then finishes with its status.
   grpc::ServerUnaryReactor* OnStore(grpc::CallbackServerContext* context,
@@ -143,12 +141,6 @@ class CalibrationService final
   void FinishReactor(grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* context,
                      absl::string_view method, absl::string_view session_id, int64_t start_ns,
                      const absl::Status& status);
-  // FinishUnary with OK once `session` is durable (at once without a persister); a failed
-  // write answers with its error after running `undo`. The gRPC thread is never blocked.
-  grpc::ServerUnaryReactor* FinishUnaryWhenDurable(
-      grpc::CallbackServerContext* context, absl::string_view method,
-      const std::shared_ptr<CalibrationSession>& session, int64_t start_ns,
-      std::function<void()> undo = nullptr);
 
   const ServiceOptions options_;
   SessionRegistry* const registry_;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/state/file_state_store.h"
 #include "server/postgres/postgres_store.h"
 
 namespace caliper {
@@ -79,7 +80,6 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   }
 
   ServiceOptions service_options = options.service;
-  service_options.persister = server->persister_.get();
   if (options.max_inflight_bytes > 0) {
     server->inflight_ = std::make_unique<InflightBudget>(options.max_inflight_bytes / 2);
     service_options.inflight = server->inflight_.get();
@@ -173,16 +173,7 @@ absl::Status CaliperServer::OpenStateStore(const ServerOptions& options, EventLo
               {"already_present", absl::StrCat(present)},
               {"corrupt_files_set_aside", absl::StrCat(loaded.errors.size())}});
   }
-  ServerMetrics* metrics = server_metrics_.get();
-  flusher_ = std::make_unique<PartialFlusher>(
-      state_store_.get(), options.state_flush_interval,
-      [metrics, log](const PartialFlusher::FlushEvent& event) {
-        metrics->StateWrite(event.status.ok(), 0, absl::ToDoubleSeconds(event.duration));
-        if (!event.status.ok()) {
-          log->Log(Severity::kError, "state_merge_failed",
-                   {{"session", event.session_id}, {"error", std::string(event.status.message())}});
-        }
-      });
+  StartFlusher(options, log);
   return absl::OkStatus();
 }
 
@@ -210,45 +201,61 @@ absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog*
         "--state_flush_interval: must be positive, got ",
         absl::FormatDuration(options.state_flush_interval)));
   }
-  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(options.state_dir);
+  ServerMetrics* metrics = server_metrics_.get();
+  FileStateStore::Hooks hooks;
+  hooks.on_write = [metrics, log](const FileStateStore::WriteEvent& event) {
+    metrics->StateWrite(event.status.ok(), event.bytes, absl::ToDoubleSeconds(event.duration));
+    if (!event.status.ok()) {
+      log->Log(Severity::kError, "state_write_failed",
+               {{"session", event.session_id}, {"error", std::string(event.status.message())}});
+    }
+  };
+  hooks.on_sessions = [metrics](size_t sessions) {
+    metrics->SetActiveSessions(static_cast<int64_t>(sessions));
+  };
+  std::vector<absl::Status> errors;
+  absl::StatusOr<std::unique_ptr<FileStateStore>> store = FileStateStore::Open(
+      options.state_dir, options.service.limits, Env::Default(), &errors, std::move(hooks));
   if (!store.ok()) {
     return absl::Status(store.status().code(),
                         absl::StrCat("--state_dir=", options.state_dir, ": ",
                                      store.status().message()));
   }
-  store_ = *std::move(store);
-  SessionStore::Loaded loaded = store_->LoadAll(options.service.limits);
-  for (const absl::Status& error : loaded.errors) {
+  for (const absl::Status& error : errors) {
     log->Log(Severity::kError, "state_file_not_loaded",
              {{"state_dir", options.state_dir}, {"error", std::string(error.message())}});
   }
-  for (std::unique_ptr<CalibrationSession>& session : loaded.sessions) {
-    if (absl::Status s = registry_.Insert(std::move(session)); !s.ok()) return s;
-  }
-  server_metrics_->StateLoaded(static_cast<int64_t>(loaded.sessions.size()),
-                               static_cast<int64_t>(loaded.errors.size()));
-  server_metrics_->SetActiveSessions(static_cast<int64_t>(registry_.size()));
-  log->Log(loaded.errors.empty() ? Severity::kInfo : Severity::kWarning, "state_restored",
+  const size_t sessions = (*store)->size();
+  server_metrics_->StateLoaded(static_cast<int64_t>(sessions),
+                               static_cast<int64_t>(errors.size()));
+  server_metrics_->SetActiveSessions(static_cast<int64_t>(sessions));
+  log->Log(errors.empty() ? Severity::kInfo : Severity::kWarning, "state_restored",
            {{"state_dir", options.state_dir},
-            {"sessions", absl::StrCat(loaded.sessions.size())},
-            {"corrupt_files_set_aside", absl::StrCat(loaded.errors.size())}});
-  ServerMetrics* metrics = server_metrics_.get();
-  persister_ = std::make_unique<SessionPersister>(
-      &registry_, store_.get(), options.state_flush_interval,
-      [metrics, log](const SessionPersister::WriteEvent& event) {
-        metrics->StateWrite(event.status.ok(), event.bytes, absl::ToDoubleSeconds(event.duration));
-        if (!event.status.ok()) {
-          log->Log(Severity::kError, "state_write_failed",
-                   {{"session", event.session_id}, {"error", std::string(event.status.message())}});
-        }
-      });
+            {"sessions", absl::StrCat(sessions)},
+            {"corrupt_files_set_aside", absl::StrCat(errors.size())}});
+  state_store_ = *std::move(store);
+  StartFlusher(options, log);
   return absl::OkStatus();
 }
 
-CaliperServer::~CaliperServer() {
-  Shutdown(absl::ZeroDuration());
-  if (persister_ != nullptr) persister_->Stop();
+void CaliperServer::StartFlusher(const ServerOptions& options, EventLog* log) {
+  ServerMetrics* metrics = server_metrics_.get();
+  // The file store counts its own writes (on_write); a database merge is counted here.
+  const bool count_merges = options.state_dir.empty();
+  flusher_ = std::make_unique<PartialFlusher>(
+      state_store_.get(), options.state_flush_interval,
+      [metrics, log, count_merges](const PartialFlusher::FlushEvent& event) {
+        if (count_merges) {
+          metrics->StateWrite(event.status.ok(), 0, absl::ToDoubleSeconds(event.duration));
+        }
+        if (!event.status.ok()) {
+          log->Log(Severity::kError, "state_merge_failed",
+                   {{"session", event.session_id}, {"error", std::string(event.status.message())}});
+        }
+      });
 }
+
+CaliperServer::~CaliperServer() { Shutdown(absl::ZeroDuration()); }
 
 void CaliperServer::Shutdown(absl::Duration drain) {
   if (shut_down_ || server_ == nullptr) return;
@@ -266,8 +273,7 @@ void CaliperServer::Shutdown(absl::Duration drain) {
   }
   server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   server_->Wait();
-  if (persister_ != nullptr) persister_->Stop();  // after the last stream: nothing changes now
-  if (flusher_ != nullptr) flusher_->Stop();
+  if (flusher_ != nullptr) flusher_->Stop();  // after the last stream: nothing changes now
 }
 
 void CaliperServer::Wait() {

@@ -32,7 +32,7 @@ struct ServerOptions {
   std::string metrics_listen = "0.0.0.0:9464";  // HOST:PORT; empty disables /metrics
   SecurityOptions security;  // TLS / mTLS files; none: plaintext
   // Limits, tenants and streams. With service.authenticator (tokens), TLS is required unless
-  // security.allow_plaintext_tokens. service.persister is the server's own (from state_dir).
+  // security.allow_plaintext_tokens.
   ServiceOptions service;
   // Bytes of requests in flight across all streams and connections: gRPC's resource quota (a
   // hard cap: past it gRPC resets streams with RESOURCE_EXHAUSTED) and, half of it, the budget
@@ -74,10 +74,12 @@ class CaliperServer {
 
  private:
   CaliperServer() = default;
-  // Opens --state_dir, restores its sessions (reporting files set aside) and starts the flusher.
+  // Opens --state_dir as the file store (its sessions restored, files set aside reported) and
+  // starts the flusher: the same path as --state_store from here on.
   absl::Status RestoreState(const ServerOptions& options, EventLog* log);
   // Opens --state_store (schema migrated), imports --state_store_import, starts the flusher.
   absl::Status OpenStateStore(const ServerOptions& options, EventLog* log);
+  void StartFlusher(const ServerOptions& options, EventLog* log);
   // Readiness follows the store: service "caliper.v1.Calibration" is NOT_SERVING while it does
   // not answer; the overall service "" (liveness) stays SERVING.
   void WatchStore(EventLog* log);
@@ -85,10 +87,8 @@ class CaliperServer {
   std::unique_ptr<ReductionBackend> backend_;
   SessionRegistry registry_;
   std::unique_ptr<ServerMetrics> server_metrics_;
-  std::unique_ptr<SessionStore> store_;          // with --state_dir
-  std::unique_ptr<SessionPersister> persister_;  // with --state_dir; stopped after the server
-  std::unique_ptr<StateStore> state_store_;      // with --state_store
-  std::unique_ptr<PartialFlusher> flusher_;      // with --state_store; stopped after the server
+  std::unique_ptr<StateStore> state_store_;  // with --state_dir (a file store) or --state_store
+  std::unique_ptr<PartialFlusher> flusher_;  // with state_store_; stopped after the server
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<InflightBudget> inflight_;  // with max_inflight_bytes
   std::unique_ptr<CalibrationService> service_;

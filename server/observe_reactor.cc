@@ -151,11 +151,6 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
           partial_, [this](absl::Status committed) { CompleteStream(committed); });
       return;
     }
-    if (status.ok() && session_ != nullptr && service_->options_.persister != nullptr) {
-      service_->options_.persister->WhenDurable(
-          session_, [this](absl::Status durable) { CompleteStream(durable); });
-      return;
-    }
     CompleteStream(status);
   }
 

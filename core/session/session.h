@@ -241,6 +241,9 @@ class CalibrationSession {
   // fit the model or recipe, nothing changed then. RestoreProducers seeds committed sequences.
   SessionDelta TakeDelta(const ProducerLedger::Stream* producer);
   absl::Status ApplyDelta(const SessionDelta& delta);
+  // ResourceExhausted naming the limit when ApplyDelta(delta) would take the session past its
+  // limits (modules, (module, batch) entries): a store holding whole sessions checks first.
+  absl::Status CheckDeltaFits(const SessionDelta& delta) const;
   void RestoreProducers(const ProducerSequences& committed);
   // Same identity, model, recipe and creation time; open, no statistics, no producers.
   std::unique_ptr<CalibrationSession> EmptyLike() const;

@@ -118,7 +118,8 @@ std::vector<absl::Status> PartialFlusher::FlushSession(
       }
       // Only this thread sets or clears `pending`, so it stays valid while unlocked below.
       deltas.push_back(&*partial.pending);
-      rows += partial.pending->kv_layers.size() + partial.pending->weights.size() +
+      rows += partial.pending->kv_layers.size() + partial.pending->kv_batches.size() +
+              partial.pending->weights.size() +
               partial.pending->inputs.size();
       sending.push_back(i);
     }

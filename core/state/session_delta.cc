@@ -1,6 +1,7 @@
 #include "core/state/session_delta.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,13 +23,17 @@ bool SessionCounters::empty() const {
 }
 
 bool SessionDelta::empty() const {
-  return kv_layers.empty() && weights.empty() && inputs.empty() && input_hists.empty() &&
-         counters.empty();
+  return kv_layers.empty() && kv_batches.empty() && weights.empty() && inputs.empty() &&
+         input_hists.empty() && counters.empty();
 }
 
 void SessionDelta::Merge(const SessionDelta& other) {
   for (const auto& [layer, observer] : other.kv_layers) {
     auto [it, inserted] = kv_layers.emplace(layer, observer);
+    if (!inserted) it->second.Merge(observer);
+  }
+  for (const auto& [key, observer] : other.kv_batches) {
+    auto [it, inserted] = kv_batches.emplace(key, observer);
     if (!inserted) it->second.Merge(observer);
   }
   for (const auto& [module, observer] : other.weights) weights[module].Merge(observer);
@@ -65,6 +70,15 @@ absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view byt
 absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block) {
   absl::StatusOr<ActivationObserver> observer = DecodeActivationObserver(bytes);
   if (!observer.ok()) return observer.status();
+  if (IsGroupRow(block)) {
+    if (!observer->batches.empty() || observer->group_batches.size() != 1 ||
+        GroupRowOf(observer->group_batches.begin()->first) != block) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input row ", block, ": a group row holds the group ranges of batch ", -3 - block,
+          " only"));
+    }
+    return observer;
+  }
   for (const auto& [batch, stats] : observer->batches) {
     if (batch < 0 || ActivationBlockOf(batch) != block) {
       return absl::InvalidArgumentError(
@@ -99,7 +113,17 @@ SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* produce
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t layer = 0; layer < kv_layers_.size(); ++layer) {
     if (Untouched(kv_layers_[layer])) continue;
-    delta.kv_layers.emplace(static_cast<int>(layer), std::move(kv_layers_[layer]));
+    KvLayerObserver& observer = kv_layers_[layer];
+    const int l = static_cast<int>(layer);
+    for (auto& [batch, ranges] : observer.k_batches) {
+      delta.kv_batches[{l, batch}].k_batches.emplace(batch, std::move(ranges));
+    }
+    for (auto& [batch, ranges] : observer.v_batches) {
+      delta.kv_batches[{l, batch}].v_batches.emplace(batch, std::move(ranges));
+    }
+    observer.k_batches.clear();
+    observer.v_batches.clear();
+    delta.kv_layers.emplace(l, std::move(observer));
     kv_layers_[layer] = KvLayerObserver(model_.num_kv_heads);
   }
   for (auto& [name, state] : modules_) {
@@ -109,8 +133,7 @@ SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* produce
     }
     if (!state.input_hist.empty()) delta.input_hists.emplace(name, std::move(state.input_hist));
     for (auto& [batch, ranges] : state.input.group_batches) {
-      delta.inputs[{name, ActivationBlockOf(batch)}].group_batches.emplace(batch,
-                                                                           std::move(ranges));
+      delta.inputs[{name, GroupRowOf(batch)}].group_batches.emplace(batch, std::move(ranges));
     }
   }
   // Module names stay (so max_modules_per_session keeps counting them), their state goes.
@@ -148,6 +171,22 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
       }
     }
   }
+  for (const auto& [key, observer] : delta.kv_batches) {
+    const auto [layer, batch] = key;
+    if (layer < 0 || static_cast<size_t>(layer) >= kv_layers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_batches[", layer, "]: outside the session's ", kv_layers_.size(), " K/V layers"));
+    }
+    for (const auto* batches : {&observer.k_batches, &observer.v_batches}) {
+      for (const auto& [b, ranges] : *batches) {
+        if (b != batch || ranges.min.size() > heads) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "kv_batches[", layer, ", ", batch, "]: holds batch ", b, " with ",
+              ranges.min.size(), " heads (one batch, at most num_kv_heads=", heads, ")"));
+        }
+      }
+    }
+  }
   if (!delta.weights.empty() && !recipe_.nvfp4_weights) {
     return absl::InvalidArgumentError("weights: the session's recipe has nvfp4_weights off");
   }
@@ -159,14 +198,50 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [layer, observer] : delta.kv_layers) kv_layers_[layer].Merge(observer);
+  for (const auto& [key, observer] : delta.kv_batches) kv_layers_[key.first].Merge(observer);
   for (const auto& [module, observer] : delta.weights) modules_[module].weight.Merge(observer);
-  for (const auto& [key, observer] : delta.inputs) modules_[key.first].input.Merge(observer);
+  for (const auto& [key, observer] : delta.inputs) {
+    ActivationObserver& input = modules_[key.first].input;
+    const size_t before = input.batches.size();
+    input.Merge(observer);
+    batch_entries_ += static_cast<int64_t>(input.batches.size() - before);
+  }
   for (const auto& [module, hist] : delta.input_hists) modules_[module].input_hist.Merge(hist);
   accepted_chunks_ += delta.counters.accepted_chunks;
   accepted_bytes_ += delta.counters.accepted_bytes;
   rejected_chunks_ += delta.counters.rejected_chunks;
   skipped_warmup_chunks_ += delta.counters.skipped_warmup_chunks;
   duplicate_chunks_ += delta.counters.duplicate_chunks;
+  return absl::OkStatus();
+}
+
+absl::Status CalibrationSession::CheckDeltaFits(const SessionDelta& delta) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::set<absl::string_view> new_modules;
+  for (const auto& [module, observer] : delta.weights) {
+    if (modules_.count(module) == 0) new_modules.insert(module);
+  }
+  int64_t new_entries = 0;
+  for (const auto& [key, observer] : delta.inputs) {
+    auto it = modules_.find(key.first);
+    if (it == modules_.end()) new_modules.insert(key.first);
+    for (const auto& [batch, stats] : observer.batches) {
+      if (it == modules_.end() || it->second.input.batches.count(batch) == 0) ++new_entries;
+    }
+  }
+  const int64_t modules = static_cast<int64_t>(modules_.size() + new_modules.size());
+  if (!new_modules.empty() && modules > limits_.max_modules_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "module \"", *new_modules.begin(), "\" would be module ", modules,
+        " of this session, over the limit max_modules_per_session=",
+        limits_.max_modules_per_session));
+  }
+  if (new_entries > 0 && batch_entries_ + new_entries > limits_.max_batches_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "inputs: ", batch_entries_ + new_entries,
+        " (module, batch) entries of this session, over the limit max_batches_per_session=",
+        limits_.max_batches_per_session));
+  }
   return absl::OkStatus();
 }
 

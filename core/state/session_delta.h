@@ -1,7 +1,8 @@
 // What one replica folded into a session since its last flush, in the row layout a shared store
-// keeps (core/state/state_store.h): K/V observers per layer, weight observers per module, and
-// activation observers per (module, block of kActivationBlockBatches batch ids), so a flush
-// rewrites only the rows it touched. Every part merges associatively and commutatively
+// keeps (core/state/state_store.h): K/V observers per layer (their per-batch ranges per (layer,
+// batch)), weight observers per module, and
+// activation observers per (module, block of kActivationBlockBatches batch ids; per-group ranges
+// per (module, batch)), so a flush rewrites only the rows it touched. Every part merges associatively and commutatively
 // (max/min/sum, per-batch min/max), so replicas merging in any order reach the same state.
 #ifndef CALIPER_CORE_STATE_SESSION_DELTA_H_
 #define CALIPER_CORE_STATE_SESSION_DELTA_H_
@@ -23,6 +24,12 @@ namespace caliper {
 // goes batch by batch) touches one or two blocks per module, not the module's whole history.
 inline constexpr int64_t kActivationBlockBatches = 64;
 inline int64_t ActivationBlockOf(int64_t batch) { return batch / kActivationBlockBatches; }
+// The moving-average observer's per-16-column-group ranges of one batch are large (hidden / 16
+// groups x 8 bytes): each batch has a row of its own, keyed -3 - batch (blocks >= 0 hold the
+// per-batch min/max, -1 a module's weight, -2 its input histogram), so a flush writes only the
+// batches it saw.
+constexpr int64_t GroupRowOf(int64_t batch) { return -3 - batch; }
+constexpr bool IsGroupRow(int64_t block) { return block <= -3; }
 
 // The session counters reported by GetSession; they add up across replicas.
 struct SessionCounters {
@@ -48,10 +55,14 @@ struct SessionDelta {
   // cannot count it twice.
   std::string partial_id;
   uint64_t flush = 0;
-  std::map<int, KvLayerObserver> kv_layers;                   // by layer
+  std::map<int, KvLayerObserver> kv_layers;  // by layer: absmax, tokens, histograms
+  // The minmax K/V observer's per-head ranges of one batch of a layer (only k_batches and
+  // v_batches, keyed that batch): a row each, so a flush writes the batches it saw.
+  std::map<std::pair<int, int64_t>, KvLayerObserver> kv_batches;  // by (layer, batch)
   std::map<std::string, MinMaxObserver> weights;              // by module
-  std::map<std::pair<std::string, int64_t>, ActivationObserver> inputs;  // by (module, block)
-  std::map<std::string, MagnitudeHistogram> input_hists;      // by module (histogram recipes)
+  // By (module, block), and (module, GroupRowOf(batch)) for per-group ranges.
+  std::map<std::pair<std::string, int64_t>, ActivationObserver> inputs;
+  std::map<std::string, MagnitudeHistogram> input_hists;  // by module (histogram recipes)
   SessionCounters counters;
   std::optional<ProducerAdvance> producer;
 
@@ -67,7 +78,7 @@ std::string EncodeInputRow(const ActivationObserver& observer);
 absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes);
 std::string EncodeInputHistogramRow(const MagnitudeHistogram& histogram);
 absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view bytes);
-// Also checks every batch id lies in `block`.
+// Also checks every batch id lies in `block` (one batch of group ranges for a group row).
 absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block);
 
 }  // namespace caliper

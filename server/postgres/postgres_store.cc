@@ -66,13 +66,25 @@ CREATE TABLE caliper_partials (
   flush bigint NOT NULL,
   PRIMARY KEY (session_id, partial_id));
 )sql",
+    // 2: the minmax K/V observer's per-head ranges, a row per (layer, batch), so a flush writes
+    // the batches it saw instead of every layer's whole history.
+    R"sql(
+CREATE TABLE caliper_kv_batches (
+  session_id text NOT NULL REFERENCES caliper_sessions (id) ON DELETE CASCADE,
+  layer integer NOT NULL,
+  batch bigint NOT NULL,
+  observer bytea NOT NULL,
+  PRIMARY KEY (session_id, layer, batch));
+)sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kPostgresSchemaVersion);
 
-// module_rows.block of a module's weight observer; activation blocks are >= 0.
+// module_rows.block of a module's weight observer; activation blocks are >= 0, and a batch's
+// per-group ranges (the minmax input observer) have row GroupRowOf(batch) <= -3.
 constexpr int64_t kWeightBlock = -1;
 // module_rows.block of a module's input |x| histogram (histogram recipes only).
 constexpr int64_t kInputHistogramBlock = -2;
+static_assert(!IsGroupRow(kWeightBlock) && !IsGroupRow(kInputHistogramBlock));
 
 struct ResultDeleter {
   void operator()(PGresult* result) const { PQclear(result); }
@@ -442,6 +454,11 @@ class PostgresStore final : public StateStore {
     SessionDelta rows;
     rows.counters = loaded->counters;
     if (absl::Status s = ReadKvRows(conn, id, rows); !s.ok()) return s;
+    absl::StatusOr<Result> kv_batches = conn.Exec(
+        "SELECT layer, batch, observer FROM caliper_kv_batches WHERE session_id = $1",
+        {Text(std::string(id))});
+    if (!kv_batches.ok()) return kv_batches.status();
+    if (absl::Status s = ParseKvBatchRows(kv_batches->get(), rows); !s.ok()) return s;
     absl::StatusOr<Result> modules = conn.Exec(
         "SELECT module, block, observer FROM caliper_module_rows WHERE session_id = $1",
         {Text(std::string(id))});
@@ -759,6 +776,19 @@ class PostgresStore final : public StateStore {
     return absl::OkStatus();
   }
 
+  // Columns layer, batch, observer.
+  absl::Status ParseKvBatchRows(const PGresult* result, SessionDelta& rows) {
+    for (int i = 0; i < PQntuples(result); ++i) {
+      absl::StatusOr<std::string> bytes = ByteaValue(result, i, 2);
+      if (!bytes.ok()) return bytes.status();
+      absl::StatusOr<KvLayerObserver> observer = DecodeKvLayerObserver(*bytes);
+      if (!observer.ok()) return RowError("caliper_kv_batches", observer.status());
+      rows.kv_batches[{static_cast<int>(IntValue(result, i, 0)), IntValue(result, i, 1)}] =
+          *std::move(observer);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status ParseModuleRows(const PGresult* result, SessionDelta& rows) {
     for (int i = 0; i < PQntuples(result); ++i) {
       std::string module = StringValue(result, i, 0);
@@ -800,6 +830,22 @@ class PostgresStore final : public StateStore {
           {Text(id), Text(IntArray(layers))});
       if (!kv.ok()) return kv.status();
       if (absl::Status s = ParseKvRows(kv->get(), merged); !s.ok()) return s;
+    }
+    if (!delta.kv_batches.empty()) {
+      std::vector<int> layers;
+      std::vector<int64_t> batches;
+      for (const auto& [key, observer] : delta.kv_batches) {
+        layers.push_back(key.first);
+        batches.push_back(key.second);
+      }
+      absl::StatusOr<Result> kv = conn.Exec(
+          "SELECT k.layer, k.batch, b.observer "
+          "FROM unnest($2::integer[], $3::bigint[]) AS k(layer, batch), "
+          "LATERAL (SELECT observer FROM caliper_kv_batches WHERE session_id = $1 AND "
+          "layer = k.layer AND batch = k.batch LIMIT 1) AS b",
+          {Text(id), Text(IntArray(layers)), Text(IntArray(batches))});
+      if (!kv.ok()) return kv.status();
+      if (absl::Status s = ParseKvBatchRows(kv->get(), merged); !s.ok()) return s;
     }
     if (!delta.weights.empty() || !delta.inputs.empty() || !delta.input_hists.empty()) {
       std::vector<std::string> modules;
@@ -847,6 +893,37 @@ class PostgresStore final : public StateStore {
     }
     for (const auto& [module, observer] : rows.weights) {
       modules.push_back({module, kWeightBlock, EncodeWeightRow(observer)});
+    }
+    struct KvBatchRow {
+      int layer;
+      int64_t batch;
+      std::string bytes;
+    };
+    std::vector<KvBatchRow> kv_batches;
+    for (const auto& [key, observer] : rows.kv_batches) {
+      kv_batches.push_back({key.first, key.second, EncodeKvLayerObserver(observer)});
+    }
+    for (size_t start = 0; start < kv_batches.size(); start += kRowsPerInsert) {
+      std::vector<Param> params = {Text(id)};
+      std::vector<std::string> values;
+      for (size_t i = start; i < std::min(kv_batches.size(), start + kRowsPerInsert); ++i) {
+        values.push_back(absl::StrCat("($1, $", params.size() + 1, "::integer, $",
+                                      params.size() + 2, "::bigint, $", params.size() + 3,
+                                      "::bytea)"));
+        params.push_back(Text(absl::StrCat(kv_batches[i].layer)));
+        params.push_back(Text(absl::StrCat(kv_batches[i].batch)));
+        params.push_back(Bytes(std::move(kv_batches[i].bytes)));
+      }
+      if (absl::StatusOr<Result> r = conn.Exec(
+              absl::StrCat("INSERT INTO caliper_kv_batches (session_id, layer, batch, observer) "
+                           "VALUES ",
+                           absl::StrJoin(values, ","),
+                           " ON CONFLICT (session_id, layer, batch) DO UPDATE SET observer = "
+                           "EXCLUDED.observer"),
+              params);
+          !r.ok()) {
+        return r.status();
+      }
     }
     for (const auto& [key, observer] : rows.inputs) {
       modules.push_back({key.first, key.second, EncodeInputRow(observer)});

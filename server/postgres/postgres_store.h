@@ -1,8 +1,8 @@
 // StateStore (core/state/state_store.h) in PostgreSQL through libpq: a bounded pool of
 // connections to one libpq URI (TLS by its sslmode), the schema created and migrated at Open
 // under an advisory lock (one migration per rolling update), one row per session, per K/V
-// layer, per module weight, per (module, activation block), per producer and per partial, so a
-// merge rewrites only the rows its delta touched. Thread-safe.
+// layer, per (layer, batch) of K/V ranges, per module weight, per (module, activation block),
+// per producer and per partial, so a merge rewrites only the rows its delta touched. Thread-safe.
 #ifndef CALIPER_SERVER_POSTGRES_POSTGRES_STORE_H_
 #define CALIPER_SERVER_POSTGRES_POSTGRES_STORE_H_
 
@@ -23,7 +23,7 @@ struct PostgresStoreOptions {
 };
 
 // The schema version this build writes (a newer one in the database is refused at Open).
-inline constexpr int kPostgresSchemaVersion = 1;
+inline constexpr int kPostgresSchemaVersion = 2;
 
 
 // Opens the pool and brings the schema to kPostgresSchemaVersion. Unavailable naming the store

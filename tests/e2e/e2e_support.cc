@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -26,7 +27,11 @@ extern char** environ;
 namespace caliper::e2e {
 
 const char* CliPath() { return CALIPER_CLI_PATH; }
-const char* ServerPath() { return CALIPER_SERVER_PATH; }
+// $CALIPER_TEST_SERVER runs another build's server (a benchmark's before/after).
+const char* ServerPath() {
+  const char* other = std::getenv("CALIPER_TEST_SERVER");
+  return other != nullptr && *other != '\0' ? other : CALIPER_SERVER_PATH;
+}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

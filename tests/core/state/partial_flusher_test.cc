@@ -329,6 +329,23 @@ TEST(SessionDeltaTest, TakeDeltaThenApplyDeltaRebuildsTheSessionExactly) {
   EXPECT_EQ(DecodeInputRow(EncodeInputRow(delta.inputs.begin()->second), 1)->batches.size(), 1u);
   EXPECT_FALSE(DecodeInputRow(EncodeInputRow(delta.inputs.begin()->second), 0).ok());
 
+  // The minmax observer's per-group ranges: one row per (module, batch), keyed GroupRowOf.
+  Recipe minmax = AllOn();
+  minmax.activation_observer = ActivationObserverKind::kMinMax;
+  auto grouped = *CalibrationSession::Create(Model(), minmax, "g", "", "");
+  Observe(*grouped, 1, *backend);
+  Observe(*grouped, 3, *backend);
+  SessionDelta rows = grouped->TakeDelta(nullptr);
+  ASSERT_EQ(rows.inputs.count({"m1", GroupRowOf(70)}), 1u);
+  const ActivationObserver& group_row = rows.inputs.at({"m1", GroupRowOf(70)});
+  EXPECT_TRUE(group_row.batches.empty());
+  ASSERT_EQ(group_row.group_batches.size(), 1u);
+  EXPECT_TRUE(DecodeInputRow(EncodeInputRow(group_row), GroupRowOf(70)).ok());
+  EXPECT_FALSE(DecodeInputRow(EncodeInputRow(group_row), GroupRowOf(71)).ok());
+  EXPECT_TRUE(rows.inputs.at({"m1", ActivationBlockOf(70)}).group_batches.empty());
+  auto regrouped = grouped->EmptyLike();
+  ASSERT_TRUE(regrouped->ApplyDelta(rows).ok());
+
   // Rows that do not fit the model are refused, naming the field.
   SessionDelta bad;
   bad.kv_layers[7] = KvLayerObserver(2);

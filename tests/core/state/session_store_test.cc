@@ -1,5 +1,5 @@
-// Durable sessions: snapshot/restore of a whole session, the session directory, and the
-// background flusher's acknowledgement contract.
+// Durable sessions: snapshot/restore of a whole session and the session directory (the file
+// store built on them: tests/core/state/file_state_store_test.cc).
 #include "core/state/session_store.h"
 
 #include <atomic>
@@ -297,113 +297,6 @@ TEST_F(SessionStoreTest, FileNamedForAnotherIdIsRefused) {
   EXPECT_TRUE(loaded.sessions.empty());
   ASSERT_EQ(loaded.errors.size(), 1u);
   EXPECT_THAT(loaded.errors[0].message(), HasSubstr("does not match the file name"));
-}
-
-TEST_F(SessionStoreTest, PersisterAnswersAfterTheWriteAndLoadsBackEqual) {
-  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
-  ASSERT_TRUE(store.ok());
-  SessionRegistry registry;
-  std::atomic<int> writes{0};
-  SessionPersister persister(&registry, store->get(), absl::Hours(1),
-                             [&](const SessionPersister::WriteEvent& e) {
-                               EXPECT_TRUE(e.status.ok()) << e.status;
-                               ++writes;
-                             });
-  auto s = registry.CreateForTenant(Model(), EverythingOn(), "durable", "");
-  ASSERT_TRUE(s.ok());
-  const std::vector<Chunk> a = Stream(6, 2);
-  Feed(**s, a, 0, 20, "rank0");
-  EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 1u);  // nothing durable yet
-  std::promise<absl::Status> answered;
-  // The interval is an hour: only the waiter can trigger this write.
-  persister.WhenDurable(*s, [&](absl::Status st) { answered.set_value(st); });
-  std::future<absl::Status> result = answered.get_future();
-  ASSERT_EQ(result.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  EXPECT_TRUE(result.get().ok());
-  EXPECT_EQ(writes.load(), 1);
-  EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 21u);
-  EXPECT_TRUE(fs::exists((*store)->PathOf((*s)->id())));
-
-  // Clean: answered inline, no second write.
-  bool inline_answer = false;
-  persister.WhenDurable(*s, [&](absl::Status st) { inline_answer = st.ok(); });
-  EXPECT_TRUE(inline_answer);
-  persister.Stop();
-  EXPECT_EQ(writes.load(), 1);
-
-  SessionStore::Loaded loaded = (*store)->LoadAll();
-  ASSERT_EQ(loaded.sessions.size(), 1u);
-  EXPECT_EQ(loaded.sessions[0]->Snapshot().bytes, (*s)->Snapshot().bytes);
-}
-
-TEST_F(SessionStoreTest, StopWritesEverythingThatChanged) {
-  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
-  ASSERT_TRUE(store.ok());
-  SessionRegistry registry;
-  auto s = registry.CreateForTenant(Model(), EverythingOn(), "", "");
-  ASSERT_TRUE(s.ok());
-  {
-    SessionPersister persister(&registry, store->get(), absl::Hours(1));
-    const std::vector<Chunk> a = Stream(7, 1);
-    Feed(**s, a, 0, a.size(), "rank0");
-  }  // destructor: final flush
-  SessionStore::Loaded loaded = (*store)->LoadAll();
-  ASSERT_EQ(loaded.sessions.size(), 1u);
-  EXPECT_EQ(loaded.sessions[0]->Status().accepted_chunks + loaded.sessions[0]->Status().skipped_warmup_chunks,
-            static_cast<int64_t>(Stream(7, 1).size()));
-}
-
-TEST_F(SessionStoreTest, FailedWriteIsReportedAndNotAcknowledged) {
-  FaultInjectionEnv env;
-  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path(), &env);
-  ASSERT_TRUE(store.ok());
-  SessionRegistry registry;
-  SessionPersister persister(&registry, store->get(), absl::Hours(1));
-  auto s = registry.CreateForTenant(Model(), EverythingOn(), "", "");
-  ASSERT_TRUE(s.ok());
-  const std::vector<Chunk> a = Stream(8, 1);
-  Feed(**s, a, 0, 5, "rank0");
-  env.fail_sync = true;  // e.g. the disk went read-only
-  std::promise<absl::Status> answered;
-  persister.WhenDurable(*s, [&](absl::Status st) { answered.set_value(st); });
-  absl::Status status = answered.get_future().get();
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(status.message(), HasSubstr("injected fsync failure"));
-  EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 1u);
-  // A finalization whose write failed is not durable, so no scales may be served from it.
-  ASSERT_TRUE((*s)->Finalize().ok());
-  std::promise<absl::Status> finalized;
-  persister.WhenDurable(*s, [&](absl::Status st) { finalized.set_value(st); });
-  EXPECT_EQ(finalized.get_future().get().code(), absl::StatusCode::kUnavailable);
-  EXPECT_FALSE((*s)->FinalizationDurable());
-  // The disk recovers: the next wait succeeds.
-  env.fail_sync = false;
-  std::promise<absl::Status> again;
-  persister.WhenDurable(*s, [&](absl::Status st) { again.set_value(st); });
-  EXPECT_TRUE(again.get_future().get().ok());
-  EXPECT_EQ((*s)->DurableResumeFrom("rank0"), 6u);
-  EXPECT_TRUE((*s)->FinalizationDurable());
-}
-
-TEST_F(SessionStoreTest, DeletedSessionIsRemovedAndNeverWrittenBack) {
-  absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
-  ASSERT_TRUE(store.ok());
-  SessionRegistry registry;
-  SessionPersister persister(&registry, store->get(), absl::Milliseconds(1));
-  auto s = registry.CreateForTenant(Model(), EverythingOn(), "", "");
-  ASSERT_TRUE(s.ok());
-  const std::vector<Chunk> a = Stream(9, 1);
-  Feed(**s, a, 0, 4, "rank0");
-  std::promise<absl::Status> answered;
-  persister.WhenDurable(*s, [&](absl::Status st) { answered.set_value(st); });
-  ASSERT_TRUE(answered.get_future().get().ok());
-  const std::string path = (*store)->PathOf((*s)->id());
-  ASSERT_TRUE(fs::exists(path));
-  ASSERT_TRUE(registry.DeleteForTenant((*s)->id(), "").ok());
-  ASSERT_TRUE(persister.Remove((*s)->id()).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // several flush rounds
-  persister.Stop();
-  EXPECT_FALSE(fs::exists(path));
 }
 
 }  // namespace

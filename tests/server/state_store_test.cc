@@ -1,11 +1,15 @@
-// The PostgreSQL StateStore against a real PostgreSQL 15 started for this test: schema
-// migration (concurrent opens run it once), merges from several "replicas" (separate pools and
-// threads) equal one process fed every chunk, fencing, idempotent retries, finalize/delete,
-// tenancy, import, and a database restart (Unavailable naming the store, then recovery).
+// One contract for every StateStore (core/state/state_store.h), run against the PostgreSQL store
+// (a real PostgreSQL 15 started for this test) and the file store (--state_dir): merges from
+// several "replicas" (PostgreSQL: separate pools; file: one store, many threads) and their
+// flushers equal one process fed every chunk, MergeAll equals separate merges, fencing,
+// idempotent retries, finalize/delete, tenancy, import. PostgreSQL alone: schema migration
+// (concurrent opens run it once), one transaction per MergeAll, a database restart.
 #include "server/postgres/postgres_store.h"
+#include "core/state/file_state_store.h"
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <future>
@@ -20,6 +24,7 @@
 #include "core/tensor/reduction_backend.h"
 #include "gtest/gtest.h"
 #include "tests/support/postgres_instance.h"
+#include "tests/support/state_test_util.h"
 
 namespace caliper {
 namespace {
@@ -45,6 +50,8 @@ Recipe AllOn() {
   r.nvfp4_weights = true;
   r.nvfp4_activations = true;
   r.activation_observer = ActivationObserverKind::kMinMax;  // order-dependent maths
+  r.kv_observer = KvObserverKind::kMinMax;  // per-batch K/V rows too
+  r.histograms = true;  // and input histogram rows next to the per-batch group rows
   return r;
 }
 
@@ -110,30 +117,104 @@ void ExpectSameResults(CalibrationSession& expected, CalibrationSession& actual)
   }
 }
 
-class PostgresStoreTest : public ::testing::Test {
+// Another "replica" of the one file store: every call forwarded (a file store is one server's).
+class SharedStore final : public StateStore {
+ public:
+  explicit SharedStore(StateStore* store) : store_(store) {}
+  const std::string& name() const override { return store_->name(); }
+  absl::Status CreateSession(const CalibrationSession& s, int max) override {
+    return store_->CreateSession(s, max);
+  }
+  absl::Status ImportSession(const CalibrationSession& s) override {
+    return store_->ImportSession(s);
+  }
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> LoadSession(absl::string_view id,
+                                                                  absl::string_view t) override {
+    return store_->LoadSession(id, t);
+  }
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> LoadEmpty(absl::string_view id,
+                                                                absl::string_view t) override {
+    return store_->LoadEmpty(id, t);
+  }
+  absl::StatusOr<SessionStatus> GetStatus(absl::string_view id, absl::string_view t) override {
+    return store_->GetStatus(id, t);
+  }
+  absl::StatusOr<std::vector<SessionStatus>> ListSessions(absl::string_view t) override {
+    return store_->ListSessions(t);
+  }
+  absl::Status DeleteSession(absl::string_view id, absl::string_view t) override {
+    return store_->DeleteSession(id, t);
+  }
+  absl::Status FinalizeSession(absl::string_view id, absl::string_view t) override {
+    return store_->FinalizeSession(id, t);
+  }
+  absl::StatusOr<OpenedProducer> OpenProducer(absl::string_view id,
+                                              absl::string_view p) override {
+    return store_->OpenProducer(id, p);
+  }
+  absl::StatusOr<uint64_t> CommittedSequence(absl::string_view id, absl::string_view t,
+                                             absl::string_view p) override {
+    return store_->CommittedSequence(id, t, p);
+  }
+  absl::Status Merge(absl::string_view id, const SessionDelta& d) override {
+    return store_->Merge(id, d);
+  }
+  std::vector<absl::Status> MergeAll(absl::string_view id,
+                                     const std::vector<const SessionDelta*>& d) override {
+    return store_->MergeAll(id, d);
+  }
+  void ForgetPartial(absl::string_view id, absl::string_view p) override {
+    store_->ForgetPartial(id, p);
+  }
+  absl::Status Ping() override { return store_->Ping(); }
+
+ private:
+  StateStore* const store_;
+};
+
+enum class StoreKind { kPostgres, kFile };
+
+class StoreTestBase : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  // One PostgreSQL per test process, started by the first test that needs it, stopped at exit.
+  static void StartPostgres() {
+    if (pg_ != nullptr || start_error_ != nullptr) return;
     absl::StatusOr<std::unique_ptr<PostgresInstance>> pg = PostgresInstance::Start();
     if (!pg.ok()) {
       start_error_ = new absl::Status(pg.status());
       return;
     }
-    pg_ = pg->release();
+    static std::unique_ptr<PostgresInstance> owner;  // stopped when the process exits
+    owner = *std::move(pg);
+    pg_ = owner.get();
   }
-  static void TearDownTestSuite() {
-    delete pg_;
-    pg_ = nullptr;
-  }
-  void SetUp() override {
-    if (pg_ == nullptr) {
-      if (absl::IsNotFound(*start_error_)) GTEST_SKIP() << *start_error_;
-      FAIL() << *start_error_;
+  // Opens the store under test; false (the test skips or fails) when it cannot.
+  bool OpenStore(StoreKind kind) {
+    kind_ = kind;
+    if (kind == StoreKind::kPostgres) {
+      StartPostgres();
+      if (pg_ == nullptr) {
+        if (absl::IsNotFound(*start_error_)) {
+          skip_ = true;
+          return false;
+        }
+        ADD_FAILURE() << *start_error_;
+        return false;
+      }
+    } else {
+      absl::StatusOr<std::unique_ptr<FileStateStore>> file =
+          FileStateStore::Open(dir_.path() + "/state", Limits());
+      EXPECT_TRUE(file.ok()) << file.status();
+      if (!file.ok()) return false;
+      file_ = *std::move(file);
     }
     store_ = Open();
-    ASSERT_NE(store_, nullptr);
+    return store_ != nullptr;
   }
 
-  static std::unique_ptr<StateStore> Open(int pool = 4) {
+  // A store for another replica of the same state.
+  std::unique_ptr<StateStore> Open(int pool = 4) {
+    if (kind_ == StoreKind::kFile) return std::make_unique<SharedStore>(file_.get());
     PostgresStoreOptions options;
     options.uri = pg_->uri();
     options.pool_size = pool;
@@ -154,11 +235,43 @@ class PostgresStoreTest : public ::testing::Test {
 
   static PostgresInstance* pg_;
   static absl::Status* start_error_;
+  StoreKind kind_ = StoreKind::kPostgres;
+  bool skip_ = false;
+  testing_util::TempDir dir_;
+  std::unique_ptr<FileStateStore> file_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<ReductionBackend> backend_ = MakeCpuBackend(1);
 };
-PostgresInstance* PostgresStoreTest::pg_ = nullptr;
-absl::Status* PostgresStoreTest::start_error_ = nullptr;
+PostgresInstance* StoreTestBase::pg_ = nullptr;
+absl::Status* StoreTestBase::start_error_ = nullptr;
+
+// The contract, for each store.
+class StateStoreContractTest : public StoreTestBase,
+                               public ::testing::WithParamInterface<StoreKind> {
+ protected:
+  void SetUp() override {
+    if (!OpenStore(GetParam())) {
+      if (skip_) GTEST_SKIP() << *start_error_;
+      FAIL() << "cannot open the store";
+    }
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Stores, StateStoreContractTest,
+                         ::testing::Values(StoreKind::kPostgres, StoreKind::kFile),
+                         [](const ::testing::TestParamInfo<StoreKind>& info) {
+                           return info.param == StoreKind::kPostgres ? "Postgres" : "File";
+                         });
+
+// What only the PostgreSQL store has (schema, transactions, a database to restart).
+class PostgresStoreTest : public StoreTestBase {
+ protected:
+  void SetUp() override {
+    if (!OpenStore(StoreKind::kPostgres)) {
+      if (skip_) GTEST_SKIP() << *start_error_;
+      FAIL() << "cannot open the store";
+    }
+  }
+};
 
 TEST_F(PostgresStoreTest, ConcurrentOpensMigrateOnceAndAgreeOnTheVersion) {
   std::vector<std::thread> threads;
@@ -171,7 +284,7 @@ TEST_F(PostgresStoreTest, ConcurrentOpensMigrateOnceAndAgreeOnTheVersion) {
   PGconn* conn = PQconnectdb(pg_->uri().c_str());
   PGresult* r = PQexec(conn, "SELECT count(*), max(version) FROM caliper_schema_migrations");
   ASSERT_EQ(PQresultStatus(r), PGRES_TUPLES_OK);
-  EXPECT_STREQ(PQgetvalue(r, 0, 0), "1");
+  EXPECT_EQ(std::string(PQgetvalue(r, 0, 0)), absl::StrCat(kPostgresSchemaVersion));
   EXPECT_EQ(std::string(PQgetvalue(r, 0, 1)), absl::StrCat(kPostgresSchemaVersion));
   PQclear(r);
   // A database migrated by a newer release is refused, not written.
@@ -185,7 +298,7 @@ TEST_F(PostgresStoreTest, ConcurrentOpensMigrateOnceAndAgreeOnTheVersion) {
   PQfinish(conn);
 }
 
-TEST_F(PostgresStoreTest, ReplicasMergingConcurrentlyEqualOneProcess) {
+TEST_P(StateStoreContractTest, ReplicasMergingConcurrentlyEqualOneProcess) {
   std::shared_ptr<CalibrationSession> created = NewSession();
   std::unique_ptr<CalibrationSession> reference = created->EmptyLike();
   constexpr int kChunks = 600;
@@ -242,6 +355,9 @@ std::map<std::string, std::string> Rows(CalibrationSession& session) {
   for (const auto& [layer, o] : delta.kv_layers) {
     rows[absl::StrCat("kv ", layer)] = EncodeKvLayerObserver(o);
   }
+  for (const auto& [key, o] : delta.kv_batches) {
+    rows[absl::StrCat("kv ", key.first, " batch ", key.second)] = EncodeKvLayerObserver(o);
+  }
   for (const auto& [module, o] : delta.weights) rows["w " + module] = EncodeWeightRow(o);
   for (const auto& [key, o] : delta.inputs) {
     rows[absl::StrCat("i ", key.first, " ", key.second)] = EncodeInputRow(o);
@@ -249,7 +365,7 @@ std::map<std::string, std::string> Rows(CalibrationSession& session) {
   return rows;
 }
 
-TEST_F(PostgresStoreTest, MergeAllIsOneTransactionEqualToSeparateMerges) {
+TEST_P(StateStoreContractTest, MergeAllEqualsSeparateMergesInOneTransaction) {
   std::shared_ptr<CalibrationSession> batched = NewSession(), separate = NewSession();
   constexpr int kPartials = 6;
   std::vector<SessionDelta> deltas(kPartials);
@@ -276,19 +392,22 @@ TEST_F(PostgresStoreTest, MergeAllIsOneTransactionEqualToSeparateMerges) {
   for (const absl::Status& s : store_->MergeAll(batched->id(), all)) EXPECT_TRUE(s.ok()) << s;
   for (const SessionDelta& d : deltas) ASSERT_TRUE(store_->Merge(separate->id(), d).ok());
 
-  // One transaction wrote every partial's mark (one xmin), against six.
-  PGconn* conn = PQconnectdb(pg_->uri().c_str());
-  auto transactions = [&](const std::string& id) {
-    const std::string sql = absl::StrCat(
-        "SELECT count(DISTINCT xmin::text) FROM caliper_partials WHERE session_id = '", id, "'");
-    PGresult* r = PQexec(conn, sql.c_str());
-    const std::string value = PQresultStatus(r) == PGRES_TUPLES_OK ? PQgetvalue(r, 0, 0) : "?";
-    PQclear(r);
-    return value;
-  };
-  EXPECT_EQ(transactions(batched->id()), "1");
-  EXPECT_EQ(transactions(separate->id()), "6");
-  PQfinish(conn);
+  // PostgreSQL: one transaction wrote every partial's mark (one xmin), against six.
+  if (kind_ == StoreKind::kPostgres) {
+    PGconn* conn = PQconnectdb(pg_->uri().c_str());
+    auto transactions = [&](const std::string& id) {
+      const std::string sql = absl::StrCat(
+          "SELECT count(DISTINCT xmin::text) FROM caliper_partials WHERE session_id = '", id,
+          "'");
+      PGresult* r = PQexec(conn, sql.c_str());
+      const std::string value = PQresultStatus(r) == PGRES_TUPLES_OK ? PQgetvalue(r, 0, 0) : "?";
+      PQclear(r);
+      return value;
+    };
+    EXPECT_EQ(transactions(batched->id()), "1");
+    EXPECT_EQ(transactions(separate->id()), "6");
+    PQfinish(conn);
+  }
 
   absl::StatusOr<std::unique_ptr<CalibrationSession>> a = store_->LoadSession(batched->id(), "");
   absl::StatusOr<std::unique_ptr<CalibrationSession>> b = store_->LoadSession(separate->id(), "");
@@ -296,7 +415,11 @@ TEST_F(PostgresStoreTest, MergeAllIsOneTransactionEqualToSeparateMerges) {
   EXPECT_EQ((*a)->Status().accepted_chunks, kPartials * 40);
   EXPECT_EQ(*store_->CommittedSequence(batched->id(), "", "host/3"), 40u);
   ExpectSameResults(**b, **a);
-  EXPECT_EQ(Rows(**a), Rows(**b));
+  const std::map<std::string, std::string> rows = Rows(**a);
+  EXPECT_EQ(rows, Rows(**b));
+  // The minmax K/V observer's per-batch ranges came back from rows of their own.
+  EXPECT_TRUE(std::any_of(rows.begin(), rows.end(),
+                          [](const auto& row) { return absl::StrContains(row.first, " batch "); }));
 
   // Retried (the answer was lost): counts once. A fenced partial fails alone.
   for (const absl::Status& s : store_->MergeAll(batched->id(), all)) EXPECT_TRUE(s.ok()) << s;
@@ -320,7 +443,7 @@ TEST_F(PostgresStoreTest, MergeAllIsOneTransactionEqualToSeparateMerges) {
   }
 }
 
-TEST_F(PostgresStoreTest, TwoReplicasFlushersMergingConcurrentlyEqualOneProcess) {
+TEST_P(StateStoreContractTest, TwoReplicasFlushersMergingConcurrentlyEqualOneProcess) {
   // Two replicas (own pools and flushers, 5 ms interval), four producer streams each, folding
   // chunks while their flushers race to merge the session's partials in one transaction each.
   std::shared_ptr<CalibrationSession> created = NewSession();
@@ -379,7 +502,7 @@ TEST_F(PostgresStoreTest, TwoReplicasFlushersMergingConcurrentlyEqualOneProcess)
   EXPECT_GT(transactions.load(), 0);
 }
 
-TEST_F(PostgresStoreTest, AFencedStreamsLateFlushCountsNothing) {
+TEST_P(StateStoreContractTest, AFencedStreamsLateFlushCountsNothing) {
   std::shared_ptr<CalibrationSession> created = NewSession();
   absl::StatusOr<OpenedProducer> first = store_->OpenProducer(created->id(), "host/file");
   ASSERT_TRUE(first.ok());
@@ -414,7 +537,7 @@ TEST_F(PostgresStoreTest, AFencedStreamsLateFlushCountsNothing) {
   EXPECT_EQ(store_->GetStatus(created->id(), "")->accepted_chunks, 4);
 }
 
-TEST_F(PostgresStoreTest, ARetriedFlushIsAppliedOnce) {
+TEST_P(StateStoreContractTest, ARetriedFlushIsAppliedOnce) {
   std::shared_ptr<CalibrationSession> created = NewSession();
   absl::StatusOr<std::unique_ptr<CalibrationSession>> partial = store_->LoadEmpty(created->id(), "");
   ASSERT_TRUE(partial.ok());
@@ -431,7 +554,7 @@ TEST_F(PostgresStoreTest, ARetriedFlushIsAppliedOnce) {
   store_->ForgetPartial(created->id(), "p");
 }
 
-TEST_F(PostgresStoreTest, FinalizeAndDeleteStopLaterMerges) {
+TEST_P(StateStoreContractTest, FinalizeAndDeleteStopLaterMerges) {
   std::shared_ptr<CalibrationSession> created = NewSession();
   absl::StatusOr<std::unique_ptr<CalibrationSession>> partial = store_->LoadEmpty(created->id(), "");
   ASSERT_TRUE(partial.ok());
@@ -452,7 +575,7 @@ TEST_F(PostgresStoreTest, FinalizeAndDeleteStopLaterMerges) {
   EXPECT_EQ(store_->DeleteSession(created->id(), "").code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(PostgresStoreTest, TenantsAreIsolatedAndLimited) {
+TEST_P(StateStoreContractTest, TenantsAreIsolatedAndLimited) {
   std::shared_ptr<CalibrationSession> a = NewSession("tenant-a");
   std::shared_ptr<CalibrationSession> b = NewSession("tenant-b");
   std::unique_ptr<StateStore> other_replica = Open();
@@ -471,11 +594,11 @@ TEST_F(PostgresStoreTest, TenantsAreIsolatedAndLimited) {
       CalibrationSession::Create(TinyModel(), AllOn(), "limit-2", "", "tenant-a");
   absl::Status limited = store_->CreateSession(**second, 1);
   EXPECT_EQ(limited.code(), absl::StatusCode::kResourceExhausted) << limited;
-  EXPECT_TRUE(absl::StrContains(limited.message(), "--max_sessions_per_tenant"));
+  EXPECT_TRUE(absl::StrContains(limited.message(), "max_sessions_per_tenant")) << limited;
   EXPECT_EQ(store_->CreateSession(*a, 0).code(), absl::StatusCode::kAlreadyExists);
 }
 
-TEST_F(PostgresStoreTest, ImportsAStateDirSessionWhole) {
+TEST_P(StateStoreContractTest, ImportsAStateDirSessionWhole) {
   absl::StatusOr<std::unique_ptr<CalibrationSession>> local =
       CalibrationSession::Create(TinyModel(), AllOn(), "imported-1", "from-disk", "t");
   ASSERT_TRUE(local.ok());
