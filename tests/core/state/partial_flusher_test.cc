@@ -14,21 +14,12 @@
 
 #include "core/tensor/reduction_backend.h"
 #include "gtest/gtest.h"
+#include "tests/support/numbered_chunks.h"
 
 namespace caliper {
 namespace {
 
-ModelConfig Model() {
-  ModelConfig m;
-  m.architecture = "LlamaForCausalLM";
-  m.model_type = "llama";
-  m.num_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_kv_heads = 2;
-  m.head_dim = 4;
-  m.hidden_size = 16;
-  return m;
-}
+ModelConfig Model() { return testing::NumberedChunkModel(); }
 Recipe AllOn() {
   Recipe r;
   r.nvfp4_weights = true;
@@ -39,21 +30,7 @@ Recipe AllOn() {
 // Observes chunk i (K of layer i % 2, or an input of module "m{i % 3}" at batch 70 * i).
 void Observe(CalibrationSession& s, int i, ReductionBackend& backend,
              const ProducerLedger::Stream* producer = nullptr, uint64_t sequence = 0) {
-  std::mt19937 rng(static_cast<uint32_t>(i) + 1);
-  std::normal_distribution<float> dist(0.0f, 1.0f + static_cast<float>(i));
-  std::vector<float> data(i % 2 == 0 ? 2 * 2 * 4 : 16);
-  for (float& x : data) x = dist(rng);
-  const std::string module = "m" + std::to_string(i % 3);
-  ChunkRef c;
-  c.kind = i % 2 == 0 ? ChunkKind::kKey : ChunkKind::kInput;
-  c.layer = i % 2;
-  c.module = module;
-  c.dtype = DType::kF32;
-  c.shape = i % 2 == 0 ? std::vector<int64_t>{2, 2, 4} : std::vector<int64_t>{1, 16};
-  c.batch = 70 * i;
-  c.sequence = sequence > 0 ? sequence : static_cast<uint64_t>(i) + 1;
-  c.data = ByteSpans(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float));
-  ASSERT_TRUE(s.Observe(c, backend, producer).status.ok());
+  testing::ObserveNumberedChunk(s, i, backend, producer, sequence > 0 ? sequence : static_cast<uint64_t>(i) + 1);
 }
 
 // The committed state is one CalibrationSession; Merge applies a delta once per (partial,
