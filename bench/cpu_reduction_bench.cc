@@ -152,6 +152,27 @@ void BM_Range(benchmark::State& state) {
   state.SetLabel(std::string(DTypeName(dtype)));
 }
 
+// The moving-average observers' per-group min/max (inputs: 16-column groups of a 4096-wide row),
+// only for recipes that ask for minmax; compare with BM_Range's ratio in the same run.
+void BM_RangePerGroup(benchmark::State& state) {
+  const auto dtype = static_cast<DType>(state.range(0));
+  const std::vector<uint8_t>& b = Buffer(dtype);
+  constexpr int64_t kColumns = 4096, kGroup = 16;
+  const int64_t rows = kBufferBytes / static_cast<int64_t>(ItemSize(dtype)) / kColumns;
+  auto view = TensorView::Create(dtype, {rows, kColumns}, b);
+  auto backend = MakeCpuBackend(static_cast<int>(state.range(1)));
+  std::vector<float> lo(kColumns / kGroup), hi(kColumns / kGroup);
+  int64_t bad = 0;
+  RunPaired(state, b, [&] {
+    if (!backend->RangePerGroup(*view, kColumns, kGroup, absl::MakeSpan(lo), absl::MakeSpan(hi),
+                                &bad).ok()) {
+      state.SkipWithError("RangePerGroup failed");
+    }
+    benchmark::DoNotOptimize(lo.data());
+  });
+  state.SetLabel(std::string(DTypeName(dtype)));
+}
+
 void DTypesAndThreads(benchmark::internal::Benchmark* b) {
   b->ArgNames({"dtype", "threads"});
   for (DType d : {DType::kBF16, DType::kF16, DType::kF32}) {
@@ -164,6 +185,7 @@ BENCHMARK(BM_SingleThreadReadBandwidth)->UseManualTime()->Unit(benchmark::kMilli
 BENCHMARK(BM_AbsMaxPerHead)->Apply(DTypesAndThreads);
 BENCHMARK(BM_AbsMaxHistogramPerHead)->Apply(DTypesAndThreads);
 BENCHMARK(BM_Range)->Apply(DTypesAndThreads);
+BENCHMARK(BM_RangePerGroup)->Apply(DTypesAndThreads);
 
 }  // namespace
 }  // namespace caliper

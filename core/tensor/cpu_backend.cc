@@ -414,6 +414,69 @@ Bits InfBits(DType dtype) {
   return static_cast<Bits>(0x7f800000u);
 }
 
+// Per-column min / max order keys over `rows` rows of `width` elements; NaN/Inf are counted and
+// leave the seeds (Key max / min, which are NaN keys, never a finite value's).
+template <typename Bits>
+CALIPER_INLINE int64_t ColumnRangeBody(const uint8_t* data, int64_t rows, int64_t width, Bits inf,
+                                       typename KeyOps<Bits>::Key* mn,
+                                       typename KeyOps<Bits>::Key* mx) {
+  using Ops = KeyOps<Bits>;
+  using Key = typename Ops::Key;
+  const auto* p = reinterpret_cast<const typename Ops::Loose*>(data);
+  const Key inf_key = static_cast<Key>(inf);
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* q = p + r * width;
+    for (int64_t c = 0; c < width; ++c) {
+      const Bits b = q[c];
+      const bool finite = Ops::Abs(b) < inf_key;
+      const Key k = Ops::Order(b);
+      mn[c] = std::min(mn[c], finite ? k : std::numeric_limits<Key>::max());
+      mx[c] = std::max(mx[c], finite ? k : std::numeric_limits<Key>::min());
+      bad += finite ? 0 : 1;
+    }
+  }
+  return bad;
+}
+
+// The same without masking: NaN/Inf keys land beyond the Inf keys, which the caller checks
+// before paying for the masked loop.
+template <typename Bits>
+CALIPER_INLINE void ColumnRangeUnmaskedBody(const uint8_t* data, int64_t rows, int64_t width,
+                                            typename KeyOps<Bits>::Key* mn,
+                                            typename KeyOps<Bits>::Key* mx) {
+  using Ops = KeyOps<Bits>;
+  const auto* p = reinterpret_cast<const typename Ops::Loose*>(data);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* q = p + r * width;
+    for (int64_t c = 0; c < width; ++c) {
+      const auto k = Ops::Order(q[c]);
+      mn[c] = std::min(mn[c], k);
+      mx[c] = std::max(mx[c], k);
+    }
+  }
+}
+
+CALIPER_CLONES int64_t ColumnRange16(const uint8_t* data, int64_t rows, int64_t width,
+                                     uint16_t inf, int16_t* mn, int16_t* mx) {
+  return ColumnRangeBody<uint16_t>(data, rows, width, inf, mn, mx);
+}
+
+CALIPER_CLONES int64_t ColumnRange32(const uint8_t* data, int64_t rows, int64_t width,
+                                     uint32_t inf, int32_t* mn, int32_t* mx) {
+  return ColumnRangeBody<uint32_t>(data, rows, width, inf, mn, mx);
+}
+
+CALIPER_CLONES void ColumnRangeUnmasked16(const uint8_t* data, int64_t rows, int64_t width,
+                                          int16_t* mn, int16_t* mx) {
+  ColumnRangeUnmaskedBody<uint16_t>(data, rows, width, mn, mx);
+}
+
+CALIPER_CLONES void ColumnRangeUnmasked32(const uint8_t* data, int64_t rows, int64_t width,
+                                          int32_t* mn, int32_t* mx) {
+  ColumnRangeUnmaskedBody<uint32_t>(data, rows, width, mn, mx);
+}
+
 // ---- Thread pool ----
 
 // A few persistent workers. ParallelFor runs fn(0..tasks-1) and returns when all are done; the
@@ -555,6 +618,26 @@ class CpuBackend : public ReductionBackend {
     return absl::OkStatus();
   }
 
+  // Per-column order keys over the rows (split across the pool, merged exactly), then groups.
+  absl::Status RangePerGroup(const TensorView& t, int64_t row_width, int64_t group_width,
+                             absl::Span<float> min, absl::Span<float> max,
+                             int64_t* nonfinite) override {
+    // Shapes the fast path does not take (bad arguments, ragged rows) get the reference's
+    // checks and messages.
+    if (row_width <= 0 || group_width <= 0 || nonfinite == nullptr ||
+        t.num_elements() % row_width != 0 ||
+        static_cast<int64_t>(min.size()) != (row_width + group_width - 1) / group_width ||
+        max.size() != min.size()) {
+      return ReductionBackend::RangePerGroup(t, row_width, group_width, min, max, nonfinite);
+    }
+    if (t.dtype() == DType::kF32) {
+      GroupRangeImpl<uint32_t>(t, row_width, group_width, min, max, nonfinite);
+    } else {
+      GroupRangeImpl<uint16_t>(t, row_width, group_width, min, max, nonfinite);
+    }
+    return absl::OkStatus();
+  }
+
   // Rows split across the pool; every task writes its own slice, so the bytes do not depend on
   // the split.
   absl::Status PackNvfp4(const TensorView& t, const Nvfp4PackParams& params,
@@ -582,6 +665,62 @@ class CpuBackend : public ReductionBackend {
   int TasksFor(int64_t bytes) const {
     const int64_t by_size = std::max<int64_t>(1, bytes / kMinBytesPerTask);
     return static_cast<int>(std::min<int64_t>(pool_.size(), by_size));
+  }
+
+  template <typename Bits>
+  void GroupRangeImpl(const TensorView& t, int64_t width, int64_t group, absl::Span<float> out_min,
+                      absl::Span<float> out_max, int64_t* nonfinite) {
+    using Key = typename KeyOps<Bits>::Key;
+    const int64_t rows = t.num_elements() / width;
+    const Bits inf = InfBits<Bits>(t.dtype());
+    const Key pos_inf_key = KeyOps<Bits>::Order(inf);
+    const Key neg_inf_key =
+        KeyOps<Bits>::Order(static_cast<Bits>(inf | ~KeyOps<Bits>::kMagnitude));
+    const int tasks = static_cast<int>(std::min<int64_t>(
+        std::max<int64_t>(rows, 1), TasksFor(static_cast<int64_t>(t.bytes().size()))));
+    std::vector<std::vector<Key>> mn(tasks, std::vector<Key>(width, std::numeric_limits<Key>::max()));
+    std::vector<std::vector<Key>> mx(tasks, std::vector<Key>(width, std::numeric_limits<Key>::min()));
+    std::vector<int64_t> bad(tasks, 0);
+    pool_.ParallelFor(tasks, [&](int i) {
+      const int64_t r0 = rows * i / tasks, r1 = rows * (i + 1) / tasks;
+      if (r0 >= r1) return;
+      const uint8_t* p = t.bytes().data() + r0 * width * static_cast<int64_t>(sizeof(Bits));
+      if constexpr (sizeof(Bits) == 2) {
+        ColumnRangeUnmasked16(p, r1 - r0, width, mn[i].data(), mx[i].data());
+      } else {
+        ColumnRangeUnmasked32(p, r1 - r0, width, mn[i].data(), mx[i].data());
+      }
+      bool clean = true;
+      for (int64_t c = 0; c < width; ++c) {
+        clean = clean && mx[i][c] < pos_inf_key && mn[i][c] > neg_inf_key;
+      }
+      if (clean) return;
+      // NaN/Inf in these rows: again, masked and counted.
+      std::fill(mn[i].begin(), mn[i].end(), std::numeric_limits<Key>::max());
+      std::fill(mx[i].begin(), mx[i].end(), std::numeric_limits<Key>::min());
+      if constexpr (sizeof(Bits) == 2) {
+        bad[i] = ColumnRange16(p, r1 - r0, width, inf, mn[i].data(), mx[i].data());
+      } else {
+        bad[i] = ColumnRange32(p, r1 - r0, width, inf, mn[i].data(), mx[i].data());
+      }
+    });
+    *nonfinite = 0;
+    for (int i = 0; i < tasks; ++i) *nonfinite += bad[i];
+    for (size_t g = 0; g < out_min.size(); ++g) {
+      Key lo = std::numeric_limits<Key>::max(), hi = std::numeric_limits<Key>::min();
+      const int64_t c1 = std::min<int64_t>(width, (static_cast<int64_t>(g) + 1) * group);
+      for (int i = 0; i < tasks; ++i) {
+        for (int64_t c = static_cast<int64_t>(g) * group; c < c1; ++c) {
+          lo = std::min(lo, mn[i][c]);
+          hi = std::max(hi, mx[i][c]);
+        }
+      }
+      // The seeds are NaN keys: a group with no finite element keeps +inf / -inf.
+      out_min[g] = lo == std::numeric_limits<Key>::max() ? std::numeric_limits<float>::infinity()
+                                                          : OrderKeyToFloat<Bits>(t.dtype(), lo);
+      out_max[g] = hi == std::numeric_limits<Key>::min() ? -std::numeric_limits<float>::infinity()
+                                                          : OrderKeyToFloat<Bits>(t.dtype(), hi);
+    }
   }
 
   template <typename Bits>

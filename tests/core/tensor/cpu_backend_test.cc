@@ -1,6 +1,7 @@
 // The fast CPU backend against hand-computed values and the naive reference loop.
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -286,6 +287,66 @@ TEST_P(CpuBackendTest, ConcurrentCallersShareThePool) {
   }
   for (auto& c : callers) c.join();
   EXPECT_EQ(mismatches.load(), 0);
+}
+
+// The per-group min/max fast path equals the reference loop bit for bit: signed zeros (ties pick
+// -0 for the min, +0 for the max), subnormals, NaN/Inf counted and skipped, groups with no finite
+// element left at +inf / -inf, ragged last groups, rows split across threads.
+TEST_P(CpuBackendTest, RangePerGroupEqualsTheReferenceLoop) {
+  std::mt19937 rng(11);
+  struct Layout {
+    int64_t rows, width, group;
+  };
+  for (DType dtype : kAllTypes) {
+    for (bool finite_only : {true, false}) {  // the unmasked path, then the masked one
+    for (Layout l : {Layout{1, 40, 16}, Layout{300, 40, 16}, Layout{64, 4096, 16},
+                     Layout{5, 7, 3}, Layout{2000, 128, 128}, Layout{3, 16, 32}}) {
+      if (finite_only && l.width == 7) continue;
+      std::vector<float> v = RandomValues(rng, l.rows * l.width);
+      for (size_t i = 0; i < v.size(); i += 7) v[i] = (i / 7) % 2 ? 0.0f : -0.0f;
+      for (size_t i = 3; i < v.size() && !finite_only; i += 97) v[i] = i % 2 ? kNaN : -kInf;
+      for (size_t i = 5; i < v.size(); i += 131) v[i] = 1e-41f;
+      if (l.width == 7) {
+        for (int64_t r = 0; r < l.rows; ++r) v[r * 7 + 6] = kNaN;  // the ragged group: all NaN
+      }
+      const auto bytes = Encode(dtype, v);
+      const TensorView t = View(dtype, bytes, {l.rows, l.width});
+      const size_t groups = static_cast<size_t>((l.width + l.group - 1) / l.group);
+      std::vector<float> lo(groups), hi(groups), want_lo(groups), want_hi(groups);
+      int64_t bad = -1, want_bad = -1;
+      ASSERT_TRUE(backend_->RangePerGroup(t, l.width, l.group, absl::MakeSpan(lo),
+                                          absl::MakeSpan(hi), &bad).ok());
+      ASSERT_TRUE(backend_->ReductionBackend::RangePerGroup(t, l.width, l.group,
+                                                            absl::MakeSpan(want_lo),
+                                                            absl::MakeSpan(want_hi), &want_bad)
+                      .ok());
+      EXPECT_EQ(bad, want_bad);
+      for (size_t g = 0; g < groups; ++g) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(lo[g]), std::bit_cast<uint32_t>(want_lo[g]))
+            << DTypeName(dtype) << " width " << l.width << " group " << g;
+        EXPECT_EQ(std::bit_cast<uint32_t>(hi[g]), std::bit_cast<uint32_t>(want_hi[g]))
+            << DTypeName(dtype) << " width " << l.width << " group " << g;
+      }
+      if (l.width == 7) {
+        EXPECT_EQ(lo.back(), kInf);
+        EXPECT_EQ(hi.back(), -kInf);
+      }
+      if (finite_only) {
+        EXPECT_EQ(bad, 0);
+      }
+    }
+    }
+  }
+  // Bad arguments keep the reference's messages.
+  const auto bytes = Encode(DType::kF32, std::vector<float>(12, 1.0f));
+  std::vector<float> one(1), two(2);
+  int64_t bad = 0;
+  auto ragged = backend_->RangePerGroup(Flat(DType::kF32, bytes), 5, 16, absl::MakeSpan(one),
+                                        absl::MakeSpan(one), &bad);
+  EXPECT_NE(ragged.message().find("not whole rows of 5"), std::string::npos) << ragged;
+  auto count = backend_->RangePerGroup(Flat(DType::kF32, bytes), 12, 4, absl::MakeSpan(two),
+                                       absl::MakeSpan(two), &bad);
+  EXPECT_NE(count.message().find("for 3 groups"), std::string::npos) << count;
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CpuBackendTest, ::testing::Values(1, 4));
