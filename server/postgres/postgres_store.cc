@@ -880,98 +880,80 @@ class PostgresStore final : public StateStore {
     return merged;
   }
 
-  // Upserts every row `rows` holds (its counters and producer aside).
-  absl::Status WriteRows(Connection& conn, const std::string& id, const SessionDelta& rows) {
-    struct Row {
-      std::string key;
-      int64_t index;
-      std::string bytes;
-    };
-    std::vector<Row> kv, modules;
-    for (const auto& [layer, observer] : rows.kv_layers) {
-      kv.push_back({"", layer, EncodeKvLayerObserver(observer)});
-    }
-    for (const auto& [module, observer] : rows.weights) {
-      modules.push_back({module, kWeightBlock, EncodeWeightRow(observer)});
-    }
-    struct KvBatchRow {
-      int layer;
-      int64_t batch;
-      std::string bytes;
-    };
-    std::vector<KvBatchRow> kv_batches;
-    for (const auto& [key, observer] : rows.kv_batches) {
-      kv_batches.push_back({key.first, key.second, EncodeKvLayerObserver(observer)});
-    }
-    for (size_t start = 0; start < kv_batches.size(); start += kRowsPerInsert) {
+  // One observer column per row, keyed by session_id and `columns` (name and SQL cast each):
+  // `rows` hold each row's key values then its observer bytes. Upserted in statements of
+  // kRowsPerInsert rows.
+  struct Column {
+    const char* name;
+    const char* cast;  // e.g. "::integer"; "" for text
+  };
+  absl::Status UpsertRows(Connection& conn, const std::string& id, absl::string_view table,
+                          std::initializer_list<Column> columns,
+                          std::vector<std::vector<Param>> rows) {
+    std::vector<std::string> names;
+    for (const Column& c : columns) names.push_back(c.name);
+    const std::string key = absl::StrJoin(names, ", ");
+    for (size_t start = 0; start < rows.size(); start += kRowsPerInsert) {
       std::vector<Param> params = {Text(id)};
       std::vector<std::string> values;
-      for (size_t i = start; i < std::min(kv_batches.size(), start + kRowsPerInsert); ++i) {
-        values.push_back(absl::StrCat("($1, $", params.size() + 1, "::integer, $",
-                                      params.size() + 2, "::bigint, $", params.size() + 3,
-                                      "::bytea)"));
-        params.push_back(Text(absl::StrCat(kv_batches[i].layer)));
-        params.push_back(Text(absl::StrCat(kv_batches[i].batch)));
-        params.push_back(Bytes(std::move(kv_batches[i].bytes)));
+      for (size_t i = start; i < std::min(rows.size(), start + kRowsPerInsert); ++i) {
+        std::string value = "($1";
+        size_t column = 0;
+        for (Param& param : rows[i]) {
+          const char* cast = column < names.size() ? columns.begin()[column].cast : "::bytea";
+          absl::StrAppend(&value, ", $", params.size() + 1, cast);
+          params.push_back(std::move(param));
+          ++column;
+        }
+        values.push_back(value + ")");
       }
       if (absl::StatusOr<Result> r = conn.Exec(
-              absl::StrCat("INSERT INTO caliper_kv_batches (session_id, layer, batch, observer) "
-                           "VALUES ",
-                           absl::StrJoin(values, ","),
-                           " ON CONFLICT (session_id, layer, batch) DO UPDATE SET observer = "
-                           "EXCLUDED.observer"),
-              params);
-          !r.ok()) {
-        return r.status();
-      }
-    }
-    for (const auto& [key, observer] : rows.inputs) {
-      modules.push_back({key.first, key.second, EncodeInputRow(observer)});
-    }
-    for (const auto& [module, hist] : rows.input_hists) {
-      modules.push_back({module, kInputHistogramBlock, EncodeInputHistogramRow(hist)});
-    }
-    for (size_t start = 0; start < kv.size(); start += kRowsPerInsert) {
-      std::vector<Param> params = {Text(id)};
-      std::vector<std::string> values;
-      for (size_t i = start; i < std::min(kv.size(), start + kRowsPerInsert); ++i) {
-        values.push_back(absl::StrCat("($1, $", params.size() + 1, "::integer, $",
-                                      params.size() + 2, "::bytea)"));
-        params.push_back(Text(absl::StrCat(kv[i].index)));
-        params.push_back(Bytes(std::move(kv[i].bytes)));
-      }
-      if (absl::StatusOr<Result> r = conn.Exec(
-              absl::StrCat("INSERT INTO caliper_kv_layers (session_id, layer, observer) VALUES ",
-                           absl::StrJoin(values, ","),
-                           " ON CONFLICT (session_id, layer) DO UPDATE SET observer = "
-                           "EXCLUDED.observer"),
-              params);
-          !r.ok()) {
-        return r.status();
-      }
-    }
-    for (size_t start = 0; start < modules.size(); start += kRowsPerInsert) {
-      std::vector<Param> params = {Text(id)};
-      std::vector<std::string> values;
-      for (size_t i = start; i < std::min(modules.size(), start + kRowsPerInsert); ++i) {
-        values.push_back(absl::StrCat("($1, $", params.size() + 1, ", $", params.size() + 2,
-                                      "::bigint, $", params.size() + 3, "::bytea)"));
-        params.push_back(Text(std::move(modules[i].key)));
-        params.push_back(Text(absl::StrCat(modules[i].index)));
-        params.push_back(Bytes(std::move(modules[i].bytes)));
-      }
-      if (absl::StatusOr<Result> r = conn.Exec(
-              absl::StrCat("INSERT INTO caliper_module_rows (session_id, module, block, "
-                           "observer) VALUES ",
-                           absl::StrJoin(values, ","),
-                           " ON CONFLICT (session_id, module, block) DO UPDATE SET observer = "
-                           "EXCLUDED.observer"),
+              absl::StrCat("INSERT INTO ", table, " (session_id, ", key, ", observer) VALUES ",
+                           absl::StrJoin(values, ","), " ON CONFLICT (session_id, ", key,
+                           ") DO UPDATE SET observer = EXCLUDED.observer"),
               params);
           !r.ok()) {
         return r.status();
       }
     }
     return absl::OkStatus();
+  }
+
+  // Upserts every row `rows` holds (its counters and producer aside).
+  absl::Status WriteRows(Connection& conn, const std::string& id, const SessionDelta& rows) {
+    std::vector<std::vector<Param>> kv, kv_batches, modules;
+    for (const auto& [layer, observer] : rows.kv_layers) {
+      kv.push_back({Text(absl::StrCat(layer)), Bytes(EncodeKvLayerObserver(observer))});
+    }
+    for (const auto& [key, observer] : rows.kv_batches) {
+      kv_batches.push_back({Text(absl::StrCat(key.first)), Text(absl::StrCat(key.second)),
+                            Bytes(EncodeKvLayerObserver(observer))});
+    }
+    auto module_row = [&](const std::string& module, int64_t block, std::string bytes) {
+      modules.push_back({Text(module), Text(absl::StrCat(block)), Bytes(std::move(bytes))});
+    };
+    for (const auto& [module, observer] : rows.weights) {
+      module_row(module, kWeightBlock, EncodeWeightRow(observer));
+    }
+    for (const auto& [key, observer] : rows.inputs) {
+      module_row(key.first, key.second, EncodeInputRow(observer));
+    }
+    for (const auto& [module, hist] : rows.input_hists) {
+      module_row(module, kInputHistogramBlock, EncodeInputHistogramRow(hist));
+    }
+    if (absl::Status s = UpsertRows(conn, id, "caliper_kv_batches",
+                                    {{"layer", "::integer"}, {"batch", "::bigint"}},
+                                    std::move(kv_batches));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = UpsertRows(conn, id, "caliper_kv_layers", {{"layer", "::integer"}},
+                                    std::move(kv));
+        !s.ok()) {
+      return s;
+    }
+    return UpsertRows(conn, id, "caliper_module_rows", {{"module", ""}, {"block", "::bigint"}},
+                      std::move(modules));
   }
 
   absl::Status AddCounters(Connection& conn, const std::string& id,
