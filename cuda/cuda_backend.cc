@@ -119,13 +119,10 @@ class CudaBackend : public ReductionBackend {
                                       absl::Span<float> absmax,
                                       absl::Span<MagnitudeHistogram> hists,
                                       int64_t* nonfinite) override {
-    if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, absmax, nonfinite);
+    if (absl::Status args =
+            CheckAbsMaxHistogramPerHeadArgs(t, num_heads, head_dim, absmax, hists, nonfinite);
         !args.ok()) {
       return args;
-    }
-    if (static_cast<int64_t>(hists.size()) != num_heads) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hists: has ", hists.size(), " entries for ", num_heads, " heads"));
     }
     std::vector<uint64_t> counts(num_heads * MagnitudeHistogram::kSlots);
     std::vector<uint64_t> max_count(num_heads);

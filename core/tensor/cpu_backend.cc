@@ -602,13 +602,10 @@ class CpuBackend : public ReductionBackend {
                                       absl::Span<float> absmax,
                                       absl::Span<MagnitudeHistogram> hists,
                                       int64_t* nonfinite) override {
-    if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, absmax, nonfinite);
+    if (absl::Status args =
+            CheckAbsMaxHistogramPerHeadArgs(t, num_heads, head_dim, absmax, hists, nonfinite);
         !args.ok()) {
       return args;
-    }
-    if (static_cast<int64_t>(hists.size()) != num_heads) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hists: has ", hists.size(), " entries for ", num_heads, " heads"));
     }
     if (t.dtype() == DType::kF32) {
       HistImpl<uint32_t>(t, num_heads, head_dim, absmax, hists, nonfinite);
@@ -622,13 +619,10 @@ class CpuBackend : public ReductionBackend {
   absl::Status RangePerGroup(const TensorView& t, int64_t row_width, int64_t group_width,
                              absl::Span<float> min, absl::Span<float> max,
                              int64_t* nonfinite) override {
-    // Shapes the fast path does not take (bad arguments, ragged rows) get the reference's
-    // checks and messages.
-    if (row_width <= 0 || group_width <= 0 || nonfinite == nullptr ||
-        t.num_elements() % row_width != 0 ||
-        static_cast<int64_t>(min.size()) != (row_width + group_width - 1) / group_width ||
-        max.size() != min.size()) {
-      return ReductionBackend::RangePerGroup(t, row_width, group_width, min, max, nonfinite);
+    if (absl::Status args =
+            CheckRangePerGroupArgs(t, row_width, group_width, min, max, nonfinite);
+        !args.ok()) {
+      return args;
     }
     if (t.dtype() == DType::kF32) {
       GroupRangeImpl<uint32_t>(t, row_width, group_width, min, max, nonfinite);

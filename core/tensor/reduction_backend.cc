@@ -49,10 +49,10 @@ absl::Status CheckAbsMaxPerHeadArgs(const TensorView& t, int64_t num_heads, int6
   return absl::OkStatus();
 }
 
-absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads,
-                                                      int64_t head_dim, absl::Span<float> absmax,
-                                                      absl::Span<MagnitudeHistogram> hists,
-                                                      int64_t* nonfinite) {
+absl::Status CheckAbsMaxHistogramPerHeadArgs(const TensorView& t, int64_t num_heads,
+                                             int64_t head_dim, absl::Span<const float> absmax,
+                                             absl::Span<const MagnitudeHistogram> hists,
+                                             const int64_t* nonfinite) {
   if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, absmax, nonfinite);
       !args.ok()) {
     return args;
@@ -60,6 +60,42 @@ absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64
   if (static_cast<int64_t>(hists.size()) != num_heads) {
     return absl::InvalidArgumentError(
         absl::StrCat("hists: has ", hists.size(), " entries for ", num_heads, " heads"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRangePerGroupArgs(const TensorView& t, int64_t row_width, int64_t group_width,
+                                    absl::Span<const float> min, absl::Span<const float> max,
+                                    const int64_t* nonfinite) {
+  if (row_width <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("row_width: must be positive, got ", row_width));
+  }
+  if (group_width <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group_width: must be positive, got ", group_width));
+  }
+  const int64_t groups = (row_width + group_width - 1) / group_width;
+  if (static_cast<int64_t>(min.size()) != groups || static_cast<int64_t>(max.size()) != groups) {
+    return absl::InvalidArgumentError(absl::StrCat("min/max: have ", min.size(), "/", max.size(),
+                                                   " entries for ", groups, " groups"));
+  }
+  if (nonfinite == nullptr) return absl::InvalidArgumentError("nonfinite: must not be null");
+  if (t.num_elements() % row_width != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor.shape: ", t.ShapeString(), " (",
+                                                   t.num_elements(),
+                                                   " elements) is not whole rows of ", row_width));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads,
+                                                      int64_t head_dim, absl::Span<float> absmax,
+                                                      absl::Span<MagnitudeHistogram> hists,
+                                                      int64_t* nonfinite) {
+  if (absl::Status args =
+          CheckAbsMaxHistogramPerHeadArgs(t, num_heads, head_dim, absmax, hists, nonfinite);
+      !args.ok()) {
+    return args;
   }
   for (int64_t h = 0; h < num_heads; ++h) {
     hists[h] = MagnitudeHistogram();
@@ -88,23 +124,9 @@ absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64
 absl::Status ReductionBackend::RangePerGroup(const TensorView& t, int64_t row_width,
                                              int64_t group_width, absl::Span<float> min,
                                              absl::Span<float> max, int64_t* nonfinite) {
-  if (row_width <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("row_width: must be positive, got ", row_width));
-  }
-  if (group_width <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group_width: must be positive, got ", group_width));
-  }
-  const int64_t groups = (row_width + group_width - 1) / group_width;
-  if (static_cast<int64_t>(min.size()) != groups || static_cast<int64_t>(max.size()) != groups) {
-    return absl::InvalidArgumentError(absl::StrCat("min/max: have ", min.size(), "/", max.size(),
-                                                   " entries for ", groups, " groups"));
-  }
-  if (nonfinite == nullptr) return absl::InvalidArgumentError("nonfinite: must not be null");
-  if (t.num_elements() % row_width != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor.shape: ", t.ShapeString(), " (",
-                                                   t.num_elements(),
-                                                   " elements) is not whole rows of ", row_width));
+  if (absl::Status args = CheckRangePerGroupArgs(t, row_width, group_width, min, max, nonfinite);
+      !args.ok()) {
+    return args;
   }
   std::fill(min.begin(), min.end(), std::numeric_limits<float>::infinity());
   std::fill(max.begin(), max.end(), -std::numeric_limits<float>::infinity());

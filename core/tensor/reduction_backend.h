@@ -77,6 +77,18 @@ class ReductionBackend {
 absl::Status CheckAbsMaxPerHeadArgs(const TensorView& tensor, int64_t num_heads, int64_t head_dim,
                                     absl::Span<const float> out, const int64_t* nonfinite);
 
+// The same plus hists.size() == num_heads (AbsMaxHistogramPerHead).
+absl::Status CheckAbsMaxHistogramPerHeadArgs(const TensorView& tensor, int64_t num_heads,
+                                             int64_t head_dim, absl::Span<const float> absmax,
+                                             absl::Span<const MagnitudeHistogram> hists,
+                                             const int64_t* nonfinite);
+
+// RangePerGroup's checks: positive widths, ceil(row_width / group_width) entries in min and
+// max, whole rows; errors name the argument.
+absl::Status CheckRangePerGroupArgs(const TensorView& tensor, int64_t row_width,
+                                    int64_t group_width, absl::Span<const float> min,
+                                    absl::Span<const float> max, const int64_t* nonfinite);
+
 // threads <= 0: use std::thread::hardware_concurrency().
 std::unique_ptr<ReductionBackend> MakeCpuBackend(int threads = 0);
 
