@@ -212,21 +212,27 @@ grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerCont
     absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
         GetOwned(*context, request->session_id());
     if (!session.ok()) return session.status();
-    absl::StatusOr<Deployment> deployment =
-        DeploymentFromProto(request->deployment(), options_.limits);
-    if (!deployment.ok()) return deployment.status();
-    absl::StatusOr<std::vector<std::string>> formats =
-        FormatsFromProto(request->formats(), options_.limits);
-    if (!formats.ok()) return formats.status();
-    absl::StatusOr<SessionScales> scales =
-        (*session)->Scales(*deployment, ConventionFromProto(request->convention()));
-    if (!scales.ok()) return scales.status();
-    absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
-    if (!proto.ok()) return proto.status();
-    *response = *std::move(proto);
-    return absl::OkStatus();
+    return ScalesResponseFor(**session, *request, response);
   });
   return FinishUnary(context, "GetScales", request->session_id(), start, status);
+}
+
+absl::Status CalibrationService::ScalesResponseFor(const CalibrationSession& session,
+                                                   const v1::ScalesRequest& request,
+                                                   v1::ScalesResponse* response) const {
+  absl::StatusOr<Deployment> deployment =
+      DeploymentFromProto(request.deployment(), options_.limits);
+  if (!deployment.ok()) return deployment.status();
+  absl::StatusOr<std::vector<std::string>> formats =
+      FormatsFromProto(request.formats(), options_.limits);
+  if (!formats.ok()) return formats.status();
+  absl::StatusOr<SessionScales> scales =
+      session.Scales(*deployment, ConventionFromProto(request.convention()));
+  if (!scales.ok()) return scales.status();
+  absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
+  if (!proto.ok()) return proto.status();
+  *response = *std::move(proto);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext* context,

@@ -102,6 +102,10 @@ class CalibrationService final
   // The session if it exists and belongs to the calling tenant, else NotFound/Unauthenticated.
   absl::StatusOr<std::shared_ptr<CalibrationSession>> GetOwned(
       const grpc::CallbackServerContext& context, absl::string_view session_id) const;
+  // GetScales' answer for `session` (however it was found: in memory or from the store).
+  absl::Status ScalesResponseFor(const CalibrationSession& session,
+                                 const v1::ScalesRequest& request,
+                                 v1::ScalesResponse* response) const;
   // Deletes the tenant's session (in memory; the stores delete through StoreDeleteSession).
   absl::Status DeleteWithState(absl::string_view session_id, absl::string_view tenant);
   // --state_store: each call runs `call` on a store worker, then finishes with its status.

@@ -117,19 +117,7 @@ grpc::ServerUnaryReactor* CalibrationService::StoreGetScales(
                    absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
                        options_.store->LoadSession(request->session_id(), tenant);
                    if (!session.ok()) return session.status();
-                   absl::StatusOr<Deployment> deployment =
-                       DeploymentFromProto(request->deployment(), options_.limits);
-                   if (!deployment.ok()) return deployment.status();
-                   absl::StatusOr<std::vector<std::string>> formats =
-                       FormatsFromProto(request->formats(), options_.limits);
-                   if (!formats.ok()) return formats.status();
-                   absl::StatusOr<SessionScales> scales = (*session)->Scales(
-                       *deployment, ConventionFromProto(request->convention()));
-                   if (!scales.ok()) return scales.status();
-                   absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
-                   if (!proto.ok()) return proto.status();
-                   *response = *std::move(proto);
-                   return absl::OkStatus();
+                   return ScalesResponseFor(**session, *request, response);
                  });
 }
 

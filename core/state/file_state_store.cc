@@ -267,13 +267,8 @@ absl::Status FileStateStore::Merge(absl::string_view id, const SessionDelta& del
 std::vector<absl::Status> FileStateStore::MergeAll(
     absl::string_view id, const std::vector<const SessionDelta*>& deltas) {
   std::vector<absl::Status> statuses(deltas.size());
-  std::set<absl::string_view> partials;
-  for (const SessionDelta* delta : deltas) {
-    if (!partials.insert(delta->partial_id).second) {
-      return std::vector<absl::Status>(
-          deltas.size(), absl::InvalidArgumentError(absl::StrCat(
-                             "MergeAll: partial \"", delta->partial_id, "\" given twice")));
-    }
+  if (absl::Status distinct = CheckDistinctPartials(deltas); !distinct.ok()) {
+    return std::vector<absl::Status>(deltas.size(), distinct);
   }
   absl::StatusOr<std::shared_ptr<Entry>> found = Find(id, nullptr);
   if (!found.ok()) {

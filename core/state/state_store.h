@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/session/session.h"
@@ -88,6 +90,19 @@ class StateStore {
   // OK when the store answers now (readiness); Unavailable naming it otherwise.
   virtual absl::Status Ping() = 0;
 };
+
+// MergeAll's precondition: OK when every delta has its own partial_id; otherwise one
+// InvalidArgument naming the repeated partial, for every delta.
+inline absl::Status CheckDistinctPartials(const std::vector<const SessionDelta*>& deltas) {
+  std::set<absl::string_view> partials;
+  for (const SessionDelta* delta : deltas) {
+    if (!partials.insert(delta->partial_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MergeAll: partial \"", delta->partial_id, "\" given twice"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace caliper
 

@@ -555,13 +555,8 @@ class PostgresStore final : public StateStore {
   std::vector<absl::Status> MergeAll(absl::string_view id,
                                      const std::vector<const SessionDelta*>& deltas) override {
     std::vector<absl::Status> statuses(deltas.size());
-    std::set<absl::string_view> partials;
-    for (const SessionDelta* delta : deltas) {
-      if (!partials.insert(delta->partial_id).second) {
-        return std::vector<absl::Status>(
-            deltas.size(), absl::InvalidArgumentError(absl::StrCat(
-                               "MergeAll: partial \"", delta->partial_id, "\" given twice")));
-      }
+    if (absl::Status distinct = CheckDistinctPartials(deltas); !distinct.ok()) {
+      return std::vector<absl::Status>(deltas.size(), distinct);
     }
     const absl::Status status = MergeTransaction(std::string(id), deltas, statuses);
     if (!status.ok()) {
