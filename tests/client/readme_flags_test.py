@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The README's flag tables match --help: every `caliper` command and caliper-server.
+"""The documented flag tables match --help: every `caliper` command and caliper-server.
+
+The tables may stand in the README or in any page of docs/ (`--docs DIR`); each heading once.
 
 For each command `caliper --help` lists, the README needs a table under the heading
 "`caliper CMD` flags" naming exactly the flags `caliper CMD --help` prints, with the same
@@ -8,6 +10,8 @@ defaults, "required" where the flag is required, and every deprecated spelling m
 names exactly the flags `caliper-server --help` lists.
 """
 import argparse
+import glob
+import os
 import re
 import subprocess
 import sys
@@ -72,10 +76,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--readme", required=True)
     ap.add_argument("--caliper", required=True)
+    ap.add_argument("--docs", help="folder whose *.md pages may hold tables too")
     ap.add_argument("--server")
     args = ap.parse_args()
-    tables = readme_tables(open(args.readme, encoding="utf-8").read())
-    errors = []
+    pages = [args.readme]
+    if args.docs:
+        pages += sorted(glob.glob(os.path.join(args.docs, "*.md")))
+    tables, errors = {}, []
+    for page in pages:
+        for heading, rows in readme_tables(open(page, encoding="utf-8").read()).items():
+            if heading.startswith("`") and heading in tables:
+                errors.append(f"{page}: the table '{heading}' stands in two places")
+            tables.setdefault(heading, []).extend(rows)
 
     def table(heading):
         for h, rows in tables.items():
