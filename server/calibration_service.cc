@@ -229,7 +229,7 @@ absl::Status CalibrationService::ScalesResponseFor(const CalibrationSession& ses
   absl::StatusOr<SessionScales> scales =
       session.Scales(*deployment, ConventionFromProto(request.convention()));
   if (!scales.ok()) return scales.status();
-  absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
+  absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats, session.Status());
   if (!proto.ok()) return proto.status();
   *response = *std::move(proto);
   return absl::OkStatus();
@@ -240,7 +240,7 @@ grpc::ServerUnaryReactor* CalibrationService::Adapt(grpc::CallbackServerContext*
                                                     v1::AdaptResponse* response) {
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status = CatchOutOfMemory("Adapt", [&]() -> absl::Status {
-    // Stateless, but with --tokens_file every call needs a token (README "Server").
+    // Stateless, but with --tokens_file every call needs a token (docs/server.md).
     if (absl::StatusOr<std::string> tenant = TenantOf(*context); !tenant.ok()) {
       return tenant.status();
     }

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import caliper
-from caliper import outputs
-from conftest import run_cli, scales_doc
+from conftest import run_cli, scales_doc, short_float
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
           "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 256,
@@ -146,7 +145,7 @@ def test_layouts_give_identical_scales(server, tmp_path):
     assert all(d == docs[0] for d in docs)
     layer0 = docs[0]["kv_cache"]["layers"][0]
     expect_k = np.abs(k).max(axis=(0, 2, 3))
-    assert layer0["k_absmax"] == [outputs.short_float(x) for x in expect_k]
+    assert layer0["k_absmax"] == [short_float(x) for x in expect_k]
 
 
 def test_bad_tensors_raise_and_session_keeps_what_it_had(server, tmp_path):
@@ -282,22 +281,6 @@ def test_token_from_environment(make_server, tmp_path, monkeypatch):
     monkeypatch.setenv("CALIPER_TOKEN", "secret-a-0123456789\n")
     assert caliper.Client(srv.address).list_sessions() == []
     assert caliper.Client(srv.address, token="secret-a-0123456789").list_sessions() == []
-
-
-@pytest.mark.parametrize("value,text", [
-    (0.0123, "0.0123"), (448.0, "448.0"), (1e-05, "1e-05"), (0.0001, "0.0001"),
-    (1.5e-07, "1.5e-07"), (123456.789, "123456.789"), (1e15, "1e+15"), (2.5e15, "2.5e+15"),
-    (999999999999999.0, "999999999999999.0"), (-0.0, "-0.0"), (6.0, "6.0"), (-3.25, "-3.25"),
-    (1e100, "1e+100"), (0.1, "0.1")])
-def test_json_numbers_as_nlohmann(value, text):
-    assert outputs.dump_json(value) == text
-
-
-def test_json_layout_as_nlohmann():
-    doc = {"a": [], "b": {}, "c": [1, 2.5, None, True], "d": {"e": "x\"y\n\u0001é"}}
-    assert outputs.dump_json(doc) == (
-        '{\n  "a": [],\n  "b": {},\n  "c": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n'
-        '  "d": {\n    "e": "x\\"y\\n\\u0001é"\n  }\n}')
 
 
 @pytest.mark.parametrize("merge", [0, 3])
