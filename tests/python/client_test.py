@@ -306,19 +306,16 @@ def test_minmax_observers_statistics_equal_raw(server, tmp_path, merge):
 
 
 @pytest.mark.parametrize("kv_observer,act_observer", [
-    (caliper._pb.caliper_pb2.KV_OBSERVER_PERCENTILE, caliper._pb.caliper_pb2.MSE),
-    (caliper._pb.caliper_pb2.KV_OBSERVER_STATIC_MINMAX, caliper._pb.caliper_pb2.STATIC_MINMAX)])
+    ("percentile:99.9", "mse"), ("static_minmax", "static_minmax")])
 def test_merged_histograms_give_identical_files(server, tmp_path, kv_observer, act_observer):
     """Sessions that keep histograms (percentile / mse observers, or histograms on): statistics
     with their bins merged on the producer give the raw producer's files."""
-    pb = caliper._pb.caliper_pb2
     client = caliper.Client(server.address)
     runs = {}
     for name, mode, merge in (("raw", "raw", 0), ("each", "statistics", 0),
                               ("merged", "statistics", 4)):
-        r = pb.Recipe(kv=pb.KV_PER_HEAD, nvfp4_weights=True, nvfp4_activations=True,
-                      kv_observer=kv_observer, kv_percentile=99.9,
-                      activation_observer=act_observer, histograms=True)
+        r = caliper.Recipe(kv="per_head", nvfp4_weights=True, nvfp4_activations=True,
+                           kv_observer=kv_observer, observer=act_observer, histograms=True)
         s = client.create_session(CONFIG, r, name=name, mode=mode, merge_batches=merge)
         feed(s, np.random.default_rng(12), batches=5)
         s.finalize()
@@ -331,7 +328,7 @@ def test_merged_histograms_give_identical_files(server, tmp_path, kv_observer, a
         for f in ("kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
             assert (tmp_path / name / f).read_bytes() == (tmp_path / "raw" / f).read_bytes()
     # Across batches only for the static observers; percentile / mse keep batches apart.
-    if kv_observer == pb.KV_OBSERVER_STATIC_MINMAX:
+    if kv_observer == "static_minmax":
         assert runs["merged"] < runs["each"]
     else:
         assert runs["merged"] == runs["each"]

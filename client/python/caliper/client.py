@@ -60,7 +60,8 @@ DEFAULT_MERGE_BATCHES = 16  # statistics mode: forward passes merged before send
 MODES = ("statistics", "raw")
 
 _KV = {"per_head": pb.KV_PER_HEAD, "per_tensor": pb.KV_PER_TENSOR, "off": pb.KV_OFF}
-_OBSERVERS = {"static_minmax": pb.STATIC_MINMAX, "minmax": pb.MINMAX}
+_OBSERVERS = {"static_minmax": pb.STATIC_MINMAX, "minmax": pb.MINMAX, "percentile": pb.PERCENTILE,
+              "mse": pb.MSE}
 _KV_OBSERVERS = {"": pb.KV_OBSERVER_UNSPECIFIED, "static_minmax": pb.KV_OBSERVER_STATIC_MINMAX,
                  "minmax": pb.KV_OBSERVER_MINMAX, "percentile": pb.KV_OBSERVER_PERCENTILE,
                  "mse": pb.KV_OBSERVER_MSE}
@@ -75,6 +76,24 @@ def _key_of(table: Mapping[str, int], value: int, default: str) -> str:
     return next((k for k, v in table.items() if v == value and k), default)
 
 
+def _observer(field: str, value: str, table: Mapping[str, int]) -> Tuple[int, float]:
+    """'name' or 'percentile:P' -> (enum value, P or 0.0: the server's default 99.99)."""
+    name, _, percentile = value.partition(":")
+    if name not in table or (percentile and name != "percentile"):
+        names = ", ".join(k for k in table if k)
+        raise ValueError(f"recipe.{field}: expected {names} (percentile:P), got {value!r}")
+    try:
+        return table[name], float(percentile) if percentile else 0.0
+    except ValueError:
+        raise ValueError(f"recipe.{field}: percentile:P needs a number P, got "
+                         f"{value!r}") from None
+
+
+def _observer_name(table: Mapping[str, int], value: int, percentile: float, default: str) -> str:
+    name = _key_of(table, value, default)
+    return f"percentile:{percentile:g}" if name == "percentile" and percentile else name
+
+
 @dataclasses.dataclass
 class Recipe:
     """What a session observes (the flags of `caliper calibrate`)."""
@@ -82,54 +101,45 @@ class Recipe:
     fp8: str = "e4m3fn"                  # e4m3fn (qmax 448) or e4m3fnuz (qmax 240)
     nvfp4_weights: bool = False
     nvfp4_activations: bool = False
-    observer: str = "static_minmax"      # NVFP4 input observer: static_minmax or minmax
+    observer: str = "static_minmax"      # NVFP4 inputs: static_minmax, minmax, mse, percentile:P
     averaging_constant: float = 0.0      # minmax c; 0 = the server's default 0.01
     fused_groups: str = ""               # "q_proj,k_proj,v_proj;gate_proj,up_proj"; "" = default
     warmup: int = 0                      # batches below this are skipped
     kv_observer: str = ""                # static_minmax (""), minmax, mse or percentile:P
     compat: str = ""                     # "" (Caliper's arithmetic) or llm-compressor
+    histograms: bool = False             # keep |x| histograms (mse / percentile imply it)
 
     def to_proto(self) -> pb.Recipe:
         if self.kv not in _KV:
             raise ValueError(f"recipe.kv: expected per_head, per_tensor or off, got {self.kv!r}")
         if self.fp8 not in ("e4m3fn", "e4m3fnuz"):
             raise ValueError(f"recipe.fp8: expected e4m3fn or e4m3fnuz, got {self.fp8!r}")
-        if self.observer not in _OBSERVERS:
-            raise ValueError(f"recipe.observer: expected static_minmax or minmax, got "
-                             f"{self.observer!r}")
-        kv_observer, _, percentile = self.kv_observer.partition(":")
-        if kv_observer not in _KV_OBSERVERS or (percentile and kv_observer != "percentile"):
-            raise ValueError(f"recipe.kv_observer: expected static_minmax, minmax, mse or "
-                             f"percentile:P, got {self.kv_observer!r}")
-        try:
-            kv_percentile = float(percentile) if percentile else 0.0
-        except ValueError:
-            raise ValueError(f"recipe.kv_observer: percentile:P needs a number P, got "
-                             f"{self.kv_observer!r}") from None
+        observer, percentile = _observer("observer", self.observer, _OBSERVERS)
+        kv_observer, kv_percentile = _observer("kv_observer", self.kv_observer, _KV_OBSERVERS)
         if self.compat not in _COMPAT:
             raise ValueError(f"recipe.compat: expected \"\" or llm-compressor, got "
                              f"{self.compat!r}")
-        return pb.Recipe(kv=_KV[self.kv],
-                         kv_observer=_KV_OBSERVERS[kv_observer], kv_percentile=kv_percentile,
+        return pb.Recipe(kv=_KV[self.kv], kv_observer=kv_observer, kv_percentile=kv_percentile,
                          compat=_COMPAT[self.compat],
                          fp8_flavor=pb.FP8_E4M3FNUZ if self.fp8 == "e4m3fnuz" else pb.FP8_E4M3FN,
                          nvfp4_weights=self.nvfp4_weights,
                          nvfp4_activations=self.nvfp4_activations,
-                         activation_observer=_OBSERVERS[self.observer],
+                         activation_observer=observer, activation_percentile=percentile,
                          averaging_constant=self.averaging_constant,
-                         fused_groups=self.fused_groups, warmup_batches=self.warmup)
+                         fused_groups=self.fused_groups, warmup_batches=self.warmup,
+                         histograms=self.histograms)
 
     @classmethod
     def from_proto(cls, r: pb.Recipe) -> Recipe:
-        kv_observer = _key_of(_KV_OBSERVERS, r.kv_observer, "")
-        if kv_observer == "percentile":
-            kv_observer = f"percentile:{r.kv_percentile:g}"
         return cls(kv=_key_of(_KV, r.kv, "off"), fp8=flavor_word(r.fp8_flavor),
                    nvfp4_weights=r.nvfp4_weights, nvfp4_activations=r.nvfp4_activations,
-                   observer=_key_of(_OBSERVERS, r.activation_observer, "static_minmax"),
+                   observer=_observer_name(_OBSERVERS, r.activation_observer,
+                                           r.activation_percentile, "static_minmax"),
                    averaging_constant=r.averaging_constant, fused_groups=r.fused_groups,
-                   warmup=r.warmup_batches, kv_observer=kv_observer,
-                   compat="llm-compressor" if r.compat == pb.COMPAT_LLM_COMPRESSOR else "")
+                   warmup=r.warmup_batches,
+                   kv_observer=_observer_name(_KV_OBSERVERS, r.kv_observer, r.kv_percentile, ""),
+                   compat="llm-compressor" if r.compat == pb.COMPAT_LLM_COMPRESSOR else "",
+                   histograms=r.histograms)
 
 
 @dataclasses.dataclass(frozen=True)
