@@ -9,7 +9,19 @@ import socket
 import sys
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    TextIO,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 import grpc
 import numpy as np
@@ -76,7 +88,10 @@ def _key_of(table: Mapping[str, int], value: int, default: str) -> str:
     return next((k for k, v in table.items() if v == value and k), default)
 
 
-def _observer(field: str, value: str, table: Mapping[str, int]) -> Tuple[int, float]:
+_Enum = TypeVar("_Enum", bound=int)
+
+
+def _observer(field: str, value: str, table: Mapping[str, _Enum]) -> Tuple[_Enum, float]:
     """'name' or 'percentile:P' -> (enum value, P or 0.0: the server's default 99.99)."""
     name, _, percentile = value.partition(":")
     if name not in table or (percentile and name != "percentile"):
