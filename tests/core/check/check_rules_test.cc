@@ -186,7 +186,16 @@ TEST_F(CheckRulesTest, KvLayersMissingUnpairedAndPlaceholders) {
   v_only.tensors.erase("model.layers.1.self_attn.k_scale");
   const CheckFinding* v = Only(Check(v_only), "kv-v-without-k");
   ASSERT_NE(v, nullptr);
-  EXPECT_EQ(v->severity, CheckSeverity::kBreaks);
+  // compressed-tensors: K keeps vLLM's placeholder 1.0; ModelOpt: vLLM's loader asserts on K.
+  EXPECT_EQ(v->severity, CheckSeverity::kDegrades);
+  ScaleSet modelopt = last_;
+  modelopt.form = ScaleForm::kMultiplier;
+  modelopt.format = "modelopt";
+  const std::vector<CheckFinding> mo = CheckScaleSet(modelopt, {});
+  const CheckFinding* assertion = Only(mo, "kv-v-without-k");
+  ASSERT_NE(assertion, nullptr);
+  EXPECT_EQ(assertion->severity, CheckSeverity::kBreaks);
+  EXPECT_THAT(assertion->engines[0].effect, ::testing::HasSubstr("AssertionError"));
 
   SyntheticCheckpoint all_one = Nvfp4Checkpoint();
   for (int l = 0; l < 2; ++l) {
