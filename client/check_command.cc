@@ -7,7 +7,13 @@
 #include "client/cli_args.h"
 #include "client/command.h"
 #include "client/commands.h"
+#include "client/connection_options.h"
 #include "client/file_io.h"
+#include "client/flag_terms.h"
+#include "core/check/checkpoint_repair.h"
+#include "core/formats/render_inputs.h"
+#include "core/formats/scale_import.h"
+#include "core/tensor/reduction_backend.h"
 #include "core/check/check_report.h"
 #include "core/check/check_rules.h"
 #include "core/check/scale_set.h"
@@ -15,11 +21,74 @@
 namespace caliper::cli {
 namespace {
 
+// The finalized session's scales (its compressed-tensors scale file, GetScales).
+absl::StatusOr<ScaleSet> SessionScales(const CliArgs& flags, const std::string& id,
+                                       const ScaleSet& checkpoint, std::ostream& err) {
+  if (!flags.Has("server")) return UsageError("a from-session:ID policy needs --server ADDR");
+  RemoteScaleFileFn fetch = RemoteScaleFileHook();
+  if (fetch == nullptr) return UsageError("--server: this caliper was built without gRPC");
+  absl::StatusOr<ConnectionOptions> security = ConnectionOptionsFromArgs(flags);
+  if (!security.ok()) return UsageError(security.status().message());
+  absl::StatusOr<std::string> bytes =
+      fetch(*flags.Get("server"), *security, id, "compressed-tensors", err);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::FromBytes(*bytes);
+  if (!file.ok()) return Annotate(file.status(), absl::StrCat("session ", id, ": "));
+  absl::StatusOr<ImportedScales> imported = ImportScales(**file, std::nullopt);
+  if (!imported.ok()) return Annotate(imported.status(), absl::StrCat("session ", id, ": "));
+  return ScaleSetFromFinalized(absl::StrCat("session ", id),
+                               checkpoint.model.value_or(ModelConfig()), imported->kv,
+                               imported->nvfp4);
+}
+
+// --repair ... --out DIR: writes the copy, lists each repair, checks the copy. Sets *clean to
+// whether the copy has no finding that breaks or degrades a selected engine.
 absl::Status RunRepairIfAsked(const CliArgs& flags, const ScaleSet& scales,
-                              const std::vector<CheckFinding>& findings,
-                              const CheckOptions& options, std::ostream& out, std::ostream& err) {
-  (void)scales; (void)findings; (void)options; (void)out; (void)err;
-  if (flags.Has("repair") || flags.Has("out")) return UsageError("--repair: not built yet");
+                              const CheckOptions& options, std::ostream& out, std::ostream& err,
+                              bool* clean) {
+  const bool repair = flags.Has("repair");
+  if (repair != flags.Has("out")) return UsageError("--repair and --out go together");
+  if (!repair) {
+    if (flags.Has("weights-from")) return UsageError("--weights-from only applies with --repair");
+    return absl::OkStatus();
+  }
+  absl::StatusOr<RepairPolicy> policy = ParseRepairPolicies(flags.GetAll("repair"), "--repair");
+  if (!policy.ok()) return UsageError(policy.status().message());
+  if (scales.format == kFormatLightLlm) {
+    return UsageError("--repair: repairs checkpoint directories, not LightLLM files");
+  }
+  RepairOptions repair_options;
+  repair_options.checkpoint_dir = scales.origin;
+  repair_options.out_dir = *flags.Get("out");
+  repair_options.weights_from = flags.Get("weights-from").value_or("");
+  repair_options.policy = *policy;
+  repair_options.env = CliEnv();
+  for (const std::string& id : {policy->experts_session, policy->kv_session}) {
+    if (id.empty() || repair_options.sessions.count(id) > 0) continue;
+    absl::StatusOr<ScaleSet> session = SessionScales(flags, id, scales, err);
+    if (!session.ok()) return session.status();
+    repair_options.sessions[id] = *std::move(session);
+  }
+  std::unique_ptr<ReductionBackend> backend = MakeCpuBackend();
+  repair_options.backend = backend.get();
+  absl::StatusOr<RepairReport> report = RepairCheckpoint(scales, repair_options);
+  if (!report.ok()) {
+    return InFlagTerms(report.status(), {{"out_dir", "--out"}, {"weights_from", "--weights-from"},
+                                         {"checkpoint_dir", "--checkpoint"}});
+  }
+  for (const RepairEntry& e : report->repairs) {
+    out << "repaired  " << e.tensor << ": " << e.before << " -> " << e.after << " (" << e.policy
+        << ", " << e.rule << ")" << (e.note.empty() ? "" : "; ") << e.note << "\n";
+  }
+  out << "caliper check: wrote " << repair_options.out_dir << " (" << report->repairs.size()
+      << " repairs, " << report->rewritten.size() << " shards rewritten, " << report->linked.size()
+      << " files linked; " << kRepairsFile << ")\n";
+  absl::StatusOr<ScaleSet> again = ReadScaleSet(repair_options.out_dir, {});
+  if (!again.ok()) return again.status();
+  const std::vector<CheckFinding> remaining = CheckScaleSet(*again, options);
+  out << "repaired copy: " << CheckSummaryLine(remaining, options) << "\n";
+  const CheckSummary counts = SummarizeFindings(remaining);
+  *clean = counts.breaks + counts.degrades == 0;
   return absl::OkStatus();
 }
 
@@ -49,13 +118,17 @@ absl::Status RunCheck(const CliArgs& flags, std::ostream& out, std::ostream& err
   out << CheckReportText(*scales, findings);
   const std::string summary = CheckSummaryLine(findings, options);
   out << summary << "\n";
-  if (absl::Status s = RunRepairIfAsked(flags, *scales, findings, options, out, err); !s.ok()) {
+  bool repaired_clean = false;
+  if (absl::Status s = RunRepairIfAsked(flags, *scales, options, out, err, &repaired_clean);
+      !s.ok()) {
     return s;
   }
-  const CheckSummary counts = SummarizeFindings(findings);
-  if (counts.breaks + counts.degrades > 0 && !flags.Has("out")) {
-    return FindingsError(summary);
+  if (flags.Has("repair")) {
+    return repaired_clean ? absl::OkStatus()
+                          : FindingsError("the repaired copy still has findings (listed above)");
   }
+  const CheckSummary counts = SummarizeFindings(findings);
+  if (counts.breaks + counts.degrades > 0) return FindingsError(summary);
   return absl::OkStatus();
 }
 
@@ -75,6 +148,7 @@ const CommandSpec& CheckCommand() {
           "does with it (load error, NaN at run time, a warning and the value it uses, silent\n"
           "accuracy loss). Rules and the JSON schema: docs/check.md. With --repair and --out, a\n"
           "repaired copy is written (the original never changes) with caliper_repairs.json.",
+      .server = ServerUse::kWithServerFlag,
       .reports_findings = true,
       .flags = WithConnectionFlags({
           {.name = "checkpoint", .value_name = "DIR",

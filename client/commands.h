@@ -53,6 +53,8 @@ using RemoteScaleFileFn = absl::StatusOr<std::string> (*)(const std::string& ser
                                                           const std::string& format,
                                                           std::ostream& err);
 void SetRemoteScaleFile(RemoteScaleFileFn fn);
+// The installed hook (null when gRPC is not linked in); `check --repair ...from-session:ID` uses it.
+RemoteScaleFileFn RemoteScaleFileHook();
 
 }  // namespace caliper::cli
 
