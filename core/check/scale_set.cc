@@ -400,6 +400,9 @@ ScaleSet ScaleSetFromFinalized(const std::string& origin, const ModelConfig& mod
     if (IsMoeRouterModule(name)) out.routers.insert(name);
   }
   if (!out.config.weights_quantized) out.config.weights_quantized = !nvfp4.modules.empty();
+  // The format the session's files declare (core/formats: compressed-tensors, ModelOpt).
+  if (out.config.weights_nvfp4) out.config.format = modelopt ? "NVFP4" : "nvfp4-pack-quantized";
+  if (!modelopt && out.config.format.empty()) out.config.format = "dense";
   if (kv.has_value()) {
     out.config.kv_scheme = true;
     out.config.kv_strategy = kv->granularity == KvGranularity::kPerHead ? "attn_head" : "tensor";
