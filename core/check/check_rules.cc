@@ -432,26 +432,40 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
 }
 
 // compressed-tensors matches ignore entries by exact name, "re:" regex (re.match) or a trailing
-// component; ModelOpt by fnmatch wildcards.
-bool Ignored(const std::vector<std::string>& ignore, const std::string& module) {
-  for (const std::string& entry : ignore) {
-    if (entry == module) return true;
-    if (absl::StartsWith(entry, "re:")) {
-      try {
-        std::regex pattern(entry.substr(3));
-        if (std::regex_search(module, pattern, std::regex_constants::match_continuous)) return true;
-      } catch (const std::regex_error&) {
+// component; ModelOpt by fnmatch wildcards. Patterns are compiled once.
+class IgnoreList {
+ public:
+  explicit IgnoreList(const std::vector<std::string>& entries) {
+    for (const std::string& entry : entries) {
+      if (absl::StartsWith(entry, "re:")) {
+        try {
+          patterns_.emplace_back(entry.substr(3));
+        } catch (const std::regex_error&) {
+        }
+      } else if (entry.find_first_of("*?[") != std::string::npos) {
+        globs_.push_back(entry);
+      } else {
+        names_.push_back(entry);
       }
-      continue;
-    }
-    if (absl::EndsWith(module, "." + entry)) return true;
-    if (entry.find_first_of("*?[") != std::string::npos &&
-        ::fnmatch(entry.c_str(), module.c_str(), 0) == 0) {
-      return true;
     }
   }
-  return false;
-}
+  bool Matches(const std::string& module) const {
+    for (const std::string& name : names_) {
+      if (module == name || absl::EndsWith(module, "." + name)) return true;
+    }
+    for (const std::regex& pattern : patterns_) {
+      if (std::regex_search(module, pattern, std::regex_constants::match_continuous)) return true;
+    }
+    for (const std::string& glob : globs_) {
+      if (::fnmatch(glob.c_str(), module.c_str(), 0) == 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::vector<std::string> names_, globs_;
+  std::vector<std::regex> patterns_;
+};
 
 void CheckConfig(const ScaleSet& scales, Collector* out) {
   using check_internal::ScaleKind;
@@ -554,10 +568,11 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
              Effects("config-kv-scales-without-scheme", ScaleKind::kKvKey, scales.form, false));
   }
   // Ignore lists vs tensors present.
+  const IgnoreList ignore(config.ignore);
   for (const auto& [name, module] : scales.modules) {
     const bool quantized = module.weight_global.has_value() || module.input_global.has_value() ||
                            module.packed_weight;
-    if (quantized && Ignored(config.ignore, name)) {
+    if (quantized && ignore.Matches(name)) {
       const std::string tensor =
           module.weight_global.has_value()
               ? module.weight_global->tensor
@@ -570,7 +585,7 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
   }
   if (config.weights_quantized) {
     for (const std::string& module : scales.dense_modules) {
-      if (Ignored(config.ignore, module) || scales.modules.count(module) > 0) continue;
+      if (ignore.Matches(module) || scales.modules.count(module) > 0) continue;
       out->Add("config-unquantized-module-not-ignored", module + ".weight", "dense",
                absl::StrCat(module, " is a Linear with an unquantized weight that the ignore list "
                             "does not name", scales.routers.count(module) > 0 ? " (an MoE router)" : "",
