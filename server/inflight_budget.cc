@@ -18,11 +18,17 @@ bool InflightBudget::Acquire(int64_t bytes, std::function<void()> ready) {
   return false;
 }
 
+void InflightBudget::Charge(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ += std::max<int64_t>(bytes, 0);
+  peak_ = std::max(peak_, in_use_);
+}
+
 void InflightBudget::Release(int64_t bytes) {
   std::vector<std::function<void()>> granted;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    in_use_ -= Clamp(std::max<int64_t>(bytes, 0));
+    in_use_ -= std::max<int64_t>(bytes, 0);
     while (!waiters_.empty() && in_use_ + waiters_.front().bytes <= capacity_) {
       in_use_ += waiters_.front().bytes;
       peak_ = std::max(peak_, in_use_);

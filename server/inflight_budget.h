@@ -1,9 +1,10 @@
 // Bytes of Observe chunks that streams may have asked gRPC to read at once, across all streams
-// and connections. A stream reserves before each StartRead (its previous chunk's size, or
-// max_message_bytes for its first) and releases once the chunk is reduced; a stream that does not
-// fit waits, so its HTTP/2 window stays closed and the client is held back instead of buffered.
-// gRPC's resource quota (--max_inflight_bytes) is the hard cap behind it for a client that lies
-// about its next chunk's size. Thread-safe; waiters are served in arrival order.
+// and connections. A stream reserves before each StartRead (its previous chunk's size) and
+// releases once the chunk is reduced; a stream that does not fit waits, so its HTTP/2 window
+// stays closed and the client is held back instead of buffered. What arrives without a
+// reservation (a stream's first chunk, or one after a silent read gave its reservation back) is
+// charged on arrival. gRPC's resource quota (--max_inflight_bytes) is the hard cap behind it.
+// Thread-safe; waiters are served in arrival order.
 #ifndef CALIPER_SERVER_INFLIGHT_BUDGET_H_
 #define CALIPER_SERVER_INFLIGHT_BUDGET_H_
 
@@ -22,6 +23,10 @@ class InflightBudget {
   // and returns true, or queues `ready` to run (on a releasing thread) once they fit and
   // returns false. The caller must Release what it reserved.
   bool Acquire(int64_t bytes, std::function<void()> ready);
+  // Takes `bytes` at once, past the capacity if need be (they are already held): later
+  // Acquires wait until the sum is back under it.
+  void Charge(int64_t bytes);
+  // Gives back what Acquire (as clamped) and Charge took.
   void Release(int64_t bytes);
 
   int64_t capacity() const { return capacity_; }

@@ -1,7 +1,7 @@
 // CalibrationService::ObserveReactor: one Observe stream over raw ByteBuffers. Chunks are
 // parsed in place (server/raw_tensor_chunk.h) and handed to the session; a bad chunk is answered
 // in-band in ObserveSummary.errors, a stream fault (unknown session, oversized chunk, sequence
-// gap, fenced producer) ends the stream. Also the idle watcher that cancels silent streams.
+// gap, fenced producer) ends the stream. Also the idle watcher that ends silent and slow streams.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -66,23 +66,31 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         std::lock_guard<std::mutex> lock(service_->streams_mu_);
         service_->live_streams_.insert(this);
       }
+      std::lock_guard<std::mutex> lock(mu_);  // the idle watcher may see the stream already
       ReadNext();
     }
   }
 
-  // Called by the idle watcher under streams_mu_ (so the reactor is alive). Ends the stream with
-  // the reason itself (a TryCancel would reach the client as a bare CANCELLED). A stream waiting
-  // for the in-flight budget is not idle: the server is holding it back.
-  void FinishIfIdle(int64_t now_ns, int64_t timeout_ns) {
-    if (waiting_.load() || now_ns - last_read_ns_.load() <= timeout_ns) return;
+  // Called by the idle watcher under streams_mu_ (so the reactor is alive). A read pending for
+  // longer than `hold_ns` without a whole chunk gives its reservation back (what then arrives is
+  // charged on arrival), so a silent stream holds no budget for long. Past `timeout_ns` without
+  // a whole chunk (silent, stalled mid-message or trickling) the stream ends with the reason
+  // itself (a TryCancel would reach the client as a bare CANCELLED). A stream waiting for the
+  // in-flight budget is neither: the server is holding it back.
+  void CheckIdle(int64_t now_ns, int64_t hold_ns, int64_t timeout_ns) {
+    const int64_t quiet_ns = now_ns - last_read_ns_.load();
+    if (waiting_.load() || quiet_ns <= hold_ns) return;
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return;  // a chunk is being handled right now: not idle
+    if (!lock.owns_lock() || waiting_.load()) return;  // a chunk is being handled right now
+    ReleaseReservation();
+    if (quiet_ns <= timeout_ns || idle_finished_ || finished_.load()) return;
     idle_finished_ = true;
     lock.unlock();
     CompleteStream(absl::DeadlineExceededError(absl::StrCat(
-        "Observe: no chunk for longer than the server's stream_idle_timeout=",
+        "Observe: no whole chunk for longer than the server's stream_idle_timeout=",
         absl::FormatDuration(service_->options_.stream_idle_timeout),
-        "; chunks accepted before are kept (resume to go on)")));
+        " (nothing sent, or a chunk sent too slowly); chunks accepted before are kept (resume "
+        "to go on)")));
   }
 
   void OnReadDone(bool ok) override {
@@ -98,6 +106,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
                        : absl::OkStatus());
       return;
     }
+    ChargeArrival(static_cast<int64_t>(request_.Length()));
     absl::Status fault = raw_.Parse(request_);
     last_message_bytes_ = static_cast<int64_t>(raw_.data().size());
     if (fault.ok()) {
@@ -164,20 +173,20 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     Finish(ToGrpcStatus(status));
   }
 
-  // Reserves in-flight bytes for the next chunk (the size of this stream's previous one, or
-  // max_message_bytes for the first), then StartRead; waits in the budget's queue when full.
+  // Reserves in-flight bytes for the next chunk (the size of this stream's previous one), then
+  // StartRead; waits in the budget's queue when full. A first read reserves nothing, so streams
+  // that never send hold nothing (reserving max_message_bytes for each let 8 silent streams take
+  // the whole budget); its chunk is charged when it arrives. Under mu_.
   void ReadNext() {
     InflightBudget* budget = service_->options_.inflight;
     if (budget == nullptr) {
       StartRead(&request_);
       return;
     }
-    // Until a stream has shown its chunk size, assume the largest: once a read is pending, gRPC
-    // opens the stream's window to whatever size the next message declares.
-    const int64_t want = budget->Clamp(last_message_bytes_ > 0
-                                           ? std::max(last_message_bytes_,
-                                                      service_->options_.stream_lookahead_bytes)
-                                           : service_->options_.max_message_bytes);
+    const int64_t want =
+        last_message_bytes_ > 0
+            ? budget->Clamp(std::max(last_message_bytes_, service_->options_.stream_lookahead_bytes))
+            : 0;
     reserved_ = want;
     waiting_.store(true);
     if (budget->Acquire(want, [this] { GrantedRead(); })) GrantedRead();
@@ -187,6 +196,16 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     last_read_ns_.store(absl::GetCurrentTimeNanos());
     waiting_.store(false);
     StartRead(&request_);
+  }
+
+  // A message larger than its read's reservation (a first chunk, or one after the reservation
+  // went back) is already held by gRPC: count it, so that other reads wait until it is reduced.
+  // Under mu_.
+  void ChargeArrival(int64_t bytes) {
+    InflightBudget* budget = service_->options_.inflight;
+    if (budget == nullptr || bytes <= reserved_) return;
+    budget->Charge(bytes - reserved_);
+    reserved_ = bytes;
   }
 
   void ReleaseReservation() {
@@ -374,7 +393,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   std::atomic<bool> waiting_{false};   // queued for the in-flight budget, no read pending
   std::mutex mu_;                      // held while a chunk is handled
   bool idle_finished_ = false;         // guarded by mu_
-  int64_t reserved_ = 0;               // in-flight bytes held for the pending read
+  int64_t reserved_ = 0;               // in-flight bytes held for the pending read (mu_)
   int64_t last_message_bytes_ = 0;
   std::string tenant_;
   grpc::ByteBuffer request_;
@@ -389,6 +408,8 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
 
 void CalibrationService::IdleWatchLoop() {
   const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stream_idle_timeout);
+  // A read quiet for this long gives its budget reservation back.
+  const int64_t hold_ns = std::min<int64_t>(timeout_ns, 1'000'000'000);
   // Check often enough that a stream is cancelled within ~1.25x the timeout.
   const auto period = std::chrono::nanoseconds(std::clamp<int64_t>(timeout_ns / 4, 1'000'000,
                                                                    1'000'000'000));
@@ -396,7 +417,7 @@ void CalibrationService::IdleWatchLoop() {
   while (!stopping_) {
     streams_cv_.wait_for(lock, period);
     const int64_t now = absl::GetCurrentTimeNanos();
-    for (ObserveReactor* stream : live_streams_) stream->FinishIfIdle(now, timeout_ns);
+    for (ObserveReactor* stream : live_streams_) stream->CheckIdle(now, hold_ns, timeout_ns);
   }
 }
 
