@@ -52,7 +52,7 @@ CalibrationService::CalibrationService(ServiceOptions options, SessionRegistry* 
       backend_(backend),
       metrics_(metrics),
       log_(log) {
-  if (options_.stream_idle_timeout > absl::ZeroDuration()) {
+  if (options_.stream_idle_timeout > absl::ZeroDuration() || options_.inflight != nullptr) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
   if (options_.store != nullptr) {

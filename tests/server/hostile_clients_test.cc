@@ -216,5 +216,21 @@ TEST(InflightBudgetTest, ChargesArrivalsAndServesWaitersInOrder) {
   EXPECT_EQ(budget.Clamp(1000), 100);
 }
 
+TEST(InflightBudgetTest, AWithdrawnWaiterIsNeverGrantedAndUnblocksTheOnesBehind) {
+  InflightBudget budget(100);
+  EXPECT_TRUE(budget.Acquire(90, [] {}));
+  bool big_ran = false, small_ran = false;
+  uint64_t big = 0, small = 0;
+  EXPECT_FALSE(budget.Acquire(50, [&] { big_ran = true; }, &big));
+  EXPECT_FALSE(budget.Acquire(10, [&] { small_ran = true; }, &small));  // fits, but queued behind
+  EXPECT_TRUE(budget.Withdraw(big));
+  EXPECT_TRUE(small_ran);  // the queue moved on
+  EXPECT_FALSE(budget.Withdraw(small));  // granted already
+  EXPECT_FALSE(budget.Withdraw(big));
+  budget.Release(90);
+  EXPECT_FALSE(big_ran);
+  EXPECT_EQ(budget.in_use(), 10);
+}
+
 }  // namespace
 }  // namespace caliper
