@@ -7,8 +7,11 @@
 //          the payload handed to gRPC as a slice over the caller's memory (no client-side copy;
 //          identical bytes on the wire).
 //   3. Server peak RSS (VmHWM) of a fresh server after ingesting 4 GiB on 4 streams: < 256 MiB.
+//   4. With --baseline_server=PATH (another build, e.g. the previous release): the same zerocopy
+//      ingest through both servers, alternating in every iteration: counter ratio_to_baseline.
 // The server is started as a child process: caliper-server --listen=127.0.0.1:0 --device=cpu.
-//   ingest_bench [--server=PATH] [--chunk_mib=4] [--benchmark_filter=...]
+//   ingest_bench [--server=PATH] [--baseline_server=PATH] [--chunk_mib=4]
+//                [--benchmark_filter=...]
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <benchmark/benchmark.h>
@@ -49,6 +52,7 @@ constexpr int64_t kHeads = 8, kHeadDim = 128;
 int64_t ChunkTokens() { return g_chunk_bytes / (kHeads * kHeadDim * 2); }
 
 std::string g_server_path = CALIPER_SERVER_BINARY;
+std::string g_baseline_server_path;  // --baseline_server; empty: benchmark 4 is skipped
 
 double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -78,7 +82,7 @@ struct ServerProcess {
 
   // budget: the server's in-flight budget (defaults) or, for the before/after comparison, none
   // with the old 64 MiB stream window (--max_inflight_bytes=0).
-  bool Start(bool budget = true) {
+  bool Start(bool budget = true, const std::string& path = g_server_path) {
     int out[2];
     if (pipe(out) != 0) return false;
     pid = fork();
@@ -89,10 +93,10 @@ struct ServerProcess {
       const int log = open("ingest_bench_server.log", O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (log >= 0) dup2(log, STDERR_FILENO);
       if (budget) {
-        execl(g_server_path.c_str(), g_server_path.c_str(), "--listen=127.0.0.1:0",
+        execl(path.c_str(), path.c_str(), "--listen=127.0.0.1:0",
               "--metrics_listen=127.0.0.1:0", "--device=cpu", static_cast<char*>(nullptr));
       } else {
-        execl(g_server_path.c_str(), g_server_path.c_str(), "--listen=127.0.0.1:0",
+        execl(path.c_str(), path.c_str(), "--listen=127.0.0.1:0",
               "--metrics_listen=127.0.0.1:0", "--device=cpu", "--max_inflight_bytes=0",
               "--stream_lookahead_bytes=67108864", static_cast<char*>(nullptr));
       }
@@ -287,6 +291,13 @@ double RunStreams(int streams, StreamFn&& fn, bool* ok) {
   return secs;
 }
 
+// What `streams` streams of kStreamBytes moved over the benchmark's iterations (also recorded).
+double BytesStreamed(benchmark::State& state, int streams) {
+  const double bytes = static_cast<double>(kStreamBytes) * streams * state.iterations();
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  return bytes;
+}
+
 // Args: streams, client (0 = proto, 1 = zerocopy), budget (1 = the server's in-flight budget,
 // its default; 0 = none and a 64 MiB stream window, as before the budget existed).
 void BM_Ingest(benchmark::State& state) {
@@ -310,8 +321,7 @@ void BM_Ingest(benchmark::State& state) {
     state.SetIterationTime(s);
     grpc_s += s;
   }
-  const double bytes = static_cast<double>(kStreamBytes) * streams * state.iterations();
-  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  const double bytes = BytesStreamed(state, streams);
   state.counters["grpc_GBps"] = bytes / grpc_s / 1e9;
   state.counters["tcp_GBps"] = bytes / tcp_s / 1e9;
   state.counters["ratio_to_tcp"] = tcp_s / grpc_s;
@@ -340,11 +350,46 @@ void BM_ServerPeakRss4GiB(benchmark::State& state) {
   state.SetBytesProcessed(int64_t{4} * kStreamBytes * state.iterations());
 }
 
+// Benchmark 4: this build's server against --baseline_server, the same ingest (zerocopy client,
+// default flags) alternating between the two in every iteration, so both see the same machine.
+void BM_IngestVsBaseline(benchmark::State& state) {
+  if (g_baseline_server_path.empty()) return state.SkipWithError("needs --baseline_server=PATH");
+  const int streams = static_cast<int>(state.range(0));
+  ServerProcess server, baseline;
+  if (!server.Start() || !baseline.Start(true, g_baseline_server_path)) {
+    return state.SkipWithError("cannot start both servers");
+  }
+  const std::string session = CreateSession(server.address);
+  const std::string baseline_session = CreateSession(baseline.address);
+  if (session.empty() || baseline_session.empty()) return state.SkipWithError("CreateSession");
+  Source();
+  double server_s = 0, baseline_s = 0;
+  for (auto _ : state) {
+    bool ok = false, baseline_ok = false;
+    const double b = RunStreams(streams, [&](int stream) {
+      return StreamZeroCopy(baseline.address, baseline_session, stream, kStreamBytes);
+    }, &baseline_ok);
+    const double s = RunStreams(streams, [&](int stream) {
+      return StreamZeroCopy(server.address, session, stream, kStreamBytes);
+    }, &ok);
+    if (!ok || !baseline_ok) return state.SkipWithError("Observe failed");
+    state.SetIterationTime(s);
+    server_s += s;
+    baseline_s += b;
+  }
+  const double bytes = BytesStreamed(state, streams);
+  state.counters["grpc_GBps"] = bytes / server_s / 1e9;
+  state.counters["baseline_GBps"] = bytes / baseline_s / 1e9;
+  state.counters["ratio_to_baseline"] = baseline_s / server_s;
+}
+
 BENCHMARK(BM_Ingest)->ArgNames({"streams", "zerocopy", "budget"})
     ->Args({1, 0, 1})->Args({1, 1, 0})->Args({1, 1, 1})->Args({4, 0, 1})->Args({4, 1, 0})
     ->Args({4, 1, 1})
     ->Iterations(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ServerPeakRss4GiB)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_IngestVsBaseline)->ArgNames({"streams"})->Arg(1)->Arg(4)
+    ->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
@@ -352,6 +397,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--server=", 9) == 0) g_server_path = argv[i] + 9;
+    if (std::strncmp(argv[i], "--baseline_server=", 18) == 0) {
+      g_baseline_server_path = argv[i] + 18;
+    }
     if (std::strncmp(argv[i], "--chunk_mib=", 12) == 0) {
       // A power of two up to 32, so chunks tile the 64 MiB source.
       const auto mib = static_cast<uint64_t>(std::clamp<int64_t>(std::atoll(argv[i] + 12), 1, 32));
