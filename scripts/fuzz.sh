@@ -3,8 +3,9 @@
 # their own build dir, compiling caliper_core's sources directly (the main gcc build never needs
 # clang; the request targets add server/proto_convert.cc and the caliper.v1 messages, generated
 # here with protoc), then runs each target for FUZZ_SECONDS over its seed corpus
-# tests/fuzz/corpus/<target> (kept in the repository). CI time: the compile (once, then only
-# changed files) plus FUZZ_SECONDS per target: 8 targets x 10 s in CTest's fuzz_short.
+# tests/fuzz/corpus/<target> (kept in the repository). CI time: the first compile of ~52 sources
+# with ASan (minutes on 2 cores; later runs rebuild only changed files) plus FUZZ_SECONDS per
+# target: 8 targets x 10 s = 80 s of fuzzing in CTest's fuzz_short.
 # Any crash fails the run, and its input is copied to tests/fuzz/regressions/<target>/ where the
 # normal build's fuzz_replay_test replays it. Prints executions and executions/s per target.
 # Exit 77 (CTest: skipped) when clang cannot build a libFuzzer binary here.
