@@ -33,7 +33,8 @@ fi
 
 ABSL_PKGS="absl_status absl_statusor absl_strings absl_str_format absl_span absl_cord absl_synchronization"
 CXXFLAGS="-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
-  -fno-sanitize-recover=undefined -pthread -I$ROOT -I$BUILD/gen $(pkg-config --cflags $ABSL_PKGS)"
+  -fno-sanitize-recover=undefined -pthread -I$ROOT -I$BUILD/gen $(pkg-config --cflags $ABSL_PKGS) \
+  -DCALIPER_VERSION=\"$(cat "$ROOT/VERSION")\""
 LIBS="$(pkg-config --libs $ABSL_PKGS) -pthread"
 # The request targets' caliper.v1 messages, regenerated only when the .proto changes.
 if [[ ! -f $BUILD/gen/proto/caliper.pb.cc || proto/caliper.proto -nt $BUILD/gen/proto/caliper.pb.cc ]]; then

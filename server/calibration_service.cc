@@ -183,7 +183,7 @@ absl::Status CalibrationService::ScalesResponseFor(const CalibrationSession& ses
   absl::StatusOr<SessionScales> scales =
       session.Scales(*deployment, ConventionFromProto(request.convention()));
   if (!scales.ok()) return scales.status();
-  absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
+  absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats, session.Status());
   if (!proto.ok()) return proto.status();
   *response = *std::move(proto);
   return absl::OkStatus();
