@@ -25,7 +25,7 @@ CalibrationService::CalibrationService(ServiceOptions options, ReductionBackend*
       metrics_(metrics),
       log_(log),
       store_workers_(std::make_unique<StoreWorkers>(std::max(1, options_.unary_threads))) {
-  if (options_.stream_idle_timeout > absl::ZeroDuration()) {
+  if (options_.stream_idle_timeout > absl::ZeroDuration() || options_.inflight != nullptr) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
 }

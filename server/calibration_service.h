@@ -46,7 +46,9 @@ struct ServiceOptions {
   // small, since gRPC buffers it for every open stream whatever the budget says.
   int64_t stream_lookahead_bytes = int64_t{1} << 20;
   int max_concurrent_streams = 1024;               // Observe streams open at once
-  absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
+  // An Observe stream without a whole chunk for this long ends (silent, stalled or trickling
+  // senders); 0: never. The clients' streams send continuously or close within seconds.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
   // Where sessions live (required): a MemoryStateStore, --state_dir's FileStateStore or
   // --state_store's PostgreSQL store. Streams fold into partials that `flusher` (over `store`)
   // merges; every answer comes from the store.
@@ -118,7 +120,8 @@ class CalibrationService final
                                  const v1::ScalesRequest& request,
                                  v1::ScalesResponse* response) const;
 
-  // Cancels streams idle for longer than stream_idle_timeout (runs on idle_thread_).
+  // Ends streams without a whole chunk for stream_idle_timeout and takes back the budget of
+  // quiet reads (runs on idle_thread_).
   void IdleWatchLoop();
 
   // Finishes a unary call with `status`, recording its latency and one log line.

@@ -428,3 +428,23 @@ def test_minmax_observers_hooks_statistics_equal_raw(server, tmp_path, kind, com
     static.scales(out=tmp_path / "static")
     assert scales_doc(tmp_path / "static" / "scales.json")["kv_cache"]["layers"] != \
         scales_doc(tmp_path / "raw" / "scales.json")["kv_cache"]["layers"]
+
+
+def test_vllm_kv_cache_size_is_explicit(monkeypatch):
+    """--engine vllm gets a KV cache size in bytes, never a share of the machine; on the CPU
+    build $VLLM_CPU_KVCACHE_SPACE (GiB) wins when set, as in vLLM itself."""
+    from caliper import capture
+    args = capture.build_parser().parse_args(
+        ["--server=x:1", "--model=m", "--token-ids=t.json", "--out=o", "--engine=vllm"])
+    assert args.kv_cache_memory_bytes == capture.DEFAULT_KV_CACHE_BYTES == 512 << 20
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert capture.engine_kv_cache_bytes(64 << 20, on_cuda=False) == 64 << 20
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert capture.engine_kv_cache_bytes(64 << 20, on_cuda=False) == 2 << 30
+    assert capture.engine_kv_cache_bytes(64 << 20, on_cuda=True) == 64 << 20
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
+    with pytest.raises(SystemExit, match="VLLM_CPU_KVCACHE_SPACE"):
+        capture.engine_kv_cache_bytes(64 << 20, on_cuda=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    with pytest.raises(SystemExit, match="--kv-cache-memory-bytes"):
+        capture.engine_kv_cache_bytes(0, on_cuda=False)
