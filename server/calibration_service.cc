@@ -56,7 +56,7 @@ CalibrationService::CalibrationService(ServiceOptions options, SessionRegistry* 
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
   if (options_.store != nullptr) {
-    store_workers_ = std::make_unique<StoreWorkers>(std::max(1, options_.store_threads));
+    store_workers_ = std::make_unique<ThreadPool>(std::max(1, options_.store_threads));
   }
 }
 
