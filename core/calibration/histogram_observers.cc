@@ -174,9 +174,10 @@ double MseClip(const MagnitudeHistogram& hist, Fp8Flavor flavor) {
     return TotalError(moments, hist, max * std::exp2(-k / 1024.0) / qmax, flavor);
   };
   // A 1/256-octave grid over 4 octaves (k = 0, the max, first), then 1/1024 around the best.
+  const double at_max = error_at(0);
   int best = 0;
-  double best_err = std::numeric_limits<double>::infinity();
-  for (int k = 0; k <= 4 * 1024; k += 4) {
+  double best_err = at_max;
+  for (int k = 4; k <= 4 * 1024; k += 4) {
     const double e = error_at(k);
     if (e < best_err) {
       best_err = e;
@@ -192,6 +193,10 @@ double MseClip(const MagnitudeHistogram& hist, Fp8Flavor flavor) {
       best = k;
     }
   }
+  // Off the max only for a gain the model can resolve: its error is mostly common to every
+  // candidate, but not all of it (docs/observers.md), so the max stays unless beaten by 1%.
+  constexpr double kMinGain = 0.01;
+  if (best_err > at_max * (1 - kMinGain)) return max;
   return max * std::exp2(-best / 1024.0);
 }
 

@@ -44,12 +44,12 @@ def main(probe):
     worst_max = worst_best = 0.0
     cases = 0
     for shape in ("gaussian", "heavy", "outlier_head"):
-        for seed in range(1, 13):
+        for seed in range(1, 9):
             x = data(shape, seed)
             out = json.loads(subprocess.run([probe, *PERCENTILES], input=x.numpy().tobytes(),
                                             capture_output=True, check=True).stdout)
             amax = x.abs().max().item()
-            assert out["max"] == amax, (out["max"], amax)
+            assert torch.tensor(out["max"], dtype=torch.float32).item() == amax, (out["max"], amax)
             for name, (dtype, qmax) in FLAVORS.items():
                 ks = torch.arange(0, 4097, 8, dtype=torch.float64)
                 errs = mse(x, amax * torch.exp2(-ks / 1024), dtype, qmax)
