@@ -1,6 +1,6 @@
 // The project's one thread pool: a few persistent workers behind a FIFO queue. ParallelFor
-// splits work across them (the CPU reductions); Schedule hands off one task (the server's calls
-// that block on a shared state store). The destructor runs what is queued, then joins.
+// splits work across them (the CPU reductions); Schedule hands off one task (the server's unary
+// calls, which may block on a state store). The destructor runs what is queued, then joins.
 #ifndef CALIPER_CORE_TENSOR_THREAD_POOL_H_
 #define CALIPER_CORE_TENSOR_THREAD_POOL_H_
 
