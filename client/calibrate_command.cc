@@ -217,7 +217,7 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
   if (!tensor_files.ok()) return tensor_files.status();
   StreamPlans out;
   std::map<int, int64_t> batches_without_metadata;  // per rank: next implicit batch id
-  std::vector<std::string> skipped;
+  std::vector<std::string> skipped, ignored;
   for (const std::string& path : *tensor_files) {
     // Files without a batch in their metadata are one forward pass each, in command-line order.
     auto probe = SafetensorsFile::Open(path);
@@ -232,6 +232,7 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
     out.producer_tp = std::max(out.producer_tp, plan->tp_size);
     out.total_bytes += plan->bytes;
     skipped.insert(skipped.end(), plan->skipped.begin(), plan->skipped.end());
+    ignored.insert(ignored.end(), plan->ignored.begin(), plan->ignored.end());
     out.plans.push_back(*std::move(plan));
   }
   if (flags.Has("weights")) {
@@ -241,6 +242,7 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
       auto plan = PlanWeightFile(path, chunk_bytes);
       if (!plan.ok()) return plan.status();
       out.total_bytes += plan->bytes;
+      ignored.insert(ignored.end(), plan->ignored.begin(), plan->ignored.end());
       out.plans.push_back(*std::move(plan));
     }
   }
@@ -250,6 +252,13 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
   if (!skipped.empty()) {
     err << "caliper calibrate: not streaming " << skipped.size()
         << " tensor(s) this recipe does not use, e.g. " << skipped.front() << "\n";
+  }
+  if (!ignored.empty()) {
+    std::sort(ignored.begin(), ignored.end());
+    ignored.erase(std::unique(ignored.begin(), ignored.end()), ignored.end());
+    err << "caliper calibrate: warning: not streaming " << ignored.size()
+        << " MoE router module(s), which stay unquantized (no scale is written), e.g. "
+        << ignored.front() << "\n";
   }
   return out;
 }

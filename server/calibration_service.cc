@@ -24,7 +24,7 @@ CalibrationService::CalibrationService(ServiceOptions options, ReductionBackend*
       backend_(backend),
       metrics_(metrics),
       log_(log),
-      store_workers_(std::make_unique<StoreWorkers>(std::max(1, options_.unary_threads))) {
+      store_workers_(std::make_unique<ThreadPool>(std::max(1, options_.unary_threads))) {
   if (options_.stream_idle_timeout > absl::ZeroDuration() || options_.inflight != nullptr) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }

@@ -30,7 +30,7 @@
 #include "server/event_log.h"
 #include "server/metrics.h"
 #include "server/security.h"
-#include "server/store_workers.h"
+#include "core/tensor/thread_pool.h"
 
 namespace caliper {
 
@@ -140,7 +140,7 @@ class CalibrationService final
   std::set<ObserveReactor*> live_streams_;
   bool stopping_ = false;
   std::thread idle_thread_;
-  std::unique_ptr<StoreWorkers> store_workers_;
+  std::unique_ptr<ThreadPool> store_workers_;
 };
 
 }  // namespace caliper
