@@ -58,6 +58,8 @@ CalibrationService::CalibrationService(ServiceOptions options, SessionRegistry* 
   if (options_.store != nullptr) {
     store_workers_ = std::make_unique<StoreWorkers>(std::max(1, options_.store_threads));
   }
+  fleet_metrics_ = std::make_unique<FleetMetrics>(*metrics_->registry());
+  if (options_.fleets != nullptr) fleet_thread_ = std::thread([this] { FleetSweepLoop(); });
 }
 
 CalibrationService::~CalibrationService() {
@@ -67,6 +69,12 @@ CalibrationService::~CalibrationService() {
   }
   streams_cv_.notify_all();
   if (idle_thread_.joinable()) idle_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(fleet_mu_);
+    fleet_stopping_ = true;
+  }
+  fleet_cv_.notify_all();
+  if (fleet_thread_.joinable()) fleet_thread_.join();
 }
 
 absl::StatusOr<std::string> CalibrationService::TenantOf(
@@ -206,6 +214,12 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerContext* context,
                                                         const v1::ScalesRequest* request,
                                                         v1::ScalesResponse* response) {
+  if (!request->fleet().empty()) {
+    return FleetCall(context, "GetScales", request->fleet(),
+                     [this, request, response](const std::string& tenant) {
+                       return FleetScalesResponse(tenant, *request, response);
+                     });
+  }
   if (options_.store != nullptr) return StoreGetScales(context, request, response);
   const int64_t start = absl::GetCurrentTimeNanos();
   absl::Status status = CatchOutOfMemory("GetScales", [&]() -> absl::Status {
@@ -220,14 +234,23 @@ grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerCont
 absl::Status CalibrationService::ScalesResponseFor(const CalibrationSession& session,
                                                    const v1::ScalesRequest& request,
                                                    v1::ScalesResponse* response) const {
+  absl::StatusOr<FinalScales> final = session.Final();
+  if (!final.ok()) return final.status();
+  return ScalesResponseFor(session.model(), session.recipe(), *final, request, response);
+}
+
+absl::Status CalibrationService::ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
+                                                   const FinalScales& final,
+                                                   const v1::ScalesRequest& request,
+                                                   v1::ScalesResponse* response) const {
   absl::StatusOr<Deployment> deployment =
       DeploymentFromProto(request.deployment(), options_.limits);
   if (!deployment.ok()) return deployment.status();
   absl::StatusOr<std::vector<std::string>> formats =
       FormatsFromProto(request.formats(), options_.limits);
   if (!formats.ok()) return formats.status();
-  absl::StatusOr<SessionScales> scales =
-      session.Scales(*deployment, ConventionFromProto(request.convention()));
+  absl::StatusOr<SessionScales> scales = ScalesForDeployment(
+      model, recipe, final, *deployment, ConventionFromProto(request.convention()));
   if (!scales.ok()) return scales.status();
   absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
   if (!proto.ok()) return proto.status();

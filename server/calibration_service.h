@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -18,6 +19,8 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "core/fleet/fleet_store.h"
+#include "core/fleet/window.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/session/limits.h"
 #include "server/inflight_budget.h"
@@ -28,11 +31,15 @@
 #include "core/state/state_store.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
+#include "server/fleet_metrics.h"
 #include "server/metrics.h"
 #include "server/security.h"
 #include "server/store_workers.h"
 
 namespace caliper {
+
+// 128-bit random hex, as SessionRegistry's ids: not guessable (sessions made in a store).
+std::string NewSessionId();
 
 struct ServiceOptions {
   int64_t max_message_bytes = int64_t{64} << 20;  // largest chunk.data accepted
@@ -53,6 +60,13 @@ struct ServiceOptions {
   StateStore* store = nullptr;
   PartialFlusher* flusher = nullptr;
   int store_threads = 8;  // threads for unary calls that wait on the store
+  // Fleets (docs/fleets.md): null answers the fleet calls UNIMPLEMENTED.
+  FleetStore* fleets = nullptr;
+  FleetLimits fleet_limits;
+  // How often windows are checked for their policy's close and token counts committed.
+  absl::Duration fleet_sweep_interval = absl::Milliseconds(500);
+  // Milliseconds since the epoch for window ages and records; null: the wall clock.
+  std::function<int64_t()> fleet_clock_ms;
 };
 
 class CalibrationService final
@@ -94,8 +108,81 @@ class CalibrationService final
                                       const v1::ReportRequest* request,
                                       v1::ReportResponse* response) override;
 
+  // Fleets (server/fleet_calls.cc).
+  grpc::ServerUnaryReactor* CreateFleet(grpc::CallbackServerContext* context,
+                                        const v1::CreateFleetRequest* request,
+                                        v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* GetFleet(grpc::CallbackServerContext* context,
+                                     const v1::GetFleetRequest* request,
+                                     v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* ListFleets(grpc::CallbackServerContext* context,
+                                       const v1::ListFleetsRequest* request,
+                                       v1::ListFleetsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteFleet(grpc::CallbackServerContext* context,
+                                        const v1::DeleteFleetRequest* request,
+                                        v1::DeleteFleetResponse* response) override;
+  grpc::ServerUnaryReactor* OpenWindow(grpc::CallbackServerContext* context,
+                                       const v1::OpenWindowRequest* request,
+                                       v1::FleetWindow* response) override;
+  grpc::ServerUnaryReactor* CloseWindow(grpc::CallbackServerContext* context,
+                                        const v1::CloseWindowRequest* request,
+                                        v1::FleetWindow* response) override;
+  grpc::ServerUnaryReactor* ListVersions(grpc::CallbackServerContext* context,
+                                         const v1::ListVersionsRequest* request,
+                                         v1::ListVersionsResponse* response) override;
+  grpc::ServerUnaryReactor* GetVersion(grpc::CallbackServerContext* context,
+                                       const v1::GetVersionRequest* request,
+                                       v1::FleetVersion* response) override;
+  grpc::ServerUnaryReactor* PinVersion(grpc::CallbackServerContext* context,
+                                       const v1::PinVersionRequest* request,
+                                       v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* UnpinVersion(grpc::CallbackServerContext* context,
+                                         const v1::UnpinVersionRequest* request,
+                                         v1::Fleet* response) override;
+  grpc::ServerWriteReactor<v1::WatchScalesResponse>* WatchScales(
+      grpc::CallbackServerContext* context, const v1::WatchScalesRequest* request) override;
+  grpc::ServerUnaryReactor* ReportInUse(grpc::CallbackServerContext* context,
+                                        const v1::ReportInUseRequest* request,
+                                        v1::ReportInUseResponse* response) override;
+
  private:
   class ObserveReactor;
+  class WatchReactor;
+
+  // The K/V tokens this replica's streams counted into one open window since the last commit.
+  struct LiveWindow {
+    std::string tenant, fleet, session_id;
+    std::mutex mu;
+    WindowTokens pending;  // guarded by mu
+    void Count(const ChunkRef& chunk);
+  };
+  // The live counter of a window's session (windows are named "fleet/NAME/WEIGHT_VERSION");
+  // null for any other session.
+  std::shared_ptr<LiveWindow> LiveWindowFor(const CalibrationSession& session);
+  // Fleet calls: `call` on a store worker with a store, else inline; one body either way.
+  grpc::ServerUnaryReactor* FleetCall(grpc::CallbackServerContext* context,
+                                      absl::string_view method, std::string fleet,
+                                      std::function<absl::Status(const std::string& tenant)> call);
+  int64_t NowMs() const;
+  absl::StatusOr<std::string> CreateWindowSession(const Fleet& fleet,
+                                                  absl::string_view weight_version);
+  void DropSessions(const std::vector<std::string>& ids, absl::string_view tenant);
+  absl::StatusOr<FinalScales> FinalizeWindowSession(const std::string& id,
+                                                    const std::string& tenant);
+  // Commits what this replica counted into the window (all windows when session_id is empty).
+  void CommitWindowTokens(absl::string_view session_id);
+  // Closes the window, runs the publish policy and commits the outcome; notifies watchers.
+  absl::StatusOr<Window> CloseFleetWindow(const std::string& tenant, const std::string& fleet,
+                                          const std::string& session_id,
+                                          WindowCloseReason reason);
+  void FleetSweepLoop();
+  void NotifyWatchers(absl::string_view tenant, absl::string_view fleet);
+  absl::Status ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
+                                 const FinalScales& final, const v1::ScalesRequest& request,
+                                 v1::ScalesResponse* response) const;
+  // GetScales of a fleet version (request.fleet set).
+  absl::Status FleetScalesResponse(const std::string& tenant, const v1::ScalesRequest& request,
+                                   v1::ScalesResponse* response);
 
   // The calling tenant: "" without an authenticator, else from the call's bearer token.
   absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& context) const;
@@ -159,6 +246,14 @@ class CalibrationService final
   bool stopping_ = false;
   std::thread idle_thread_;
   std::unique_ptr<StoreWorkers> store_workers_;  // with options_.store
+
+  std::unique_ptr<FleetMetrics> fleet_metrics_;
+  std::mutex fleet_mu_;  // guards live_windows_, watchers_ and fleet_stopping_
+  std::condition_variable fleet_cv_;
+  bool fleet_stopping_ = false;
+  std::map<std::string, std::shared_ptr<LiveWindow>> live_windows_;  // by session id
+  std::set<WatchReactor*> watchers_;
+  std::thread fleet_thread_;
 };
 
 }  // namespace caliper

@@ -13,17 +13,13 @@
 #include "server/proto_convert.h"
 
 namespace caliper {
-namespace {
 
-// 128-bit random hex, as SessionRegistry's ids: not guessable.
 std::string NewSessionId() {
   std::random_device rd;
   uint64_t hi = (static_cast<uint64_t>(rd()) << 32) | rd();
   uint64_t lo = (static_cast<uint64_t>(rd()) << 32) | rd();
   return absl::StrFormat("%016x%016x", hi, lo);
 }
-
-}  // namespace
 
 grpc::ServerUnaryReactor* CalibrationService::OnStore(
     grpc::CallbackServerContext* context, absl::string_view method, std::string session_id,
