@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
       &cli::ScalesCommand(),
       &cli::SessionsCommand(),
       &cli::ReportCommand(),
+      &cli::FleetsCommand(),
+      &cli::VersionsCommand(),
 #endif
   };
 #ifdef CALIPER_HAVE_GRPC_COMMANDS

@@ -42,7 +42,7 @@ struct FleetLimits {
   int max_retain = 4096;
   int64_t max_window_seconds = int64_t{30} * 24 * 3600;
   int max_weight_versions = 1024;   // remembered per fleet for ordering
-  int max_refusals_kept = 256;      // closed windows kept only for their refusal
+  int max_refusals_kept = 16;       // closed windows kept only for their refusal (sessions)
   int max_in_use_reports = 4096;    // engines per fleet whose ReportInUse is kept
   int max_watchers = 1024;          // WatchScales streams open at once, server-wide
 };
