@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       &cli::MergeCommand(),
       &cli::ConvertCommand(),
       &cli::QuantizeCommand(),
+      &cli::CheckCommand(),
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
       &cli::CalibrateCommand(),
       &cli::ScalesCommand(),

@@ -29,7 +29,8 @@ fi
 
 ABSL_PKGS="absl_status absl_statusor absl_strings absl_str_format absl_span absl_cord absl_synchronization"
 CXXFLAGS="-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
-  -fno-sanitize-recover=undefined -pthread -I$ROOT $(pkg-config --cflags $ABSL_PKGS)"
+  -fno-sanitize-recover=undefined -pthread -I$ROOT $(pkg-config --cflags $ABSL_PKGS) \
+  -DCALIPER_VERSION=\"$(cat "$ROOT/VERSION")\""
 LIBS="$(pkg-config --libs $ABSL_PKGS) -pthread"
 
 # caliper_core's source list, read from its CMakeLists so the two never drift apart.

@@ -1,5 +1,6 @@
 // caliper.v1.Calibration over gRPC's callback API. Transport only: requests are translated to
-// core::CalibrationSession calls and core errors go out through ToGrpcStatus. Observe is a
+// calls of the StateStore (core/state/state_store.h: memory, file or PostgreSQL, one body per
+// RPC for all three) and core errors go out through ToGrpcStatus. Observe is a
 // ServerReadReactor over raw ByteBuffers, so chunk payloads are reduced in place in the received
 // slices (server/raw_tensor_chunk.h): a bad chunk is answered in-band (ObserveSummary.errors) and
 // the stream goes on; stream-level faults (unknown session on the first chunk, oversized or
@@ -25,7 +26,6 @@
 #include "core/session/limits.h"
 #include "server/inflight_budget.h"
 #include "core/session/session.h"
-#include "core/session/session_registry.h"
 #include "core/state/partial_flusher.h"
 #include "core/state/session_store.h"
 #include "core/state/state_store.h"
@@ -37,9 +37,6 @@
 #include "server/store_workers.h"
 
 namespace caliper {
-
-// 128-bit random hex, as SessionRegistry's ids: not guessable (sessions made in a store).
-std::string NewSessionId();
 
 struct ServiceOptions {
   int64_t max_message_bytes = int64_t{64} << 20;  // largest chunk.data accepted
@@ -54,12 +51,12 @@ struct ServiceOptions {
   int64_t stream_lookahead_bytes = int64_t{1} << 20;
   int max_concurrent_streams = 1024;               // Observe streams open at once
   absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
-  // --state_dir (a FileStateStore) or --state_store (PostgreSQL, shared by replicas): sessions
-  // live in this store, not in the registry; streams fold into partials that `flusher` merges,
-  // and every answer waits for the store. Both set or both null (in memory).
+  // Where sessions live (required): a MemoryStateStore, --state_dir's FileStateStore or
+  // --state_store's PostgreSQL store. Streams fold into partials that `flusher` (over `store`)
+  // merges; every answer comes from the store.
   StateStore* store = nullptr;
   PartialFlusher* flusher = nullptr;
-  int store_threads = 8;  // threads for unary calls that wait on the store
+  int unary_threads = 8;  // --unary_threads: threads that run the unary calls (they wait on the store)
   // Fleets (docs/fleets.md): null answers the fleet calls UNIMPLEMENTED.
   FleetStore* fleets = nullptr;
   FleetLimits fleet_limits;
@@ -73,8 +70,8 @@ class CalibrationService final
     : public v1::Calibration::WithRawCallbackMethod_Observe<v1::Calibration::CallbackService> {
  public:
   // Borrows everything; all must outlive the service.
-  CalibrationService(ServiceOptions options, SessionRegistry* registry,
-                     ReductionBackend* backend, ServerMetrics* metrics, EventLog* log);
+  CalibrationService(ServiceOptions options, ReductionBackend* backend, ServerMetrics* metrics,
+                     EventLog* log);
   ~CalibrationService() override;
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
@@ -159,9 +156,37 @@ class CalibrationService final
   // The live counter of a window's session (windows are named "fleet/NAME/WEIGHT_VERSION");
   // null for any other session.
   std::shared_ptr<LiveWindow> LiveWindowFor(const CalibrationSession& session);
-  // Fleet calls: `call` on a store worker with a store, else inline; one body either way.
+
+  // What a unary call's body knows of its call: the calling tenant, and the session the log
+  // line names (the request's; CreateSession sets the new one).
+  struct Call {
+    std::string tenant;
+    std::string session_id;
+  };
+  using Body = std::function<absl::Status(Call& call)>;
+  // Every unary call: checks `session_id` ("" for none) and the caller's token, runs `body` on
+  // a store worker (never on a gRPC thread; out of memory answered as RESOURCE_EXHAUSTED), then
+  // finishes with its status, its latency and one log line.
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                   absl::string_view method, absl::string_view session_id,
+                                   Body body);
+
+  // The calling tenant: "" without an authenticator, else from the call's bearer token.
+  absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& context) const;
+  // GetScales' answer for the committed `session`.
+  absl::Status ScalesResponseFor(const CalibrationSession& session,
+                                 const v1::ScalesRequest& request,
+                                 v1::ScalesResponse* response) const;
+  // The same for scales kept apart from their session (a fleet version); `described` names
+  // what scales.json says they come from.
+  absl::Status ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
+                                 const FinalScales& final, const SessionStatus& described,
+                                 const v1::ScalesRequest& request,
+                                 v1::ScalesResponse* response) const;
+
+  // Fleet calls: Answer, with UNIMPLEMENTED when the server has no fleet store.
   grpc::ServerUnaryReactor* FleetCall(grpc::CallbackServerContext* context,
-                                      absl::string_view method, std::string fleet,
+                                      absl::string_view method,
                                       std::function<absl::Status(const std::string& tenant)> call);
   int64_t NowMs() const;
   absl::StatusOr<std::string> CreateWindowSession(const Fleet& fleet,
@@ -177,64 +202,19 @@ class CalibrationService final
                                           WindowCloseReason reason);
   void FleetSweepLoop();
   void NotifyWatchers(absl::string_view tenant, absl::string_view fleet);
-  absl::Status ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
-                                 const FinalScales& final, const v1::ScalesRequest& request,
-                                 v1::ScalesResponse* response) const;
   // GetScales of a fleet version (request.fleet set).
   absl::Status FleetScalesResponse(const std::string& tenant, const v1::ScalesRequest& request,
                                    v1::ScalesResponse* response);
-
-  // The calling tenant: "" without an authenticator, else from the call's bearer token.
-  absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& context) const;
-  // The session if it exists and belongs to the calling tenant, else NotFound/Unauthenticated.
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> GetOwned(
-      const grpc::CallbackServerContext& context, absl::string_view session_id) const;
-  // GetScales' answer for `session` (however it was found: in memory or from the store).
-  absl::Status ScalesResponseFor(const CalibrationSession& session,
-                                 const v1::ScalesRequest& request,
-                                 v1::ScalesResponse* response) const;
-  // Deletes the tenant's session (in memory; the stores delete through StoreDeleteSession).
-  absl::Status DeleteWithState(absl::string_view session_id, absl::string_view tenant);
-  // --state_store: each call runs `call` on a store worker, then finishes with its status.
-  grpc::ServerUnaryReactor* OnStore(grpc::CallbackServerContext* context,
-                                    absl::string_view method, std::string session_id,
-                                    std::function<absl::Status(const std::string& tenant)> call);
-  grpc::ServerUnaryReactor* StoreCreateSession(grpc::CallbackServerContext* context,
-                                               const v1::CreateSessionRequest* request,
-                                               v1::Session* response);
-  grpc::ServerUnaryReactor* StoreGetSession(grpc::CallbackServerContext* context,
-                                            const v1::GetSessionRequest* request,
-                                            v1::Session* response);
-  grpc::ServerUnaryReactor* StoreListSessions(grpc::CallbackServerContext* context,
-                                              v1::ListSessionsResponse* response);
-  grpc::ServerUnaryReactor* StoreDeleteSession(grpc::CallbackServerContext* context,
-                                               const v1::DeleteSessionRequest* request);
-  grpc::ServerUnaryReactor* StoreFinalize(grpc::CallbackServerContext* context,
-                                          const v1::FinalizeRequest* request,
-                                          v1::Session* response);
-  grpc::ServerUnaryReactor* StoreGetScales(grpc::CallbackServerContext* context,
-                                           const v1::ScalesRequest* request,
-                                           v1::ScalesResponse* response);
-  grpc::ServerUnaryReactor* StoreGetReport(grpc::CallbackServerContext* context,
-                                           const v1::ReportRequest* request,
-                                           v1::ReportResponse* response);
-  grpc::ServerUnaryReactor* StoreResume(grpc::CallbackServerContext* context,
-                                        const v1::ResumeRequest* request,
-                                        v1::ResumeResponse* response);
 
   // Cancels streams idle for longer than stream_idle_timeout (runs on idle_thread_).
   void IdleWatchLoop();
 
   // Finishes a unary call with `status`, recording its latency and one log line.
-  grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
-                                        absl::string_view method, absl::string_view session_id,
-                                        int64_t start_ns, const absl::Status& status);
   void FinishReactor(grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* context,
                      absl::string_view method, absl::string_view session_id, int64_t start_ns,
                      const absl::Status& status);
 
   const ServiceOptions options_;
-  SessionRegistry* const registry_;
   ReductionBackend* const backend_;
   ServerMetrics* const metrics_;
   EventLog* const log_;
@@ -245,7 +225,7 @@ class CalibrationService final
   std::set<ObserveReactor*> live_streams_;
   bool stopping_ = false;
   std::thread idle_thread_;
-  std::unique_ptr<StoreWorkers> store_workers_;  // with options_.store
+  std::unique_ptr<StoreWorkers> store_workers_;
 
   std::unique_ptr<FleetMetrics> fleet_metrics_;
   std::mutex fleet_mu_;  // guards live_windows_, watchers_ and fleet_stopping_

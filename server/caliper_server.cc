@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/state/file_state_store.h"
+#include "core/state/memory_state_store.h"
 #include "server/postgres/postgres_store.h"
 
 namespace caliper {
@@ -42,6 +43,10 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
     return absl::InvalidArgumentError(
         "--max_concurrent_streams and --stream_idle_timeout must not be negative (0: unbounded)");
   }
+  if (options.service.unary_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--unary_threads: must be >= 1, got ",
+                                                   options.service.unary_threads));
+  }
   if (options.max_inflight_bytes < 0 || options.service.stream_lookahead_bytes <= 0 ||
       options.service.stream_lookahead_bytes > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -50,6 +55,11 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   }
   if (absl::Status s = ValidateLimits(options.service.limits); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
+  }
+  if (options.state_flush_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state_flush_interval: must be positive, got ",
+        absl::FormatDuration(options.state_flush_interval)));
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       BuildServerCredentials(options.security, options.service.authenticator);
@@ -78,6 +88,7 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   } else if (!options.state_store_import.empty()) {
     return absl::InvalidArgumentError("--state_store_import: needs --state_store");
   }
+  if (server->state_store_ == nullptr) server->UseMemoryStore(options, log);
 
   ServiceOptions service_options = options.service;
   if (options.max_inflight_bytes > 0) {
@@ -86,12 +97,10 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   }
   service_options.store = server->state_store_.get();
   service_options.flusher = server->flusher_.get();
-  service_options.store_threads = options.state_store_pool;
   if (absl::Status s = server->OpenFleetStore(options, log); !s.ok()) return s;
   service_options.fleets = server->fleet_store_.get();
   server->service_ = std::make_unique<CalibrationService>(
-      service_options, &server->registry_, server->backend_.get(),
-      server->server_metrics_.get(), log);
+      service_options, server->backend_.get(), server->server_metrics_.get(), log);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -128,11 +137,6 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
 }
 
 absl::Status CaliperServer::OpenStateStore(const ServerOptions& options, EventLog* log) {
-  if (options.state_flush_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--state_flush_interval: must be positive, got ",
-        absl::FormatDuration(options.state_flush_interval)));
-  }
   if (!absl::StartsWith(options.state_store, "postgresql://") &&
       !absl::StartsWith(options.state_store, "postgres://")) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -142,6 +146,7 @@ absl::Status CaliperServer::OpenStateStore(const ServerOptions& options, EventLo
   PostgresStoreOptions store_options;
   store_options.uri = options.state_store;
   store_options.pool_size = options.state_store_pool;
+  store_options.limits = options.service.limits;
   absl::StatusOr<std::unique_ptr<StateStore>> store = OpenPostgresStore(store_options);
   if (!store.ok()) {
     return absl::Status(store.status().code(),
@@ -221,11 +226,6 @@ absl::Status CaliperServer::OpenFleetStore(const ServerOptions& options, EventLo
 }
 
 absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog* log) {
-  if (options.state_flush_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--state_flush_interval: must be positive, got ",
-        absl::FormatDuration(options.state_flush_interval)));
-  }
   ServerMetrics* metrics = server_metrics_.get();
   FileStateStore::Hooks hooks;
   hooks.on_write = [metrics, log](const FileStateStore::WriteEvent& event) {
@@ -263,10 +263,19 @@ absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog*
   return absl::OkStatus();
 }
 
+void CaliperServer::UseMemoryStore(const ServerOptions& options, EventLog* log) {
+  ServerMetrics* metrics = server_metrics_.get();
+  state_store_ = std::make_unique<MemoryStateStore>(
+      options.service.limits,
+      [metrics](size_t sessions) { metrics->SetActiveSessions(static_cast<int64_t>(sessions)); });
+  StartFlusher(options, log);
+}
+
 void CaliperServer::StartFlusher(const ServerOptions& options, EventLog* log) {
   ServerMetrics* metrics = server_metrics_.get();
-  // The file store counts its own writes (on_write); a database merge is counted here.
-  const bool count_merges = options.state_dir.empty();
+  // The file store counts its own writes (on_write), the memory store writes nothing; a
+  // database merge is counted here.
+  const bool count_merges = !options.state_store.empty();
   flusher_ = std::make_unique<PartialFlusher>(
       state_store_.get(), options.state_flush_interval,
       [metrics, log, count_merges](const PartialFlusher::FlushEvent& event) {

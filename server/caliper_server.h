@@ -16,7 +16,6 @@
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/session/session.h"
-#include "core/session/session_registry.h"
 #include "core/fleet/fleet_store.h"
 #include "core/state/partial_flusher.h"
 #include "core/state/session_store.h"
@@ -70,7 +69,7 @@ class CaliperServer {
   void Shutdown(absl::Duration drain);
   void Wait();
 
-  SessionRegistry& registry() { return registry_; }
+  StateStore& store() { return *state_store_; }  // where the sessions live
   ServerMetrics& metrics() { return *server_metrics_; }
 
  private:
@@ -80,6 +79,8 @@ class CaliperServer {
   absl::Status RestoreState(const ServerOptions& options, EventLog* log);
   // Opens --state_store (schema migrated), imports --state_store_import, starts the flusher.
   absl::Status OpenStateStore(const ServerOptions& options, EventLog* log);
+  // Neither flag: sessions in this process's memory (core/state/memory_state_store.h).
+  void UseMemoryStore(const ServerOptions& options, EventLog* log);
   void StartFlusher(const ServerOptions& options, EventLog* log);
   // Fleets live in memory, or under --state_dir/fleets (core/fleet/fleet_store.h).
   absl::Status OpenFleetStore(const ServerOptions& options, EventLog* log);
@@ -88,10 +89,9 @@ class CaliperServer {
   void WatchStore(EventLog* log);
 
   std::unique_ptr<ReductionBackend> backend_;
-  SessionRegistry registry_;
   std::unique_ptr<ServerMetrics> server_metrics_;
-  std::unique_ptr<StateStore> state_store_;  // with --state_dir (a file store) or --state_store
-  std::unique_ptr<PartialFlusher> flusher_;  // with state_store_; stopped after the server
+  std::unique_ptr<StateStore> state_store_;  // memory, --state_dir's files or --state_store
+  std::unique_ptr<PartialFlusher> flusher_;  // over state_store_; stopped after the server
   std::unique_ptr<FleetStore> fleet_store_;  // in memory, or under --state_dir; not with PostgreSQL
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<InflightBudget> inflight_;  // with max_inflight_bytes

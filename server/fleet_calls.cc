@@ -15,6 +15,7 @@
 #include "server/fleet_convert.h"
 #include "server/proto_convert.h"
 #include "server/rpc_timing.h"
+#include "core/session/session_id.h"
 #include "server/status_mapping.h"
 
 namespace caliper {
@@ -24,6 +25,26 @@ constexpr absl::string_view kWindowPrefix = "fleet/";
 
 std::string WindowSessionName(absl::string_view fleet, absl::string_view weight_version) {
   return absl::StrCat(kWindowPrefix, fleet, "/", weight_version);
+}
+
+absl::Status Unavailable() {
+  return absl::UnimplementedError(
+      "fleets are not available with --state_store (PostgreSQL) yet; use --state_dir or an "
+      "in-memory server");
+}
+
+// What scales.json says a version's scales come from: its window's session, named after the
+// fleet and the version.
+SessionStatus VersionSession(const FleetState& state, const FleetVersion& version) {
+  SessionStatus status;
+  if (!version.windows.empty()) status.id = version.windows.front().session_id;
+  status.name = absl::StrCat(kWindowPrefix, state.fleet().name, "/", version.weight_version,
+                             " version ", version.id);
+  status.state = SessionState::kFinalized;
+  status.model = state.fleet().model;
+  status.recipe = state.fleet().recipe;
+  status.created_unix_ms = version.created_unix_ms;
+  return status;
 }
 
 absl::Status CheckFleet(absl::string_view name, const FleetLimits& limits) {
@@ -101,30 +122,23 @@ int64_t CalibrationService::NowMs() const {
 
 absl::StatusOr<std::string> CalibrationService::CreateWindowSession(
     const Fleet& fleet, absl::string_view weight_version) {
-  const std::string name = WindowSessionName(fleet.name, weight_version);
-  if (options_.store != nullptr) {
-    absl::StatusOr<std::unique_ptr<CalibrationSession>> session = CalibrationSession::Create(
-        fleet.model, fleet.recipe, NewSessionId(), name, fleet.tenant, options_.limits);
-    if (!session.ok()) return session.status();
-    if (absl::Status s =
-            options_.store->CreateSession(**session, options_.limits.max_sessions_per_tenant);
-        !s.ok()) {
-      return s;
-    }
-    return (*session)->id();
-  }
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-      registry_->CreateForTenant(fleet.model, fleet.recipe, name, fleet.tenant, options_.limits);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+      CalibrationSession::Create(fleet.model, fleet.recipe, NewSessionId(),
+                                 WindowSessionName(fleet.name, weight_version), fleet.tenant,
+                                 options_.limits);
   if (!session.ok()) return session.status();
-  metrics_->SetActiveSessions(static_cast<int64_t>(registry_->size()));
+  if (absl::Status s =
+          options_.store->CreateSession(**session, options_.limits.max_sessions_per_tenant);
+      !s.ok()) {
+    return s;
+  }
   return (*session)->id();
 }
 
 void CalibrationService::DropSessions(const std::vector<std::string>& ids,
                                       absl::string_view tenant) {
   for (const std::string& id : ids) {
-    absl::Status status = options_.store != nullptr ? options_.store->DeleteSession(id, tenant)
-                                                    : DeleteWithState(id, tenant);
+    absl::Status status = options_.store->DeleteSession(id, tenant);
     if (!status.ok() && !absl::IsNotFound(status)) {
       log_->Log(Severity::kWarning, "fleet_session_drop_failed",
                 {{"session", id}, {"message", std::string(status.message())}});
@@ -136,19 +150,12 @@ void CalibrationService::DropSessions(const std::vector<std::string>& ids,
 
 absl::StatusOr<FinalScales> CalibrationService::FinalizeWindowSession(const std::string& id,
                                                                       const std::string& tenant) {
-  absl::StatusOr<FinalScales> final;
-  if (options_.store != nullptr) {
-    absl::Status status = options_.store->FinalizeSession(id, tenant);
-    absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-        status.ok() ? options_.store->LoadSession(id, tenant)
-                    : absl::StatusOr<std::unique_ptr<CalibrationSession>>(status);
-    final = session.ok() ? (*session)->Final() : absl::StatusOr<FinalScales>(session.status());
-  } else {
-    absl::StatusOr<std::shared_ptr<CalibrationSession>> session =
-        registry_->GetForTenant(id, tenant);
-    absl::Status status = session.ok() ? (*session)->Finalize() : session.status();
-    final = status.ok() ? (*session)->Final() : absl::StatusOr<FinalScales>(status);
-  }
+  absl::Status status = options_.store->FinalizeSession(id, tenant);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+      status.ok() ? options_.store->LoadSession(id, tenant)
+                  : absl::StatusOr<std::unique_ptr<CalibrationSession>>(status);
+  absl::StatusOr<FinalScales> final =
+      session.ok() ? (*session)->Final() : absl::StatusOr<FinalScales>(session.status());
   metrics_->Finalization(final.ok());
   return final;
 }
@@ -350,9 +357,9 @@ class CalibrationService::WatchReactor final
       return;
     }
     message_.Clear();
-    absl::Status built = service_->ScalesResponseFor(state->fleet().model, state->fleet().recipe,
-                                                     *final, scales_request_,
-                                                     message_.mutable_scales());
+    absl::Status built = service_->ScalesResponseFor(
+        state->fleet().model, state->fleet().recipe, *final, VersionSession(*state, *version),
+        scales_request_, message_.mutable_scales());
     if (!built.ok()) {
       FinishLocked(built);
       return;
@@ -399,11 +406,7 @@ grpc::ServerWriteReactor<v1::WatchScalesResponse>* CalibrationService::WatchScal
   auto* reactor = new WatchReactor(this, *request);
   absl::StatusOr<std::string> tenant = TenantOf(*context);
   absl::Status status = tenant.status();
-  if (status.ok() && options_.fleets == nullptr) {
-    status = absl::UnimplementedError(
-        "fleets are not available with --state_store (PostgreSQL) yet; use --state_dir or an "
-        "in-memory server");
-  }
+  if (status.ok() && options_.fleets == nullptr) status = Unavailable();
   if (status.ok()) status = CheckFleet(request->fleet(), options_.fleet_limits);
   if (status.ok() && request->after_version() < 0) {
     status = absl::InvalidArgumentError("after_version: must not be negative");
@@ -433,25 +436,18 @@ grpc::ServerWriteReactor<v1::WatchScalesResponse>* CalibrationService::WatchScal
 // --- unary calls -------------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* CalibrationService::FleetCall(
-    grpc::CallbackServerContext* context, absl::string_view method, std::string fleet,
+    grpc::CallbackServerContext* context, absl::string_view method,
     std::function<absl::Status(const std::string& tenant)> call) {
-  if (options_.fleets == nullptr) {
-    return FinishUnary(context, method, fleet, absl::GetCurrentTimeNanos(),
-                       absl::UnimplementedError(
-                           "fleets are not available with --state_store (PostgreSQL) yet; use "
-                           "--state_dir or an in-memory server"));
-  }
-  if (options_.store != nullptr) return OnStore(context, method, std::move(fleet), std::move(call));
-  const int64_t start = absl::GetCurrentTimeNanos();
-  absl::StatusOr<std::string> tenant = TenantOf(*context);
-  const absl::Status status = tenant.ok() ? call(*tenant) : tenant.status();
-  return FinishUnary(context, method, fleet, start, status);
+  return Answer(context, method, "", [this, call = std::move(call)](Call& answer) {
+    if (options_.fleets == nullptr) return Unavailable();
+    return call(answer.tenant);
+  });
 }
 
 grpc::ServerUnaryReactor* CalibrationService::CreateFleet(grpc::CallbackServerContext* context,
                                                           const v1::CreateFleetRequest* request,
                                                           v1::Fleet* response) {
-  return FleetCall(context, "CreateFleet", request->name(),
+  return FleetCall(context, "CreateFleet",
                    [this, request, response](const std::string& tenant) -> absl::Status {
                      absl::StatusOr<Fleet> fleet = FleetFromProto(
                          *request, tenant, options_.fleet_limits, options_.limits);
@@ -468,7 +464,7 @@ grpc::ServerUnaryReactor* CalibrationService::CreateFleet(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CalibrationService::GetFleet(grpc::CallbackServerContext* context,
                                                        const v1::GetFleetRequest* request,
                                                        v1::Fleet* response) {
-  return FleetCall(context, "GetFleet", request->fleet(),
+  return FleetCall(context, "GetFleet",
                    [this, request, response](const std::string& tenant) -> absl::Status {
                      if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
                          !s.ok()) {
@@ -485,7 +481,7 @@ grpc::ServerUnaryReactor* CalibrationService::GetFleet(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CalibrationService::ListFleets(grpc::CallbackServerContext* context,
                                                          const v1::ListFleetsRequest*,
                                                          v1::ListFleetsResponse* response) {
-  return FleetCall(context, "ListFleets", "",
+  return FleetCall(context, "ListFleets",
                    [this, response](const std::string& tenant) -> absl::Status {
                      absl::StatusOr<std::vector<FleetState>> states =
                          options_.fleets->List(tenant);
@@ -498,7 +494,7 @@ grpc::ServerUnaryReactor* CalibrationService::ListFleets(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CalibrationService::DeleteFleet(grpc::CallbackServerContext* context,
                                                           const v1::DeleteFleetRequest* request,
                                                           v1::DeleteFleetResponse*) {
-  return FleetCall(context, "DeleteFleet", request->fleet(),
+  return FleetCall(context, "DeleteFleet",
                    [this, request](const std::string& tenant) -> absl::Status {
                      if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
                          !s.ok()) {
@@ -518,7 +514,7 @@ grpc::ServerUnaryReactor* CalibrationService::OpenWindow(grpc::CallbackServerCon
                                                          const v1::OpenWindowRequest* request,
                                                          v1::FleetWindow* response) {
   return FleetCall(
-      context, "OpenWindow", request->fleet(),
+      context, "OpenWindow",
       [this, request, response](const std::string& tenant) -> absl::Status {
         const std::string& name = request->fleet();
         const std::string& weight_version = request->weight_version();
@@ -583,7 +579,7 @@ grpc::ServerUnaryReactor* CalibrationService::CloseWindow(grpc::CallbackServerCo
                                                           const v1::CloseWindowRequest* request,
                                                           v1::FleetWindow* response) {
   return FleetCall(
-      context, "CloseWindow", request->fleet(),
+      context, "CloseWindow",
       [this, request, response](const std::string& tenant) -> absl::Status {
         if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits); !s.ok()) {
           return s;
@@ -621,7 +617,7 @@ grpc::ServerUnaryReactor* CalibrationService::CloseWindow(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CalibrationService::ListVersions(
     grpc::CallbackServerContext* context, const v1::ListVersionsRequest* request,
     v1::ListVersionsResponse* response) {
-  return FleetCall(context, "ListVersions", request->fleet(),
+  return FleetCall(context, "ListVersions",
                    [this, request, response](const std::string& tenant) -> absl::Status {
                      if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
                          !s.ok()) {
@@ -645,7 +641,7 @@ grpc::ServerUnaryReactor* CalibrationService::ListVersions(
 grpc::ServerUnaryReactor* CalibrationService::GetVersion(grpc::CallbackServerContext* context,
                                                          const v1::GetVersionRequest* request,
                                                          v1::FleetVersion* response) {
-  return FleetCall(context, "GetVersion", request->fleet(),
+  return FleetCall(context, "GetVersion",
                    [this, request, response](const std::string& tenant) -> absl::Status {
                      if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
                          !s.ok()) {
@@ -672,7 +668,7 @@ grpc::ServerUnaryReactor* CalibrationService::GetVersion(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CalibrationService::PinVersion(grpc::CallbackServerContext* context,
                                                          const v1::PinVersionRequest* request,
                                                          v1::Fleet* response) {
-  return FleetCall(context, "PinVersion", request->fleet(),
+  return FleetCall(context, "PinVersion",
                    [this, request, response](const std::string& tenant) -> absl::Status {
                      if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
                          !s.ok()) {
@@ -693,7 +689,7 @@ grpc::ServerUnaryReactor* CalibrationService::PinVersion(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CalibrationService::UnpinVersion(
     grpc::CallbackServerContext* context, const v1::UnpinVersionRequest* request,
     v1::Fleet* response) {
-  return FleetCall(context, "UnpinVersion", request->fleet(),
+  return FleetCall(context, "UnpinVersion",
                    [this, request, response](const std::string& tenant) -> absl::Status {
                      if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
                          !s.ok()) {
@@ -716,7 +712,7 @@ grpc::ServerUnaryReactor* CalibrationService::ReportInUse(
     grpc::CallbackServerContext* context, const v1::ReportInUseRequest* request,
     v1::ReportInUseResponse*) {
   return FleetCall(
-      context, "ReportInUse", request->fleet(),
+      context, "ReportInUse",
       [this, request](const std::string& tenant) -> absl::Status {
         if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits); !s.ok()) {
           return s;
@@ -755,8 +751,13 @@ absl::Status CalibrationService::FleetScalesResponse(const std::string& tenant,
   }
   absl::StatusOr<FinalScales> final = options_.fleets->GetScales(tenant, request.fleet(), id);
   if (!final.ok()) return final.status();
-  return ScalesResponseFor(state->fleet().model, state->fleet().recipe, *final, request,
-                           response);
+  const FleetVersion* version = state->Version(id);
+  if (version == nullptr) {
+    return absl::NotFoundError(absl::StrCat("version: ", id, " of fleet ", request.fleet(),
+                                            " is not retained"));
+  }
+  return ScalesResponseFor(state->fleet().model, state->fleet().recipe, *final,
+                           VersionSession(*state, *version), request, response);
 }
 
 }  // namespace caliper

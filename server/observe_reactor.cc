@@ -6,17 +6,16 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
-#include <new>
 #include <optional>
 #include <string>
 #include <utility>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/calibration_service.h"
 #include "server/inflight_budget.h"
+#include "server/out_of_memory.h"
 #include "server/proto_convert.h"
 #include "server/raw_tensor_chunk.h"
 #include "server/rpc_timing.h"
@@ -27,15 +26,6 @@ namespace {
 
 absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
-absl::Status CatchOutOfMemory(absl::string_view method, absl::FunctionRef<absl::Status()> body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        method, ": the server ran out of memory handling this chunk; retry later"));
-  }
 }
 
 }  // namespace
@@ -79,7 +69,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     if (!lock.owns_lock()) return;  // a chunk is being handled right now: not idle
     idle_finished_ = true;
     lock.unlock();
-    CompleteStream(absl::DeadlineExceededError(absl::StrCat(
+    FinishStream(absl::DeadlineExceededError(absl::StrCat(
         "Observe: no chunk for longer than the server's stream_idle_timeout=",
         absl::FormatDuration(service_->options_.stream_idle_timeout),
         "; chunks accepted before are kept (resume to go on)")));
@@ -101,7 +91,8 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     absl::Status fault = raw_.Parse(request_);
     last_message_bytes_ = static_cast<int64_t>(raw_.data().size());
     if (fault.ok()) {
-      fault = CatchOutOfMemory("Observe", [this] { return HandleChunk(); });
+      fault = CatchOutOfMemory("Observe", "handling this chunk; retry later",
+                               [this] { return HandleChunk(); });
     } else {
       service_->metrics_->ChunkRejected(fault, v1::TARGET_UNSPECIFIED);
       if (session_) session_->RecordRejected();
@@ -143,15 +134,16 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
  private:
-  // An OK end is acknowledged only once everything the stream accepted is durable.
+  // A stream's status goes out once everything it accepted is committed: an OK end is
+  // acknowledged only then (or fails with why not), and after any end GetSession shows it.
   void FinishStream(const absl::Status& status) {
-    if (status.ok() && partial_ != nullptr) {
-      // --state_store: OK once every chunk of this stream is committed.
-      service_->options_.flusher->WhenCommitted(
-          partial_, [this](absl::Status committed) { CompleteStream(committed); });
+    if (partial_ == nullptr) {
+      CompleteStream(status);
       return;
     }
-    CompleteStream(status);
+    service_->options_.flusher->WhenCommitted(partial_, [this, status](absl::Status committed) {
+      CompleteStream(status.ok() ? committed : status);
+    });
   }
 
   void CompleteStream(const absl::Status& status) {
@@ -292,20 +284,19 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
           producer_->producer_id, "\"; open one stream per producer")));
       return absl::OkStatus();
     }
-    if (partial_ != nullptr) {
-      // Fenced by a newer stream of the producer, or the session finalized or deleted, as its
-      // last merge found: what this stream sends can no longer count.
-      if (absl::Status failed = service_->options_.flusher->failure(partial_); !failed.ok()) {
-        service_->metrics_->ChunkRejected(failed, chunk_.kind());
-        return failed;
-      }
+    // Fenced by a newer stream of the producer, or the session finalized or deleted, as its
+    // last merge found: what this stream sends can no longer count.
+    if (absl::Status failed = service_->options_.flusher->failure(partial_); !failed.ok()) {
+      service_->metrics_->ChunkRejected(failed, chunk_.kind());
+      return failed;
     }
     const StreamObserveResult result = session_->Observe(
         *chunk, *service_->backend_, producer_ ? &*producer_ : nullptr);
     if (!result.status.ok() && result.ends_stream) {
       // A gap or a newer connection of this producer: the stream cannot go on in order.
-      service_->metrics_->ChunkRejected(result.status, chunk_.kind());
-      return result.status;
+      const absl::Status status = SupersededOr(result.status);
+      service_->metrics_->ChunkRejected(status, chunk_.kind());
+      return status;
     }
     if (!result.status.ok()) {
       RejectChunk(result.status);
@@ -336,12 +327,9 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     return absl::OkStatus();
   }
 
-  // The stream's session: the registry's, or with --state_store a partial of the committed one
-  // that only this stream folds into (merged by the flusher).
+  // The stream's session: a partial of the committed one that only this stream folds into
+  // (merged into the store by the flusher).
   absl::StatusOr<std::shared_ptr<CalibrationSession>> BindSession() {
-    if (service_->options_.store == nullptr) {
-      return service_->registry_->GetForTenant(chunk_.session_id(), tenant_);
-    }
     absl::StatusOr<std::unique_ptr<CalibrationSession>> empty =
         service_->options_.store->LoadEmpty(chunk_.session_id(), tenant_);
     if (!empty.ok()) return empty.status();
@@ -351,10 +339,9 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     return partial;
   }
 
-  // With --state_store the producer's committed N comes from the store, which also fences its
-  // earlier streams on every replica.
+  // The producer's committed N comes from the store, which also fences its earlier streams
+  // (on every replica of a shared store).
   absl::StatusOr<ProducerLedger::Stream> OpenProducer() {
-    if (partial_ == nullptr) return session_->OpenProducerStream(chunk_.producer_id());
     absl::StatusOr<OpenedProducer> opened =
         service_->options_.store->OpenProducer(session_id_, chunk_.producer_id());
     if (!opened.ok()) return opened.status();
@@ -363,6 +350,19 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         session_->OpenProducerStream(chunk_.producer_id());
     if (stream.ok()) service_->options_.flusher->BindProducer(partial_, *stream, opened->epoch);
     return stream;
+  }
+
+  // A gap in this stream whose missing chunks the store already holds: a newer stream of the
+  // producer committed them, so this one was superseded (its partial only knows its own).
+  absl::Status SupersededOr(const absl::Status& gap) {
+    if (!producer_ || gap.code() != absl::StatusCode::kFailedPrecondition) return gap;
+    absl::StatusOr<uint64_t> committed = service_->options_.store->CommittedSequence(
+        session_id_, tenant_, producer_->producer_id);
+    if (!committed.ok() || *committed + 1 < chunk_.sequence()) return gap;
+    return absl::AbortedError(absl::StrCat(
+        "chunk.sequence: producer '", producer_->producer_id,
+        "': this stream was superseded by a newer stream of the same producer, which committed "
+        "up to ", *committed, "; resume from ", *committed + 1));
   }
 
   CalibrationService* const service_;
@@ -382,9 +382,9 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   grpc::ByteBuffer request_;
   RawTensorChunk raw_;
   const v1::TensorChunk& chunk_ = raw_.header();  // every field but data, which stays in raw_
+  std::shared_ptr<LiveWindow> window_;  // when the session is a fleet's window
   std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
-  std::shared_ptr<LiveWindow> window_;  // when session_ is a fleet's window
-  std::shared_ptr<PartialFlusher::Partial> partial_;  // with --state_store
+  std::shared_ptr<PartialFlusher::Partial> partial_;  // bound with session_
   std::optional<ProducerLedger::Stream> producer_;  // bound by the first chunk with a producer
   std::string session_id_;
   absl::Status final_status_;

@@ -104,13 +104,18 @@ ABSL_FLAG(std::string, state_dir, "",
           "Directory for durable session state (one file per session, restored at start-up); "
           "empty: sessions live in memory only");
 ABSL_FLAG(absl::Duration, state_flush_interval, absl::Seconds(1),
-          "Longest time between writes of a changed session's state (stream ends, "
-          "CreateSession and Finalize also wait for a write)");
+          "Longest time a stream's statistics wait before they are merged into the state store "
+          "(and written, with --state_dir or --state_store); stream ends merge at once");
 ABSL_FLAG(std::string, state_store, "",
           "Shared session state for any number of replicas: a PostgreSQL libpq URI "
           "(postgresql://USER:PASSWORD@HOST:PORT/DB?sslmode=verify-full; also from "
           "$CALIPER_STATE_STORE). Exclusive with --state_dir");
-ABSL_FLAG(int, state_store_pool, 8, "Database connections at most (per replica)");
+ABSL_FLAG(int, state_store_pool, 8,
+          "Database connections at most (per replica), shared by unary calls, stream starts, the "
+          "flusher and readiness checks; a caller waits up to 10 s for one");
+ABSL_FLAG(int, unary_threads, 8,
+          "Threads that answer unary calls (each waits on the state store: memory, --state_dir or "
+          "--state_store), never on gRPC's threads");
 ABSL_FLAG(std::string, state_store_import, "",
           "A --state_dir directory whose sessions are imported into --state_store at start-up "
           "(sessions already there are left alone)");
@@ -215,6 +220,7 @@ int main(int argc, char** argv) {
   options.service.fleet_limits.max_watchers = absl::GetFlag(FLAGS_max_watchers);
   options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.service.unary_threads = absl::GetFlag(FLAGS_unary_threads);
   options.state_flush_interval = absl::GetFlag(FLAGS_state_flush_interval);
   options.state_store = absl::GetFlag(FLAGS_state_store);
   if (options.state_store.empty()) {

@@ -7,11 +7,30 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/calibration/histogram_observers.h"
+#include "core/check/check_rules.h"
 #include "core/formats/moe_layout.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
 namespace {
+
+// `caliper check`'s rules on a scale set the session finalized: a finding that breaks an engine
+// refuses it (naming the rule and tensor), a degrading one becomes a warning. Per-head K/V scales
+// are a property here, not a defect: the format asked for later decides who reads them.
+absl::Status CheckFinalizedScales(const std::string& id, SessionScales* scales) {
+  const ScaleSet set = ScaleSetFromFinalized(absl::StrCat("session ", id), scales->model,
+                                             scales->kv_scales, scales->nvfp4);
+  for (const CheckFinding& f : CheckScaleSet(set, CheckOptions())) {
+    if (f.rule == "kv-per-head" || f.severity == CheckSeverity::kNone) continue;
+    if (f.severity == CheckSeverity::kBreaks) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", id, ": scales refused by check: ", f.rule, ": ", f.tensor, " = ", f.value,
+          ": ", f.message));
+    }
+    scales->warnings.push_back({f.tensor, absl::StrCat("check: ", f.rule, ": ", f.message)});
+  }
+  return absl::OkStatus();
+}
 
 // Module names are keys of bounded session state; a runaway name is a client bug.
 constexpr size_t kMaxModuleNameBytes = 1024;
@@ -609,6 +628,7 @@ absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, cons
                                                               : ScaleForm::kDivisor;
   }
   out.warnings.insert(out.warnings.end(), session_warnings.begin(), session_warnings.end());
+  if (absl::Status s = CheckFinalizedScales(id_, &out); !s.ok()) return s;
   return out;
 }
 

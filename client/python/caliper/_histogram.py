@@ -43,7 +43,7 @@ class Histogram:
     max_count: int
     max: float = 0.0
 
-    def merge(self, other: "Histogram") -> "Histogram":
+    def merge(self, other: Histogram) -> Histogram:
         """Exact, order-independent (as MagnitudeHistogram::Merge): for producers that merge
         chunks locally before sending."""
         if other.max_count == 0:

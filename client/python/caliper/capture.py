@@ -213,7 +213,8 @@ def run(argv: Optional[List[str]] = None) -> int:
             raise UsageError(f"--model: {config_path}: {e}") from None
         if args.kv == "off" and not args.nvfp4:
             raise UsageError("nothing to calibrate: --kv off without --nvfp4")
-        for flag, value, low in (("--warmup", args.warmup, 0), ("--first-batch", args.first_batch, 0),
+        for flag, value, low in (("--warmup", args.warmup, 0),
+                                 ("--first-batch", args.first_batch, 0),
                                  ("--attempts", args.attempts, 1),
                                  ("--merge-batches", args.merge_batches, 0)):
             if value < low:
@@ -288,6 +289,7 @@ def run(argv: Optional[List[str]] = None) -> int:
     finally:
         session.close()
     w = result.written
+    assert w is not None  # out= was given
     for path in ([w.kv_cache_calib] if w.kv_cache_calib else []) + [w.scales_json] + \
             w.engine_files:
         print(f"wrote     {path}")
