@@ -205,8 +205,9 @@ absl::Status CalibrationService::ScalesResponseFor(const ModelConfig& model, con
   absl::StatusOr<std::vector<std::string>> formats =
       FormatsFromProto(request.formats(), options_.limits);
   if (!formats.ok()) return formats.status();
-  absl::StatusOr<SessionScales> scales = ScalesForDeployment(
-      model, recipe, final, *deployment, ConventionFromProto(request.convention()));
+  absl::StatusOr<SessionScales> scales =
+      ScalesForDeployment(model, recipe, final, *deployment,
+                          ConventionFromProto(request.convention()), described.id);
   if (!scales.ok()) return scales.status();
   absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats, described);
   if (!proto.ok()) return proto.status();

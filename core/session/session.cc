@@ -574,13 +574,14 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
                                                          Nvfp4Convention convention) const {
   absl::StatusOr<FinalScales> final = Final();
   if (!final.ok()) return final.status();
-  return ScalesForDeployment(model_, recipe_, *final, deployment, convention);
+  return ScalesForDeployment(model_, recipe_, *final, deployment, convention, id_);
 }
 
 absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, const Recipe& recipe,
                                                   const FinalScales& final,
                                                   const Deployment& deployment,
-                                                  Nvfp4Convention convention) {
+                                                  Nvfp4Convention convention,
+                                                  const std::string& session_id) {
   std::optional<KvScales> kv = final.kv;
   const std::map<std::string, ModuleAmax>& amax = final.amax;
   const std::vector<ScaleWarning>& session_warnings = final.warnings;
@@ -628,7 +629,7 @@ absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, cons
                                                               : ScaleForm::kDivisor;
   }
   out.warnings.insert(out.warnings.end(), session_warnings.begin(), session_warnings.end());
-  if (absl::Status s = CheckFinalizedScales(id_, &out); !s.ok()) return s;
+  if (absl::Status s = CheckFinalizedScales(session_id, &out); !s.ok()) return s;
   return out;
 }
 

@@ -140,12 +140,14 @@ struct FinalScales {
   std::vector<ScaleWarning> warnings;
 };
 
-// `final` adapted to one deployment and NVFP4 convention, as CalibrationSession::Scales does;
-// InvalidArgument for a deployment the model cannot have.
+// `final` adapted to one deployment and NVFP4 convention, as CalibrationSession::Scales does
+// (with `caliper check`'s rules, naming `session_id`); InvalidArgument for a deployment the
+// model cannot have, FailedPrecondition for scales the checks refuse.
 absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, const Recipe& recipe,
                                                   const FinalScales& final,
                                                   const Deployment& deployment,
-                                                  Nvfp4Convention convention);
+                                                  Nvfp4Convention convention,
+                                                  const std::string& session_id);
 
 // A consistent copy of a session's observer state, for reports (core/session/session_report.h).
 struct SessionObservations {
