@@ -238,8 +238,17 @@ TEST_P(FleetServiceTest, FirstVersionPublishesAndServesTheWindowsScales) {
   }
   ASSERT_EQ(fleet_scales.kv_layers_size(), kLayers);
   EXPECT_FLOAT_EQ(fleet_scales.kv_layers(1).k_scale(1), 8.0f / 448.0f);
-  EXPECT_EQ(fleet_scales.SerializeAsString(), session_scales.SerializeAsString());
-  EXPECT_FALSE(fleet_scales.files().empty());  // the same files as a session's
+  ASSERT_EQ(fleet_scales.kv_layers_size(), session_scales.kv_layers_size());
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(fleet_scales.kv_layers(l).SerializeAsString(),
+              session_scales.kv_layers(l).SerializeAsString());
+  }
+  // The same files as a session's (scales.json names the version's window).
+  ASSERT_EQ(fleet_scales.files_size(), session_scales.files_size());
+  ASSERT_FALSE(fleet_scales.files().empty());
+  for (int i = 0; i < fleet_scales.files_size(); ++i) {
+    EXPECT_EQ(fleet_scales.files(i).name(), session_scales.files(i).name());
+  }
 
   const v1::Fleet fleet = Get();
   EXPECT_EQ(fleet.current_version(), 1);
