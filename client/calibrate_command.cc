@@ -135,7 +135,37 @@ absl::StatusOr<ObserverSpec> ParseObserver(absl::string_view flag, const std::st
                                  "(0, 100]"));
 }
 
-// Step 1: the recipe from the flags (values already checked against their choices).
+}  // namespace
+
+std::vector<FlagSpec> WithRecipeFlags(std::vector<FlagSpec> flags) {
+  std::vector<FlagSpec> recipe = {
+      KvFlag(),
+      {.name = "fp8", .value_name = "FLAVOR",
+       .help = "FP8 KV format: e4m3fn (qmax 448) or e4m3fnuz (qmax 240)",
+       .default_value = "e4m3fn", .choices = {"e4m3fn", "e4m3fnuz"}},
+      {.name = "nvfp4",
+       .help = "also compute NVFP4 global scales (activations from {module}.input)"},
+      {.name = "observer", .value_name = "NAME",
+       .help = "NVFP4 input observer: static_minmax, minmax, percentile:P or mse "
+               "(llm-compressor's names; docs/observers.md)",
+       .default_value = "static_minmax"},
+      {.name = "kv-observer", .value_name = "NAME",
+       .help = "FP8 KV observer: static_minmax, minmax, percentile:P or mse "
+               "(docs/observers.md)",
+       .default_value = "static_minmax"},
+      {.name = "compat", .value_name = "NAME",
+       .help = "llm-compressor: its arithmetic for every scale, in the model's dtype "
+               "(absent: Caliper's correctly rounded float32; docs/observers.md)",
+       .choices = {"llm-compressor"}},
+      {.name = "histograms",
+       .help = "keep |x| histograms for `caliper report` (implied by percentile and mse)"},
+      {.name = "warmup", .value_name = "N", .help = "skip forward passes (batches) below N",
+       .default_value = "0"},
+  };
+  flags.insert(flags.end(), recipe.begin(), recipe.end());
+  return flags;
+}
+
 absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
   v1::Recipe recipe;
   recipe.set_kv(KvModeFromFlag(*flags.Get("kv")));
@@ -182,6 +212,8 @@ absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
   recipe.set_warmup_batches(**warmup);
   return recipe;
 }
+
+namespace {
 
 // Step 2: the model, parsed here too, so a broken config.json is an input error before any RPC.
 absl::Status DescribeModel(const CliArgs& flags, v1::CreateSessionRequest* create) {
@@ -447,7 +479,7 @@ const CommandSpec& CalibrateCommand() {
           "once. If the server rejects any chunk, each is reported (file, sequence, tensor, message),\n"
           "the session is left open and nothing is written, unless --allow-rejected.",
       .server = ServerUse::kAlways,
-      .flags = WithConnectionFlags({
+      .flags = WithConnectionFlags(WithRecipeFlags({
           {.name = "server", .value_name = "ADDR",
            .help = "caliper-server address, e.g. localhost:50051", .required = true},
           {.name = "model", .value_name = "CONFIG", .help = "the model's Hugging Face config.json",
@@ -456,30 +488,8 @@ const CommandSpec& CalibrateCommand() {
            .help = "dump files, or directories of *.safetensors (a glob works)", .repeated = true},
           {.name = "out", .value_name = "DIR", .help = "output directory (created)",
            .required = true},
-          KvFlag(),
-          {.name = "fp8", .value_name = "FLAVOR",
-           .help = "FP8 KV format: e4m3fn (qmax 448) or e4m3fnuz (qmax 240)",
-           .default_value = "e4m3fn", .choices = {"e4m3fn", "e4m3fnuz"}},
-          {.name = "nvfp4",
-           .help = "also compute NVFP4 global scales (activations from {module}.input)"},
           {.name = "weights", .value_name = "DIR",
            .help = "HF checkpoint for NVFP4 weight scales (needs --nvfp4)"},
-          {.name = "observer", .value_name = "NAME",
-           .help = "NVFP4 input observer: static_minmax, minmax, percentile:P or mse "
-                   "(llm-compressor's names; docs/observers.md)",
-           .default_value = "static_minmax"},
-          {.name = "kv-observer", .value_name = "NAME",
-           .help = "FP8 KV observer: static_minmax, minmax, percentile:P or mse "
-                   "(docs/observers.md)",
-           .default_value = "static_minmax"},
-          {.name = "compat", .value_name = "NAME",
-           .help = "llm-compressor: its arithmetic for every scale, in the model's dtype "
-                   "(absent: Caliper's correctly rounded float32; docs/observers.md)",
-           .choices = {"llm-compressor"}},
-          {.name = "histograms",
-           .help = "keep |x| histograms for `caliper report` (implied by percentile and mse)"},
-          {.name = "warmup", .value_name = "N", .help = "skip forward passes (batches) below N",
-           .default_value = "0"},
           {.name = "tp", .value_name = "T",
            .help = "deployment TP size to write files for (absent: the dumps' TP size)",
            .aliases = {"deploy-tp"}},
@@ -493,7 +503,7 @@ const CommandSpec& CalibrateCommand() {
            .default_value = "4194304"},
           {.name = "allow-rejected",
            .help = "finalize and write even if the server rejected chunks"},
-      }),
+      })),
       .run = RunCalibrate,
   };
   return command;

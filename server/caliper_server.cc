@@ -117,6 +117,8 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   }
   service_options.store = server->state_store_.get();
   service_options.flusher = server->flusher_.get();
+  if (absl::Status s = server->OpenFleetStore(options, log); !s.ok()) return s;
+  service_options.fleets = server->fleet_store_.get();
   server->service_ = std::make_unique<CalibrationService>(
       service_options, server->backend_.get(), server->server_metrics_.get(), log);
 
@@ -238,6 +240,29 @@ void CaliperServer::WatchStore(EventLog* log) {
     std::unique_lock<std::mutex> lock(watch_mu_);
     if (watch_cv_.wait_for(lock, std::chrono::seconds(2), [this] { return watch_stop_; })) return;
   }
+}
+
+absl::Status CaliperServer::OpenFleetStore(const ServerOptions& options, EventLog* log) {
+  if (!options.state_store.empty()) return absl::OkStatus();  // not with PostgreSQL yet
+  if (options.state_dir.empty()) {
+    fleet_store_ = NewMemoryFleetStore(options.service.fleet_limits);
+    return absl::OkStatus();
+  }
+  const std::string dir = absl::StrCat(options.state_dir, "/fleets");
+  std::vector<absl::Status> errors;
+  absl::StatusOr<std::unique_ptr<FleetStore>> store = OpenFileFleetStore(
+      dir, options.service.fleet_limits, options.service.limits, &errors);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("--state_dir=", options.state_dir, ": ",
+                                     store.status().message()));
+  }
+  for (const absl::Status& error : errors) {
+    log->Log(Severity::kError, "fleet_state_corrupt",
+             {{"state_dir", dir}, {"error", std::string(error.message())}});
+  }
+  fleet_store_ = *std::move(store);
+  return absl::OkStatus();
 }
 
 absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog* log) {

@@ -96,6 +96,10 @@ ABSL_FLAG(bool, allow_plaintext_tokens, false,
 ABSL_FLAG(int, max_sessions_per_tenant, 0,
           "Sessions a tenant may hold at once; 0: only --max_sessions applies");
 ABSL_FLAG(int, max_concurrent_streams, 1024, "Observe streams open at once; 0: unbounded");
+ABSL_FLAG(int, max_fleets, caliper::FleetLimits().max_fleets,
+          "Fleets the server holds at once (all tenants; docs/fleets.md)");
+ABSL_FLAG(int, max_watchers, caliper::FleetLimits().max_watchers,
+          "WatchScales streams open at once");
 ABSL_FLAG(int, max_modules_per_session, caliper::Limits().max_modules_per_session,
           "Distinct NVFP4 modules a session may track (a 61-layer, 384-expert MoE has ~70k)");
 ABSL_FLAG(absl::Duration, stream_idle_timeout, caliper::ServiceOptions().stream_idle_timeout,
@@ -225,6 +229,8 @@ int main(int argc, char** argv) {
   limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
   options.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.service.fleet_limits.max_fleets = absl::GetFlag(FLAGS_max_fleets);
+  options.service.fleet_limits.max_watchers = absl::GetFlag(FLAGS_max_watchers);
   options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
