@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/check/engine_behavior.h"
+#include "core/check/scale_math.h"
 #include "core/formats/moe_layout.h"
 #include "core/formats/render_inputs.h"
 
@@ -24,11 +25,11 @@ namespace {
 using check_internal::Effects;
 using check_internal::EngineRow;
 
-std::string Num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return absl::StrFormat("%.6g", v);
-}
+using check_internal::AmaxFromStored;
+using check_internal::IsSubnormal;
+using check_internal::MedianOf;
+std::string Num(double v) { return check_internal::FormatScale(v); }
+bool Usable(const std::optional<ScaleValues>& v) { return check_internal::IsUsableScalar(v); }
 
 class Collector {
  public:
@@ -58,7 +59,6 @@ class Collector {
   std::vector<CheckFinding> findings_;
 };
 
-bool IsSubnormal(float v) { return v != 0 && std::isfinite(v) && std::fpclassify(v) == FP_SUBNORMAL; }
 
 // What a scale tensor is, for the engines' effects.
 check_internal::ScaleKind KindOf(const std::string& tensor) {
@@ -118,16 +118,6 @@ void CheckValues(const ScaleSet& scales, const ScaleValues& tensor, Collector* o
   }
 }
 
-// ct: the divisor; ModelOpt: the multiplier. Larger amax <=> smaller divisor / larger multiplier.
-float AmaxOf(float stored, ScaleForm form) {
-  return form == ScaleForm::kDivisor ? kFp4Max * kFp8E4M3Max / stored
-                                     : stored * kFp4Max * kFp8E4M3Max;
-}
-
-bool Usable(const std::optional<ScaleValues>& v) {
-  return v.has_value() && v->values.size() == 1 && std::isfinite(v->values[0]) &&
-         v->values[0] > 0 && !IsSubnormal(v->values[0]);
-}
 
 void CheckFusedGroups(const ScaleSet& scales, Collector* out) {
   const FusedGroupTable table = FusedGroupTable::Default();
@@ -179,11 +169,6 @@ void CheckFusedGroups(const ScaleSet& scales, Collector* out) {
   }
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 void CheckExperts(const ScaleSet& scales, const CheckOptions& options, Collector* out) {
   // (layer key, projection) -> expert -> module; only modules that quantize their inputs.
@@ -208,7 +193,7 @@ void CheckExperts(const ScaleSet& scales, const CheckOptions& options, Collector
       if (!m.input_global.has_value()) {
         missing.push_back(name);
       } else if (Usable(m.input_global)) {
-        amax.push_back(AmaxOf(m.input_global->values[0], scales.form));
+        amax.push_back(AmaxFromStored(m.input_global->values[0], scales.form));
       }
     }
     const double experts = static_cast<double>(layer.modules.size());
@@ -227,13 +212,13 @@ void CheckExperts(const ScaleSet& scales, const CheckOptions& options, Collector
       f.details["affected"] = static_cast<double>(missing.size());
     }
     if (amax.size() < 3) continue;
-    const double median = Median(amax);
+    const double median = MedianOf(amax);
     int outliers = 0;
     std::vector<std::pair<std::string, double>> flagged;
     for (const auto& [expert, name] : layer.modules) {
       const ModuleScales& m = scales.modules.at(name);
       if (!Usable(m.input_global)) continue;
-      const double a = AmaxOf(m.input_global->values[0], scales.form);
+      const double a = AmaxFromStored(m.input_global->values[0], scales.form);
       const double r = a > median ? a / median : median / a;
       if (r >= options.expert_outlier_ratio) {
         ++outliers;
@@ -417,7 +402,7 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
     }
   }
   if (values.size() >= 2) {
-    const double median = Median(values);
+    const double median = MedianOf(values);
     const double lowest = *std::min_element(values.begin(), values.end());
     if (lowest > 1.0 && median >= 4.0) {
       CheckFinding& f = out->Add(

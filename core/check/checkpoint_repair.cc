@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "core/calibration/nvfp4.h"
 #include "core/check/check_rules.h"
+#include "core/check/scale_math.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/moe_layout.h"
 #include "core/formats/render_inputs.h"
@@ -32,25 +33,12 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-std::string Num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return absl::StrFormat("%.6g", v);
-}
-
-bool Usable(const std::optional<ScaleValues>& v) {
-  return v.has_value() && v->values.size() == 1 && std::isfinite(v->values[0]) &&
-         v->values[0] > 0 && std::fpclassify(v->values[0]) == FP_NORMAL;
-}
-
-float AmaxOf(float stored, ScaleForm form) {
-  return form == ScaleForm::kDivisor ? kFp4Max * kFp8E4M3Max / stored
-                                     : stored * kFp4Max * kFp8E4M3Max;
-}
-float StoredOf(double amax, ScaleForm form) {
-  return form == ScaleForm::kDivisor ? static_cast<float>(kFp4Max * kFp8E4M3Max / amax)
-                                     : static_cast<float>(amax / (kFp4Max * kFp8E4M3Max));
-}
+using check_internal::AmaxFromStored;
+using check_internal::kExpertOutlierRatio;
+using check_internal::MedianOf;
+using check_internal::StoredFromAmax;
+std::string Num(double v) { return check_internal::FormatScale(v); }
+bool Usable(const std::optional<ScaleValues>& v) { return check_internal::IsUsableScalar(v); }
 
 std::string F32Bytes(absl::Span<const float> values) {
   std::string out(values.size() * 4, '\0');
@@ -97,12 +85,6 @@ std::string PolicyName(const RepairPolicy& p, bool experts) {
                                                                : "kv-missing=refuse";
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Session module -> this checkpoint's module (expert spellings differ between producers).
 std::map<std::string, const ModuleScales*> SessionModules(const ScaleSet& session,
                                                           const ScaleSet& scales) {
@@ -145,21 +127,21 @@ absl::Status PlanExperts(const ScaleSet& scales, const RepairOptions& options, P
     for (const std::string& name : modules) {
       const ModuleScales& m = scales.modules.at(name);
       if (Usable(m.input_global)) {
-        amax.push_back(AmaxOf(m.input_global->values[0], scales.form));
+        amax.push_back(AmaxFromStored(m.input_global->values[0], scales.form));
         like = &*m.input_global;
       }
     }
     if (amax.empty()) continue;  // no input scales in this layer (weights only)
-    const double median = Median(amax);
+    const double median = MedianOf(amax);
     // Healthy siblings: usable and not a high outlier (a dead expert's 1.0 fallback is one).
     std::vector<double> healthy;
     for (double a : amax) {
-      if (a / median < 8.0) healthy.push_back(a);
+      if (a / median < kExpertOutlierRatio) healthy.push_back(a);
     }
     const double layer_value =
         policy.experts == RepairPolicy::Experts::kMaxOfLayer
             ? *std::max_element(healthy.begin(), healthy.end())
-            : Median(healthy);
+            : MedianOf(healthy);
     for (const std::string& name : modules) {
       const ModuleScales& m = scales.modules.at(name);
       std::string rule;
@@ -171,7 +153,7 @@ absl::Status PlanExperts(const ScaleSet& scales, const RepairOptions& options, P
                : v == 0         ? "zero-scale"
                : v < 0          ? "negative-scale"
                                 : "subnormal-scale";
-      } else if (AmaxOf(m.input_global->values[0], scales.form) / median >= 8.0) {
+      } else if (AmaxFromStored(m.input_global->values[0], scales.form) / median >= kExpertOutlierRatio) {
         rule = "expert-input-scale-outlier";
       } else {
         continue;
@@ -185,13 +167,13 @@ absl::Status PlanExperts(const ScaleSet& scales, const RepairOptions& options, P
               name, suffix, ": session ", policy.experts_session,
               " has no usable input scale for this expert (it did not see it either)"));
         }
-        value_amax = AmaxOf(it->second->input_global->values[0], session_form);
+        value_amax = AmaxFromStored(it->second->input_global->values[0], session_form);
         note = "from the session's observed input amax";
       } else {
         note = absl::StrCat(policy.experts == RepairPolicy::Experts::kMaxOfLayer ? "max" : "median",
                             " input amax of the layer's ", healthy.size(), " healthy experts");
       }
-      const float stored = StoredOf(value_amax, scales.form);
+      const float stored = StoredFromAmax(value_amax, scales.form);
       const std::string tensor = name + suffix;
       RepairEntry entry{tensor, rule, policy_name,
                         m.input_global.has_value() && !m.input_global->values.empty()
