@@ -13,6 +13,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/strings/str_replace.h"
 #include "core/formats/lightllm_format.h"
 #include "core/session/session.h"
 #include "gmock/gmock.h"
@@ -748,6 +749,11 @@ TEST_F(DurableServiceTest, RestartRestoresSessionsExactly) {
   ASSERT_TRUE(Finalize(fresh).ok());
   v1::ScalesResponse uninterrupted;
   ASSERT_TRUE(Scales(fresh, 1, &uninterrupted).ok());
+  // scales.json names its session: the same bytes but for the id.
+  EXPECT_EQ(absl::StrReplaceAll(resumed.scales_json(), {{open, "ID"}}),
+            absl::StrReplaceAll(uninterrupted.scales_json(), {{fresh, "ID"}}));
+  resumed.clear_scales_json();
+  uninterrupted.clear_scales_json();
   EXPECT_EQ(resumed.SerializeAsString(), uninterrupted.SerializeAsString());
 }
 
