@@ -13,6 +13,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/strings/str_replace.h"
 #include "core/formats/lightllm_format.h"
 #include "core/session/session.h"
 #include "gmock/gmock.h"
