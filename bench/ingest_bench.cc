@@ -9,6 +9,10 @@
 //   3. Server peak RSS (VmHWM) of a fresh server after ingesting 4 GiB on 4 streams: < 256 MiB.
 //   4. With --baseline_server=PATH (another build, e.g. the previous release): the same zerocopy
 //      ingest through both servers, alternating in every iteration: counter ratio_to_baseline.
+//   BM_ObserveWriter: the zero-copy writer over gRPC's public generic API (client/raw_observe.h)
+//   vs the sync ClientWriter it replaced (built from grpc::internal, kept here only as the
+//   baseline), the same bytes back to back in each iteration: counter ratio_to_internal_writer
+//   (>= 1: no slower).
 // The server is started as a child process: caliper-server --listen=127.0.0.1:0 --device=cpu.
 //   ingest_bench [--server=PATH] [--baseline_server=PATH] [--chunk_mib=4]
 //                [--benchmark_filter=...]
@@ -37,6 +41,8 @@
 
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/sync_stream.h"
 #include "absl/strings/str_cat.h"
 #include "client/raw_observe.h"
 #include "proto/caliper.grpc.pb.h"
@@ -236,6 +242,49 @@ bool StreamZeroCopy(const std::string& address, const std::string& session, int 
   return CheckSummary(writer->Finish(), summary, bytes);
 }
 
+// The writer client/raw_observe.h had before it moved to the public generic API: a sync
+// ClientWriter made from grpc::internal::RpcMethod and ClientWriterFactory. Baseline only.
+struct LegacyChunk {
+  grpc::ByteBuffer buffer;
+};
+}  // namespace
+
+template <>
+class grpc::SerializationTraits<LegacyChunk, void> {
+ public:
+  static grpc::Status Serialize(const LegacyChunk& chunk, grpc::ByteBuffer* out,
+                                bool* own_buffer) {
+    *out = chunk.buffer;
+    *own_buffer = true;
+    return grpc::Status::OK;
+  }
+  static grpc::Status Deserialize(grpc::ByteBuffer*, LegacyChunk*) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "write-only");
+  }
+};
+
+namespace {
+
+bool StreamLegacyWriter(const std::string& address, const std::string& session, int stream,
+                        int64_t bytes) {
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(address, 200 + stream);
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  const grpc::internal::RpcMethod method("/caliper.v1.Calibration/Observe",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+  std::unique_ptr<grpc::ClientWriter<LegacyChunk>> writer(
+      grpc::internal::ClientWriterFactory<LegacyChunk>::Create(channel.get(), method, &ctx,
+                                                               &summary));
+  v1::TensorChunk header = ChunkHeader(session, stream, 0);
+  for (int64_t seq = 0; seq * g_chunk_bytes < bytes; ++seq) {
+    header.set_sequence(static_cast<uint64_t>(seq) + 1);
+    LegacyChunk chunk{caliper::cli::SerializeChunk(header, ChunkData(seq), g_chunk_bytes).buffer};
+    if (!writer->Write(chunk)) break;
+  }
+  writer->WritesDone();
+  return CheckSummary(writer->Finish(), summary, bytes);
+}
+
 // Raw loopback TCP: `streams` connections each moving `bytes` from the same source memory into
 // a 4 MiB receive buffer. Returns seconds until every receiver saw EOF.
 double RawTcp(int streams, int64_t bytes) {
@@ -330,6 +379,48 @@ void BM_Ingest(benchmark::State& state) {
                               budget ? ", in-flight budget" : ", no budget (before)"));
 }
 
+// The public-API writer vs the internal-API one, 1 stream, alternating within each iteration
+// (which goes first alternates too), each into its own session of the same server.
+void BM_ObserveWriter(benchmark::State& state) {
+  ServerProcess server;
+  if (!server.Start()) return state.SkipWithError("cannot start caliper-server");
+  const std::string public_session = CreateSession(server.address);
+  const std::string legacy_session = CreateSession(server.address);
+  if (public_session.empty() || legacy_session.empty()) {
+    return state.SkipWithError("CreateSession failed");
+  }
+  Source();
+  double public_s = 0, legacy_s = 0;
+  int round = 0;
+  for (auto _ : state) {
+    bool ok_public = false, ok_legacy = false;
+    auto run_public = [&] {
+      public_s += RunStreams(1, [&](int stream) {
+        return StreamZeroCopy(server.address, public_session, stream + 2 * round, kStreamBytes);
+      }, &ok_public);
+    };
+    auto run_legacy = [&] {
+      legacy_s += RunStreams(1, [&](int stream) {
+        return StreamLegacyWriter(server.address, legacy_session, stream + 2 * round, kStreamBytes);
+      }, &ok_legacy);
+    };
+    if (round % 2 == 0) {
+      run_public();
+      run_legacy();
+    } else {
+      run_legacy();
+      run_public();
+    }
+    ++round;
+    if (!ok_public || !ok_legacy) return state.SkipWithError("Observe failed");
+    state.SetIterationTime(public_s / round);
+  }
+  const double bytes = static_cast<double>(kStreamBytes) * state.iterations();
+  state.counters["public_GBps"] = bytes / public_s / 1e9;
+  state.counters["internal_GBps"] = bytes / legacy_s / 1e9;
+  state.counters["ratio_to_internal_writer"] = legacy_s / public_s;
+}
+
 // Benchmark 3: a fresh server ingests 4 GiB (4 streams x 1 GiB, proto client); VmHWM < 256 MiB.
 void BM_ServerPeakRss4GiB(benchmark::State& state) {
   for (auto _ : state) {
@@ -364,14 +455,19 @@ void BM_IngestVsBaseline(benchmark::State& state) {
   if (session.empty() || baseline_session.empty()) return state.SkipWithError("CreateSession");
   Source();
   double server_s = 0, baseline_s = 0;
+  bool baseline_first = true;  // the order alternates too
   for (auto _ : state) {
     bool ok = false, baseline_ok = false;
-    const double b = RunStreams(streams, [&](int stream) {
-      return StreamZeroCopy(baseline.address, baseline_session, stream, kStreamBytes);
-    }, &baseline_ok);
-    const double s = RunStreams(streams, [&](int stream) {
-      return StreamZeroCopy(server.address, session, stream, kStreamBytes);
-    }, &ok);
+    auto run = [&](const ServerProcess& target, const std::string& id, bool* good) {
+      return RunStreams(streams, [&](int stream) {
+        return StreamZeroCopy(target.address, id, stream, kStreamBytes);
+      }, good);
+    };
+    double b = 0, s = 0;
+    if (baseline_first) b = run(baseline, baseline_session, &baseline_ok);
+    s = run(server, session, &ok);
+    if (!baseline_first) b = run(baseline, baseline_session, &baseline_ok);
+    baseline_first = !baseline_first;
     if (!ok || !baseline_ok) return state.SkipWithError("Observe failed");
     state.SetIterationTime(s);
     server_s += s;
@@ -387,6 +483,7 @@ BENCHMARK(BM_Ingest)->ArgNames({"streams", "zerocopy", "budget"})
     ->Args({1, 0, 1})->Args({1, 1, 0})->Args({1, 1, 1})->Args({4, 0, 1})->Args({4, 1, 0})
     ->Args({4, 1, 1})
     ->Iterations(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ObserveWriter)->Iterations(6)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ServerPeakRss4GiB)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_IngestVsBaseline)->ArgNames({"streams"})->Arg(1)->Arg(4)
     ->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);

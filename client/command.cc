@@ -72,7 +72,17 @@ std::string ExitCodeHelp(ServerUse server, bool reports_findings) {
 int RunCommand(const CommandSpec& command, const std::vector<std::string>& args,
                std::ostream& out, std::ostream& err) {
   const std::string prefix = absl::StrCat("caliper ", command.name, ": ");
-  absl::StatusOr<CliArgs> flags = CliArgs::Parse(args, command.flags);
+  std::vector<std::string> words;
+  size_t next = 0;
+  for (const std::string& arg : args) {
+    if (next < command.positionals.size() && words.size() == next && !arg.empty() &&
+        arg[0] != '-') {
+      words.push_back(absl::StrCat("--", command.positionals[next++], "=", arg));
+    } else {
+      words.push_back(arg);
+    }
+  }
+  absl::StatusOr<CliArgs> flags = CliArgs::Parse(words, command.flags);
   if (flags.ok() && flags->help()) {
     out << FormatHelp(command.name, command.synopsis,
                       absl::StrCat(command.description, "\n",

@@ -32,6 +32,8 @@ struct CommandSpec {
   // person to `out` and warnings to `err`; returns OK or the error RunCommand reports (one line,
   // "caliper <name>: <message>") and turns into the exit code (ExitCodeFor).
   absl::Status (*run)(const CliArgs& flags, std::ostream& out, std::ostream& err) = nullptr;
+  // Flags the leading bare words fill, in order ("fleets create NAME": {"action", "fleet"}).
+  std::vector<std::string> positionals = {};
 };
 
 // Parses `args` (the words after the command name) against `command.flags` and runs it.

@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
       &cli::ScalesCommand(),
       &cli::SessionsCommand(),
       &cli::ReportCommand(),
+      &cli::FleetsCommand(),
+      &cli::VersionsCommand(),
 #endif
   };
 #ifdef CALIPER_HAVE_GRPC_COMMANDS

@@ -24,10 +24,12 @@ CalibrationService::CalibrationService(ServiceOptions options, ReductionBackend*
       backend_(backend),
       metrics_(metrics),
       log_(log),
-      store_workers_(std::make_unique<StoreWorkers>(std::max(1, options_.unary_threads))) {
-  if (options_.stream_idle_timeout > absl::ZeroDuration()) {
+      store_workers_(std::make_unique<ThreadPool>(std::max(1, options_.unary_threads))) {
+  if (options_.stream_idle_timeout > absl::ZeroDuration() || options_.inflight != nullptr) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
+  fleet_metrics_ = std::make_unique<FleetMetrics>(*metrics_->registry());
+  if (options_.fleets != nullptr) fleet_thread_ = std::thread([this] { FleetSweepLoop(); });
 }
 
 CalibrationService::~CalibrationService() {
@@ -37,6 +39,12 @@ CalibrationService::~CalibrationService() {
   }
   streams_cv_.notify_all();
   if (idle_thread_.joinable()) idle_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(fleet_mu_);
+    fleet_stopping_ = true;
+  }
+  fleet_cv_.notify_all();
+  if (fleet_thread_.joinable()) fleet_thread_.join();
 }
 
 absl::StatusOr<std::string> CalibrationService::TenantOf(
@@ -162,6 +170,12 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerContext* context,
                                                         const v1::ScalesRequest* request,
                                                         v1::ScalesResponse* response) {
+  if (!request->fleet().empty()) {
+    return FleetCall(context, "GetScales",
+                     [this, request, response](const std::string& tenant) {
+                       return FleetScalesResponse(tenant, *request, response);
+                     });
+  }
   return Answer(context, "GetScales", request->session_id(),
                 [this, request, response](Call& call) -> absl::Status {
                   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
@@ -174,6 +188,17 @@ grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerCont
 absl::Status CalibrationService::ScalesResponseFor(const CalibrationSession& session,
                                                    const v1::ScalesRequest& request,
                                                    v1::ScalesResponse* response) const {
+  absl::StatusOr<FinalScales> final = session.Final();
+  if (!final.ok()) return final.status();
+  return ScalesResponseFor(session.model(), session.recipe(), *final, session.Status(), request,
+                           response);
+}
+
+absl::Status CalibrationService::ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
+                                                   const FinalScales& final,
+                                                   const SessionStatus& described,
+                                                   const v1::ScalesRequest& request,
+                                                   v1::ScalesResponse* response) const {
   absl::StatusOr<Deployment> deployment =
       DeploymentFromProto(request.deployment(), options_.limits);
   if (!deployment.ok()) return deployment.status();
@@ -181,9 +206,10 @@ absl::Status CalibrationService::ScalesResponseFor(const CalibrationSession& ses
       FormatsFromProto(request.formats(), options_.limits);
   if (!formats.ok()) return formats.status();
   absl::StatusOr<SessionScales> scales =
-      session.Scales(*deployment, ConventionFromProto(request.convention()));
+      ScalesForDeployment(model, recipe, final, *deployment,
+                          ConventionFromProto(request.convention()), described.id);
   if (!scales.ok()) return scales.status();
-  absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats);
+  absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats, described);
   if (!proto.ok()) return proto.status();
   *response = *std::move(proto);
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -19,6 +20,8 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "core/fleet/fleet_store.h"
+#include "core/fleet/window.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/session/limits.h"
 #include "server/inflight_budget.h"
@@ -28,9 +31,10 @@
 #include "core/state/state_store.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
+#include "server/fleet_metrics.h"
 #include "server/metrics.h"
 #include "server/security.h"
-#include "server/store_workers.h"
+#include "core/tensor/thread_pool.h"
 
 namespace caliper {
 
@@ -46,13 +50,22 @@ struct ServiceOptions {
   // small, since gRPC buffers it for every open stream whatever the budget says.
   int64_t stream_lookahead_bytes = int64_t{1} << 20;
   int max_concurrent_streams = 1024;               // Observe streams open at once
-  absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
+  // An Observe stream without a whole chunk for this long ends (silent, stalled or trickling
+  // senders); 0: never. The clients' streams send continuously or close within seconds.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
   // Where sessions live (required): a MemoryStateStore, --state_dir's FileStateStore or
   // --state_store's PostgreSQL store. Streams fold into partials that `flusher` (over `store`)
   // merges; every answer comes from the store.
   StateStore* store = nullptr;
   PartialFlusher* flusher = nullptr;
   int unary_threads = 8;  // --unary_threads: threads that run the unary calls (they wait on the store)
+  // Fleets (docs/fleets.md): null answers the fleet calls UNIMPLEMENTED.
+  FleetStore* fleets = nullptr;
+  FleetLimits fleet_limits;
+  // How often windows are checked for their policy's close and token counts committed.
+  absl::Duration fleet_sweep_interval = absl::Milliseconds(500);
+  // Milliseconds since the epoch for window ages and records; null: the wall clock.
+  std::function<int64_t()> fleet_clock_ms;
 };
 
 class CalibrationService final
@@ -94,8 +107,57 @@ class CalibrationService final
                                       const v1::ReportRequest* request,
                                       v1::ReportResponse* response) override;
 
+  // Fleets (server/fleet_calls.cc).
+  grpc::ServerUnaryReactor* CreateFleet(grpc::CallbackServerContext* context,
+                                        const v1::CreateFleetRequest* request,
+                                        v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* GetFleet(grpc::CallbackServerContext* context,
+                                     const v1::GetFleetRequest* request,
+                                     v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* ListFleets(grpc::CallbackServerContext* context,
+                                       const v1::ListFleetsRequest* request,
+                                       v1::ListFleetsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteFleet(grpc::CallbackServerContext* context,
+                                        const v1::DeleteFleetRequest* request,
+                                        v1::DeleteFleetResponse* response) override;
+  grpc::ServerUnaryReactor* OpenWindow(grpc::CallbackServerContext* context,
+                                       const v1::OpenWindowRequest* request,
+                                       v1::FleetWindow* response) override;
+  grpc::ServerUnaryReactor* CloseWindow(grpc::CallbackServerContext* context,
+                                        const v1::CloseWindowRequest* request,
+                                        v1::FleetWindow* response) override;
+  grpc::ServerUnaryReactor* ListVersions(grpc::CallbackServerContext* context,
+                                         const v1::ListVersionsRequest* request,
+                                         v1::ListVersionsResponse* response) override;
+  grpc::ServerUnaryReactor* GetVersion(grpc::CallbackServerContext* context,
+                                       const v1::GetVersionRequest* request,
+                                       v1::FleetVersion* response) override;
+  grpc::ServerUnaryReactor* PinVersion(grpc::CallbackServerContext* context,
+                                       const v1::PinVersionRequest* request,
+                                       v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* UnpinVersion(grpc::CallbackServerContext* context,
+                                         const v1::UnpinVersionRequest* request,
+                                         v1::Fleet* response) override;
+  grpc::ServerWriteReactor<v1::WatchScalesResponse>* WatchScales(
+      grpc::CallbackServerContext* context, const v1::WatchScalesRequest* request) override;
+  grpc::ServerUnaryReactor* ReportInUse(grpc::CallbackServerContext* context,
+                                        const v1::ReportInUseRequest* request,
+                                        v1::ReportInUseResponse* response) override;
+
  private:
   class ObserveReactor;
+  class WatchReactor;
+
+  // The K/V tokens this replica's streams counted into one open window since the last commit.
+  struct LiveWindow {
+    std::string tenant, fleet, session_id;
+    std::mutex mu;
+    WindowTokens pending;  // guarded by mu
+    void Count(const ChunkRef& chunk);
+  };
+  // The live counter of a window's session (windows are named "fleet/NAME/WEIGHT_VERSION");
+  // null for any other session.
+  std::shared_ptr<LiveWindow> LiveWindowFor(const CalibrationSession& session);
 
   // What a unary call's body knows of its call: the calling tenant, and the session the log
   // line names (the request's; CreateSession sets the new one).
@@ -117,8 +179,37 @@ class CalibrationService final
   absl::Status ScalesResponseFor(const CalibrationSession& session,
                                  const v1::ScalesRequest& request,
                                  v1::ScalesResponse* response) const;
+  // The same for scales kept apart from their session (a fleet version); `described` names
+  // what scales.json says they come from.
+  absl::Status ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
+                                 const FinalScales& final, const SessionStatus& described,
+                                 const v1::ScalesRequest& request,
+                                 v1::ScalesResponse* response) const;
 
-  // Cancels streams idle for longer than stream_idle_timeout (runs on idle_thread_).
+  // Fleet calls: Answer, with UNIMPLEMENTED when the server has no fleet store.
+  grpc::ServerUnaryReactor* FleetCall(grpc::CallbackServerContext* context,
+                                      absl::string_view method,
+                                      std::function<absl::Status(const std::string& tenant)> call);
+  int64_t NowMs() const;
+  absl::StatusOr<std::string> CreateWindowSession(const Fleet& fleet,
+                                                  absl::string_view weight_version);
+  void DropSessions(const std::vector<std::string>& ids, absl::string_view tenant);
+  absl::StatusOr<FinalScales> FinalizeWindowSession(const std::string& id,
+                                                    const std::string& tenant);
+  // Commits what this replica counted into the window (all windows when session_id is empty).
+  void CommitWindowTokens(absl::string_view session_id);
+  // Closes the window, runs the publish policy and commits the outcome; notifies watchers.
+  absl::StatusOr<Window> CloseFleetWindow(const std::string& tenant, const std::string& fleet,
+                                          const std::string& session_id,
+                                          WindowCloseReason reason);
+  void FleetSweepLoop();
+  void NotifyWatchers(absl::string_view tenant, absl::string_view fleet);
+  // GetScales of a fleet version (request.fleet set).
+  absl::Status FleetScalesResponse(const std::string& tenant, const v1::ScalesRequest& request,
+                                   v1::ScalesResponse* response);
+
+  // Ends streams without a whole chunk for stream_idle_timeout and takes back the budget of
+  // quiet reads (runs on idle_thread_).
   void IdleWatchLoop();
 
   // Finishes a unary call with `status`, recording its latency and one log line.
@@ -137,7 +228,15 @@ class CalibrationService final
   std::set<ObserveReactor*> live_streams_;
   bool stopping_ = false;
   std::thread idle_thread_;
-  std::unique_ptr<StoreWorkers> store_workers_;
+  std::unique_ptr<ThreadPool> store_workers_;
+
+  std::unique_ptr<FleetMetrics> fleet_metrics_;
+  std::mutex fleet_mu_;  // guards live_windows_, watchers_ and fleet_stopping_
+  std::condition_variable fleet_cv_;
+  bool fleet_stopping_ = false;
+  std::map<std::string, std::shared_ptr<LiveWindow>> live_windows_;  // by session id
+  std::set<WatchReactor*> watchers_;
+  std::thread fleet_thread_;
 };
 
 }  // namespace caliper

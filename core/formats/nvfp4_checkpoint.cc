@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "absl/status/status.h"
+#include "core/formats/render_inputs.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/formats/checkpoint.h"
@@ -428,7 +429,7 @@ absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options
       if (kv.has_value()) q["kv_cache_quant_algo"] = "FP8";
       q["group_size"] = 16;
       q["exclude_modules"] = report.ignore;
-      ojson producer = {{"name", "caliper"}, {"version", "0.1.0"}};
+      ojson producer = {{"name", "caliper"}, {"version", CaliperVersion()}};
       ojson flat = ojson::object();
       flat["quant_method"] = "modelopt";
       for (auto it = q.begin(); it != q.end(); ++it) flat[it.key()] = *it;

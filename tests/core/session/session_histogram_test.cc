@@ -239,7 +239,7 @@ TEST(SessionHistogramTest, AbsmaxRecipesKeepNoHistograms) {
   ASSERT_TRUE(h->Observe(Kv(ChunkKind::kKey, 0, d, kHeads), *backend).ok());
   // Histograms cost state only where asked for: at most ~12 bytes per occupied bin.
   EXPECT_LT(s->Snapshot().bytes.size() + 4 * 2 * kLayers, h->Snapshot().bytes.size());
-  EXPECT_LT(h->Snapshot().bytes.size(), s->Snapshot().bytes.size() + kHeads * 1027 * 12 + 200);
+  EXPECT_LT(h->Snapshot().bytes.size(), s->Snapshot().bytes.size() + kHeads * MagnitudeHistogram::kSlots * 12 + 200);
 }
 
 // A producer in statistics mode: the chunk's statistics (and histograms) instead of its data.
