@@ -56,7 +56,7 @@ def engine_kv_cache_bytes(requested: int, on_cuda: bool) -> int:
         try:
             gib = float(space)
         except ValueError:
-            raise SystemExit(f"VLLM_CPU_KVCACHE_SPACE: expected GiB, got {space!r}")
+            raise SystemExit(f"VLLM_CPU_KVCACHE_SPACE: expected GiB, got {space!r}") from None
         if gib > 0:
             return int(gib * (1 << 30))
     if requested <= 0:

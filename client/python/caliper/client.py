@@ -269,8 +269,8 @@ class Client:
         """A new session for `model` (an HF config.json path, its directory, or its dict)."""
         if recipe is None:
             recipe = Recipe()
-        elif not isinstance(recipe, Recipe):
-            recipe = Recipe(**recipe)  # type: ignore[arg-type]
+        elif isinstance(recipe, dict):
+            recipe = Recipe(**recipe)
         recipe_proto = recipe.to_proto()
         request = pb.CreateSessionRequest(
             model=pb.ModelDescription(hf_config_json=_config_json(model)), recipe=recipe_proto,
