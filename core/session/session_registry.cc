@@ -47,7 +47,7 @@ absl::StatusOr<std::shared_ptr<CalibrationSession>> SessionRegistry::CreateForTe
     id = NewId();
   } while (sessions_.count(id) > 0);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> session = CalibrationSession::Create(
-      std::move(model), std::move(recipe), id, std::move(name), std::move(tenant), limits);
+      std::move(model), std::move(recipe), id, std::move(name), std::move(tenant), limits, env_);
   if (!session.ok()) return session.status();
   std::shared_ptr<CalibrationSession> shared = std::move(*session);
   sessions_.emplace(id, shared);

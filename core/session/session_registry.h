@@ -14,13 +14,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/calibration/model_config.h"
-#include "core/session/limits.h"
+#include "core/env/env.h"
+#include "core/limits/limits.h"
 #include "core/session/session.h"
 
 namespace caliper {
 
 class SessionRegistry {
  public:
+  // New sessions take their creation time from `env`'s clock.
+  explicit SessionRegistry(Env* env = Env::Default()) : env_(env) {}
+
   // InvalidArgument for an invalid model or recipe (or one beyond `limits`); ResourceExhausted
   // naming max_sessions or max_sessions_per_tenant when the server or the tenant is full.
   absl::StatusOr<std::shared_ptr<CalibrationSession>> CreateForTenant(
@@ -43,6 +47,7 @@ class SessionRegistry {
  private:
   std::string NewId();
 
+  Env* const env_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<CalibrationSession>, std::less<>> sessions_;
 };

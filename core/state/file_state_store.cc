@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/state/state_file.h"
+#include "core/state/session_state.h"
 
 namespace caliper {
 namespace {
@@ -32,7 +33,7 @@ absl::StatusOr<std::unique_ptr<FileStateStore>> FileStateStore::Open(
       new FileStateStore(*std::move(files), limits, env, std::move(hooks)));
   for (std::unique_ptr<CalibrationSession>& session : loaded.sessions) {
     auto entry = std::make_shared<Entry>();
-    entry->sequences = session->Snapshot().producers;
+    entry->sequences = SnapshotSession(*session).producers;
     entry->committed = std::move(session);
     store->sessions_[entry->committed->id()] = std::move(entry);
   }
@@ -64,11 +65,11 @@ absl::StatusOr<std::shared_ptr<FileStateStore::Entry>> FileStateStore::Find(
 
 absl::Status FileStateStore::WriteLocked(Entry& entry) {
   entry.committed->RestoreProducers(entry.sequences);
-  const SessionSnapshot snapshot = entry.committed->Snapshot();
-  const absl::Time start = absl::Now();
+  const SessionSnapshot snapshot = SnapshotSession(*entry.committed);
+  const absl::Time start = env_->Now();
   absl::Status written = files_->Write(entry.committed->id(), snapshot.bytes);
   if (hooks_.on_write) {
-    hooks_.on_write({entry.committed->id(), snapshot.bytes.size(), absl::Now() - start, written});
+    hooks_.on_write({entry.committed->id(), snapshot.bytes.size(), env_->Now() - start, written});
   }
   if (written.ok()) return written;
   return absl::UnavailableError(absl::StrCat("state store ", name_, ": writing ",
@@ -80,14 +81,14 @@ absl::Status FileStateStore::ReloadLocked(Entry& entry) {
   const std::string path = files_->PathOf(entry.committed->id());
   absl::StatusOr<std::string> bytes = ReadStateFile(path, env_);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-      bytes.ok() ? CalibrationSession::Restore(*bytes, limits_)
+      bytes.ok() ? RestoreSession(*bytes, limits_)
                  : absl::StatusOr<std::unique_ptr<CalibrationSession>>(bytes.status());
   entry.stale = !session.ok();
   if (!session.ok()) {
     return absl::UnavailableError(absl::StrCat("state store ", name_, ": reading ", path,
                                                ": ", session.status().message()));
   }
-  entry.sequences = (*session)->Snapshot().producers;
+  entry.sequences = SnapshotSession(**session).producers;
   entry.committed = *std::move(session);
   return absl::OkStatus();
 }
@@ -137,9 +138,9 @@ absl::Status FileStateStore::CreateSession(const CalibrationSession& session,
 }
 
 absl::Status FileStateStore::ImportSession(const CalibrationSession& session) {
-  const SessionSnapshot snapshot = session.Snapshot();
+  const SessionSnapshot snapshot = SnapshotSession(session);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> copy =
-      CalibrationSession::Restore(snapshot.bytes, limits_);
+      RestoreSession(snapshot.bytes, limits_);
   if (!copy.ok()) return copy.status();
   return Insert(*std::move(copy), snapshot.producers, /*max_sessions_per_tenant=*/-1);
 }
@@ -152,9 +153,9 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> FileStateStore::LoadSession(
   {
     std::lock_guard<std::mutex> lock((*entry)->mu);
     if (absl::Status s = CheckLocked(**entry, id); !s.ok()) return s;
-    bytes = (*entry)->committed->Snapshot().bytes;
+    bytes = SnapshotSession(*(*entry)->committed).bytes;
   }
-  return CalibrationSession::Restore(bytes, limits_);
+  return RestoreSession(bytes, limits_);
 }
 
 absl::StatusOr<std::unique_ptr<CalibrationSession>> FileStateStore::LoadEmpty(

@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/fake_clock_env.h"
 #include "tests/support/session_test_util.h"
 
 namespace caliper {
@@ -41,6 +42,20 @@ TEST(SessionRegistryTest, CreatesListsAndDeletes) {
   EXPECT_EQ(registry.DeleteForTenant((*a)->id(), "").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry.size(), 1u);
   EXPECT_TRUE((*a)->deleted());  // a stream still holding it gets NotFound
+}
+
+TEST(SessionRegistryTest, CreationTimesComeFromTheEnvClock) {
+  testing_util::FakeClockEnv clock(absl::FromUnixMillis(1'234'567));
+  SessionRegistry registry(&clock);
+  auto a = registry.CreateForTenant(TinyModel(), KvOnly(), "a", "");
+  clock.Advance(absl::Seconds(90));
+  auto b = registry.CreateForTenant(TinyModel(), KvOnly(), "b", "");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->created_unix_ms(), 1'234'567);
+  EXPECT_EQ((*b)->created_unix_ms(), 1'234'567 + 90'000);
+  EXPECT_EQ((*a)->Status().created_unix_ms, 1'234'567);
+  // An empty partial of the session keeps its creation time.
+  EXPECT_EQ((*b)->EmptyLike()->created_unix_ms(), 1'234'567 + 90'000);
 }
 
 TEST(SessionRegistryTest, AnotherTenantsSessionLooksMissing) {
