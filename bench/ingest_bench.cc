@@ -7,8 +7,15 @@
 //          the payload handed to gRPC as a slice over the caller's memory (no client-side copy;
 //          identical bytes on the wire).
 //   3. Server peak RSS (VmHWM) of a fresh server after ingesting 4 GiB on 4 streams: < 256 MiB.
+//   4. With --baseline_server=PATH (another build, e.g. the previous release): the same zerocopy
+//      ingest through both servers, alternating in every iteration: counter ratio_to_baseline.
+//   BM_ObserveWriter: the zero-copy writer over gRPC's public generic API (client/raw_observe.h)
+//   vs the sync ClientWriter it replaced (built from grpc::internal, kept here only as the
+//   baseline), the same bytes back to back in each iteration: counter ratio_to_internal_writer
+//   (>= 1: no slower).
 // The server is started as a child process: caliper-server --listen=127.0.0.1:0 --device=cpu.
-//   ingest_bench [--server=PATH] [--chunk_mib=4] [--benchmark_filter=...]
+//   ingest_bench [--server=PATH] [--baseline_server=PATH] [--chunk_mib=4]
+//                [--benchmark_filter=...]
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <benchmark/benchmark.h>
@@ -34,6 +41,8 @@
 
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/sync_stream.h"
 #include "absl/strings/str_cat.h"
 #include "client/raw_observe.h"
 #include "proto/caliper.grpc.pb.h"
@@ -49,6 +58,7 @@ constexpr int64_t kHeads = 8, kHeadDim = 128;
 int64_t ChunkTokens() { return g_chunk_bytes / (kHeads * kHeadDim * 2); }
 
 std::string g_server_path = CALIPER_SERVER_BINARY;
+std::string g_baseline_server_path;  // --baseline_server; empty: benchmark 4 is skipped
 
 double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -78,7 +88,7 @@ struct ServerProcess {
 
   // budget: the server's in-flight budget (defaults) or, for the before/after comparison, none
   // with the old 64 MiB stream window (--max_inflight_bytes=0).
-  bool Start(bool budget = true) {
+  bool Start(bool budget = true, const std::string& path = g_server_path) {
     int out[2];
     if (pipe(out) != 0) return false;
     pid = fork();
@@ -89,10 +99,10 @@ struct ServerProcess {
       const int log = open("ingest_bench_server.log", O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (log >= 0) dup2(log, STDERR_FILENO);
       if (budget) {
-        execl(g_server_path.c_str(), g_server_path.c_str(), "--listen=127.0.0.1:0",
+        execl(path.c_str(), path.c_str(), "--listen=127.0.0.1:0",
               "--metrics_listen=127.0.0.1:0", "--device=cpu", static_cast<char*>(nullptr));
       } else {
-        execl(g_server_path.c_str(), g_server_path.c_str(), "--listen=127.0.0.1:0",
+        execl(path.c_str(), path.c_str(), "--listen=127.0.0.1:0",
               "--metrics_listen=127.0.0.1:0", "--device=cpu", "--max_inflight_bytes=0",
               "--stream_lookahead_bytes=67108864", static_cast<char*>(nullptr));
       }
@@ -232,6 +242,49 @@ bool StreamZeroCopy(const std::string& address, const std::string& session, int 
   return CheckSummary(writer->Finish(), summary, bytes);
 }
 
+// The writer client/raw_observe.h had before it moved to the public generic API: a sync
+// ClientWriter made from grpc::internal::RpcMethod and ClientWriterFactory. Baseline only.
+struct LegacyChunk {
+  grpc::ByteBuffer buffer;
+};
+}  // namespace
+
+template <>
+class grpc::SerializationTraits<LegacyChunk, void> {
+ public:
+  static grpc::Status Serialize(const LegacyChunk& chunk, grpc::ByteBuffer* out,
+                                bool* own_buffer) {
+    *out = chunk.buffer;
+    *own_buffer = true;
+    return grpc::Status::OK;
+  }
+  static grpc::Status Deserialize(grpc::ByteBuffer*, LegacyChunk*) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "write-only");
+  }
+};
+
+namespace {
+
+bool StreamLegacyWriter(const std::string& address, const std::string& session, int stream,
+                        int64_t bytes) {
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(address, 200 + stream);
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  const grpc::internal::RpcMethod method("/caliper.v1.Calibration/Observe",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+  std::unique_ptr<grpc::ClientWriter<LegacyChunk>> writer(
+      grpc::internal::ClientWriterFactory<LegacyChunk>::Create(channel.get(), method, &ctx,
+                                                               &summary));
+  v1::TensorChunk header = ChunkHeader(session, stream, 0);
+  for (int64_t seq = 0; seq * g_chunk_bytes < bytes; ++seq) {
+    header.set_sequence(static_cast<uint64_t>(seq) + 1);
+    LegacyChunk chunk{caliper::cli::SerializeChunk(header, ChunkData(seq), g_chunk_bytes).buffer};
+    if (!writer->Write(chunk)) break;
+  }
+  writer->WritesDone();
+  return CheckSummary(writer->Finish(), summary, bytes);
+}
+
 // Raw loopback TCP: `streams` connections each moving `bytes` from the same source memory into
 // a 4 MiB receive buffer. Returns seconds until every receiver saw EOF.
 double RawTcp(int streams, int64_t bytes) {
@@ -287,6 +340,13 @@ double RunStreams(int streams, StreamFn&& fn, bool* ok) {
   return secs;
 }
 
+// What `streams` streams of kStreamBytes moved over the benchmark's iterations (also recorded).
+double BytesStreamed(benchmark::State& state, int streams) {
+  const double bytes = static_cast<double>(kStreamBytes) * streams * state.iterations();
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  return bytes;
+}
+
 // Args: streams, client (0 = proto, 1 = zerocopy), budget (1 = the server's in-flight budget,
 // its default; 0 = none and a 64 MiB stream window, as before the budget existed).
 void BM_Ingest(benchmark::State& state) {
@@ -310,14 +370,55 @@ void BM_Ingest(benchmark::State& state) {
     state.SetIterationTime(s);
     grpc_s += s;
   }
-  const double bytes = static_cast<double>(kStreamBytes) * streams * state.iterations();
-  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  const double bytes = BytesStreamed(state, streams);
   state.counters["grpc_GBps"] = bytes / grpc_s / 1e9;
   state.counters["tcp_GBps"] = bytes / tcp_s / 1e9;
   state.counters["ratio_to_tcp"] = tcp_s / grpc_s;
   state.counters["server_peak_rss_MiB"] = server.PeakRssBytes() / double(1 << 20);
   state.SetLabel(absl::StrCat(zero_copy ? "zerocopy client" : "proto client",
                               budget ? ", in-flight budget" : ", no budget (before)"));
+}
+
+// The public-API writer vs the internal-API one, 1 stream, alternating within each iteration
+// (which goes first alternates too), each into its own session of the same server.
+void BM_ObserveWriter(benchmark::State& state) {
+  ServerProcess server;
+  if (!server.Start()) return state.SkipWithError("cannot start caliper-server");
+  const std::string public_session = CreateSession(server.address);
+  const std::string legacy_session = CreateSession(server.address);
+  if (public_session.empty() || legacy_session.empty()) {
+    return state.SkipWithError("CreateSession failed");
+  }
+  Source();
+  double public_s = 0, legacy_s = 0;
+  int round = 0;
+  for (auto _ : state) {
+    bool ok_public = false, ok_legacy = false;
+    auto run_public = [&] {
+      public_s += RunStreams(1, [&](int stream) {
+        return StreamZeroCopy(server.address, public_session, stream + 2 * round, kStreamBytes);
+      }, &ok_public);
+    };
+    auto run_legacy = [&] {
+      legacy_s += RunStreams(1, [&](int stream) {
+        return StreamLegacyWriter(server.address, legacy_session, stream + 2 * round, kStreamBytes);
+      }, &ok_legacy);
+    };
+    if (round % 2 == 0) {
+      run_public();
+      run_legacy();
+    } else {
+      run_legacy();
+      run_public();
+    }
+    ++round;
+    if (!ok_public || !ok_legacy) return state.SkipWithError("Observe failed");
+    state.SetIterationTime(public_s / round);
+  }
+  const double bytes = static_cast<double>(kStreamBytes) * state.iterations();
+  state.counters["public_GBps"] = bytes / public_s / 1e9;
+  state.counters["internal_GBps"] = bytes / legacy_s / 1e9;
+  state.counters["ratio_to_internal_writer"] = legacy_s / public_s;
 }
 
 // Benchmark 3: a fresh server ingests 4 GiB (4 streams x 1 GiB, proto client); VmHWM < 256 MiB.
@@ -340,11 +441,52 @@ void BM_ServerPeakRss4GiB(benchmark::State& state) {
   state.SetBytesProcessed(int64_t{4} * kStreamBytes * state.iterations());
 }
 
+// Benchmark 4: this build's server against --baseline_server, the same ingest (zerocopy client,
+// default flags) alternating between the two in every iteration, so both see the same machine.
+void BM_IngestVsBaseline(benchmark::State& state) {
+  if (g_baseline_server_path.empty()) return state.SkipWithError("needs --baseline_server=PATH");
+  const int streams = static_cast<int>(state.range(0));
+  ServerProcess server, baseline;
+  if (!server.Start() || !baseline.Start(true, g_baseline_server_path)) {
+    return state.SkipWithError("cannot start both servers");
+  }
+  const std::string session = CreateSession(server.address);
+  const std::string baseline_session = CreateSession(baseline.address);
+  if (session.empty() || baseline_session.empty()) return state.SkipWithError("CreateSession");
+  Source();
+  double server_s = 0, baseline_s = 0;
+  bool baseline_first = true;  // the order alternates too
+  for (auto _ : state) {
+    bool ok = false, baseline_ok = false;
+    auto run = [&](const ServerProcess& target, const std::string& id, bool* good) {
+      return RunStreams(streams, [&](int stream) {
+        return StreamZeroCopy(target.address, id, stream, kStreamBytes);
+      }, good);
+    };
+    double b = 0, s = 0;
+    if (baseline_first) b = run(baseline, baseline_session, &baseline_ok);
+    s = run(server, session, &ok);
+    if (!baseline_first) b = run(baseline, baseline_session, &baseline_ok);
+    baseline_first = !baseline_first;
+    if (!ok || !baseline_ok) return state.SkipWithError("Observe failed");
+    state.SetIterationTime(s);
+    server_s += s;
+    baseline_s += b;
+  }
+  const double bytes = BytesStreamed(state, streams);
+  state.counters["grpc_GBps"] = bytes / server_s / 1e9;
+  state.counters["baseline_GBps"] = bytes / baseline_s / 1e9;
+  state.counters["ratio_to_baseline"] = baseline_s / server_s;
+}
+
 BENCHMARK(BM_Ingest)->ArgNames({"streams", "zerocopy", "budget"})
     ->Args({1, 0, 1})->Args({1, 1, 0})->Args({1, 1, 1})->Args({4, 0, 1})->Args({4, 1, 0})
     ->Args({4, 1, 1})
     ->Iterations(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ObserveWriter)->Iterations(6)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ServerPeakRss4GiB)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_IngestVsBaseline)->ArgNames({"streams"})->Arg(1)->Arg(4)
+    ->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
@@ -352,6 +494,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--server=", 9) == 0) g_server_path = argv[i] + 9;
+    if (std::strncmp(argv[i], "--baseline_server=", 18) == 0) {
+      g_baseline_server_path = argv[i] + 18;
+    }
     if (std::strncmp(argv[i], "--chunk_mib=", 12) == 0) {
       // A power of two up to 32, so chunks tile the 64 MiB source.
       const auto mib = static_cast<uint64_t>(std::clamp<int64_t>(std::atoll(argv[i] + 12), 1, 32));

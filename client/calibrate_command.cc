@@ -20,7 +20,11 @@
 #include "client/command.h"
 #include "client/file_io.h"
 #include "client/remote_commands.h"
-#include "client/remote_common.h"
+#include "client/human_bytes.h"
+#include "client/rpc_error.h"
+#include "client/scales_flags.h"
+#include "client/scales_output.h"
+#include "client/server_connection.h"
 #include "client/rpc_retry.h"
 #include "client/tensor_stream.h"
 #include "core/calibration/model_config.h"
@@ -131,7 +135,37 @@ absl::StatusOr<ObserverSpec> ParseObserver(absl::string_view flag, const std::st
                                  "(0, 100]"));
 }
 
-// Step 1: the recipe from the flags (values already checked against their choices).
+}  // namespace
+
+std::vector<FlagSpec> WithRecipeFlags(std::vector<FlagSpec> flags) {
+  std::vector<FlagSpec> recipe = {
+      KvFlag(),
+      {.name = "fp8", .value_name = "FLAVOR",
+       .help = "FP8 KV format: e4m3fn (qmax 448) or e4m3fnuz (qmax 240)",
+       .default_value = "e4m3fn", .choices = {"e4m3fn", "e4m3fnuz"}},
+      {.name = "nvfp4",
+       .help = "also compute NVFP4 global scales (activations from {module}.input)"},
+      {.name = "observer", .value_name = "NAME",
+       .help = "NVFP4 input observer: static_minmax, minmax, percentile:P or mse "
+               "(llm-compressor's names; docs/observers.md)",
+       .default_value = "static_minmax"},
+      {.name = "kv-observer", .value_name = "NAME",
+       .help = "FP8 KV observer: static_minmax, minmax, percentile:P or mse "
+               "(docs/observers.md)",
+       .default_value = "static_minmax"},
+      {.name = "compat", .value_name = "NAME",
+       .help = "llm-compressor: its arithmetic for every scale, in the model's dtype "
+               "(absent: Caliper's correctly rounded float32; docs/observers.md)",
+       .choices = {"llm-compressor"}},
+      {.name = "histograms",
+       .help = "keep |x| histograms for `caliper report` (implied by percentile and mse)"},
+      {.name = "warmup", .value_name = "N", .help = "skip forward passes (batches) below N",
+       .default_value = "0"},
+  };
+  flags.insert(flags.end(), recipe.begin(), recipe.end());
+  return flags;
+}
+
 absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
   v1::Recipe recipe;
   recipe.set_kv(KvModeFromFlag(*flags.Get("kv")));
@@ -179,6 +213,8 @@ absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
   return recipe;
 }
 
+namespace {
+
 // Step 2: the model, parsed here too, so a broken config.json is an input error before any RPC.
 absl::Status DescribeModel(const CliArgs& flags, v1::CreateSessionRequest* create) {
   const std::string model_path = *flags.Get("model");
@@ -213,7 +249,7 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
   if (!tensor_files.ok()) return tensor_files.status();
   StreamPlans out;
   std::map<int, int64_t> batches_without_metadata;  // per rank: next implicit batch id
-  std::vector<std::string> skipped;
+  std::vector<std::string> skipped, ignored;
   for (const std::string& path : *tensor_files) {
     // Files without a batch in their metadata are one forward pass each, in command-line order.
     auto probe = SafetensorsFile::Open(path);
@@ -228,6 +264,7 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
     out.producer_tp = std::max(out.producer_tp, plan->tp_size);
     out.total_bytes += plan->bytes;
     skipped.insert(skipped.end(), plan->skipped.begin(), plan->skipped.end());
+    ignored.insert(ignored.end(), plan->ignored.begin(), plan->ignored.end());
     out.plans.push_back(*std::move(plan));
   }
   if (flags.Has("weights")) {
@@ -237,6 +274,7 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
       auto plan = PlanWeightFile(path, chunk_bytes);
       if (!plan.ok()) return plan.status();
       out.total_bytes += plan->bytes;
+      ignored.insert(ignored.end(), plan->ignored.begin(), plan->ignored.end());
       out.plans.push_back(*std::move(plan));
     }
   }
@@ -246,6 +284,13 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
   if (!skipped.empty()) {
     err << "caliper calibrate: not streaming " << skipped.size()
         << " tensor(s) this recipe does not use, e.g. " << skipped.front() << "\n";
+  }
+  if (!ignored.empty()) {
+    std::sort(ignored.begin(), ignored.end());
+    ignored.erase(std::unique(ignored.begin(), ignored.end()), ignored.end());
+    err << "caliper calibrate: warning: not streaming " << ignored.size()
+        << " MoE router module(s), which stay unquantized (no scale is written), e.g. "
+        << ignored.front() << "\n";
   }
   return out;
 }
@@ -434,7 +479,7 @@ const CommandSpec& CalibrateCommand() {
           "once. If the server rejects any chunk, each is reported (file, sequence, tensor, message),\n"
           "the session is left open and nothing is written, unless --allow-rejected.",
       .server = ServerUse::kAlways,
-      .flags = WithConnectionFlags({
+      .flags = WithConnectionFlags(WithRecipeFlags({
           {.name = "server", .value_name = "ADDR",
            .help = "caliper-server address, e.g. localhost:50051", .required = true},
           {.name = "model", .value_name = "CONFIG", .help = "the model's Hugging Face config.json",
@@ -443,30 +488,8 @@ const CommandSpec& CalibrateCommand() {
            .help = "dump files, or directories of *.safetensors (a glob works)", .repeated = true},
           {.name = "out", .value_name = "DIR", .help = "output directory (created)",
            .required = true},
-          KvFlag(),
-          {.name = "fp8", .value_name = "FLAVOR",
-           .help = "FP8 KV format: e4m3fn (qmax 448) or e4m3fnuz (qmax 240)",
-           .default_value = "e4m3fn", .choices = {"e4m3fn", "e4m3fnuz"}},
-          {.name = "nvfp4",
-           .help = "also compute NVFP4 global scales (activations from {module}.input)"},
           {.name = "weights", .value_name = "DIR",
            .help = "HF checkpoint for NVFP4 weight scales (needs --nvfp4)"},
-          {.name = "observer", .value_name = "NAME",
-           .help = "NVFP4 input observer: static_minmax, minmax, percentile:P or mse "
-                   "(llm-compressor's names; docs/observers.md)",
-           .default_value = "static_minmax"},
-          {.name = "kv-observer", .value_name = "NAME",
-           .help = "FP8 KV observer: static_minmax, minmax, percentile:P or mse "
-                   "(docs/observers.md)",
-           .default_value = "static_minmax"},
-          {.name = "compat", .value_name = "NAME",
-           .help = "llm-compressor: its arithmetic for every scale, in the model's dtype "
-                   "(absent: Caliper's correctly rounded float32; docs/observers.md)",
-           .choices = {"llm-compressor"}},
-          {.name = "histograms",
-           .help = "keep |x| histograms for `caliper report` (implied by percentile and mse)"},
-          {.name = "warmup", .value_name = "N", .help = "skip forward passes (batches) below N",
-           .default_value = "0"},
           {.name = "tp", .value_name = "T",
            .help = "deployment TP size to write files for (absent: the dumps' TP size)",
            .aliases = {"deploy-tp"}},
@@ -480,7 +503,7 @@ const CommandSpec& CalibrateCommand() {
            .default_value = "4194304"},
           {.name = "allow-rejected",
            .help = "finalize and write even if the server rejected chunks"},
-      }),
+      })),
       .run = RunCalibrate,
   };
   return command;

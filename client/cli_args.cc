@@ -79,7 +79,13 @@ absl::StatusOr<CliArgs> CliArgs::Parse(const std::vector<std::string>& args,
     }
     open_list = nullptr;
     if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", arg, "\""));
+      auto positional = std::find_if(specs.begin(), specs.end(),
+                                     [](const FlagSpec& s) { return s.positional; });
+      if (positional == specs.end() || arg.size() == 2 || parsed.values_.count(positional->name)) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", arg, "\""));
+      }
+      parsed.values_.emplace(positional->name, arg);
+      continue;
     }
     std::string given = arg.substr(2);
     std::optional<std::string> value;

@@ -34,6 +34,8 @@ struct FlagSpec {
   // May be given more than once; also takes the bare words that follow it, so a shell glob
   // after `--tensors=` works. Read with GetAll.
   bool repeated = false;
+  // Also given as a bare word (`caliper check DIR`): the first word that is no flag's value.
+  bool positional = false;
 };
 
 class CliArgs {

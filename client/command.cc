@@ -13,6 +13,7 @@ namespace {
 constexpr absl::string_view kExitPayload = "caliper.cli/exit";
 constexpr absl::string_view kUsage = "usage";
 constexpr absl::string_view kServer = "server";
+constexpr absl::string_view kFindings = "findings";
 
 bool HasMark(const absl::Status& status, absl::string_view mark) {
   const auto payload = status.GetPayload(kExitPayload);
@@ -39,16 +40,21 @@ absl::Status ServerError(absl::string_view message) {
   return WithMark(absl::UnknownError(message), kServer);
 }
 
+absl::Status FindingsError(absl::string_view message) {
+  return WithMark(absl::FailedPreconditionError(message), kFindings);
+}
+
 int ExitCodeFor(const absl::Status& status) {
   if (status.ok()) return kExitOk;
   if (HasMark(status, kServer)) return kExitServer;
+  if (HasMark(status, kFindings)) return kExitFindings;
   // A read or write of a local file that failed although its path is right (disk full, no
   // permission, a device error); a missing file or directory is a wrong path: input error.
   if (IsIoError(status) && !absl::IsNotFound(status)) return kExitIo;
   return kExitUsage;
 }
 
-std::string ExitCodeHelp(ServerUse server) {
+std::string ExitCodeHelp(ServerUse server, bool reports_findings) {
   std::string text = "Exit codes: 0 done";
   if (server == ServerUse::kAlways) {
     absl::StrAppend(&text, ", 1 the server said no (its message is printed)");
@@ -57,16 +63,30 @@ std::string ExitCodeHelp(ServerUse server) {
   }
   absl::StrAppend(&text, ", 2 usage or input error (one line on stderr, nothing written)");
   absl::StrAppend(&text, ", 3 I/O failure (a file could not be read or written: disk full, ...)");
+  if (reports_findings) {
+    absl::StrAppend(&text, ", 4 findings that break or degrade a selected engine");
+  }
   return text + ".";
 }
 
 int RunCommand(const CommandSpec& command, const std::vector<std::string>& args,
                std::ostream& out, std::ostream& err) {
   const std::string prefix = absl::StrCat("caliper ", command.name, ": ");
-  absl::StatusOr<CliArgs> flags = CliArgs::Parse(args, command.flags);
+  std::vector<std::string> words;
+  size_t next = 0;
+  for (const std::string& arg : args) {
+    if (next < command.positionals.size() && words.size() == next && !arg.empty() &&
+        arg[0] != '-') {
+      words.push_back(absl::StrCat("--", command.positionals[next++], "=", arg));
+    } else {
+      words.push_back(arg);
+    }
+  }
+  absl::StatusOr<CliArgs> flags = CliArgs::Parse(words, command.flags);
   if (flags.ok() && flags->help()) {
     out << FormatHelp(command.name, command.synopsis,
-                      absl::StrCat(command.description, "\n", ExitCodeHelp(command.server)),
+                      absl::StrCat(command.description, "\n",
+                                   ExitCodeHelp(command.server, command.reports_findings)),
                       command.flags);
     return kExitOk;
   }

@@ -26,11 +26,14 @@ struct CommandSpec {
   std::string synopsis = {};     // after "usage: caliper <name> "
   std::string description = {};  // for `caliper <name> --help`; the exit codes are appended
   ServerUse server = ServerUse::kNever;
+  bool reports_findings = false;  // may end with kExitFindings (listed in --help)
   std::vector<FlagSpec> flags = {};
   // Called with parsed flags (required ones present, choices checked). Writes results for a
   // person to `out` and warnings to `err`; returns OK or the error RunCommand reports (one line,
   // "caliper <name>: <message>") and turns into the exit code (ExitCodeFor).
   absl::Status (*run)(const CliArgs& flags, std::ostream& out, std::ostream& err) = nullptr;
+  // Flags the leading bare words fill, in order ("fleets create NAME": {"action", "fleet"}).
+  std::vector<std::string> positionals = {};
 };
 
 // Parses `args` (the words after the command name) against `command.flags` and runs it.
@@ -48,13 +51,15 @@ int RunCaliper(const std::vector<const CommandSpec*>& commands,
 absl::Status UsageError(absl::string_view message);
 // The server refused or failed the request (message already says which call), exit 1.
 absl::Status ServerError(absl::string_view message);
+// The command ran and found problems that break or degrade an engine (already printed), exit 4.
+absl::Status FindingsError(absl::string_view message);
 // `status` with `prefix` before its message, same code and payloads (same exit code).
 using ::caliper::Annotate;
 // The one place statuses become exit codes.
 int ExitCodeFor(const absl::Status& status);
 
 // "exit codes: 0 done, ..." as --help prints it for `server`.
-std::string ExitCodeHelp(ServerUse server);
+std::string ExitCodeHelp(ServerUse server, bool reports_findings = false);
 
 }  // namespace caliper::cli
 

@@ -23,6 +23,11 @@ const CommandSpec& ConvertCommand();
 //   [--compat llm-compressor]
 const CommandSpec& QuantizeCommand();
 
+// caliper check CHECKPOINT_DIR [--engine E] [--json FILE] [--tp T] [--deep]
+//   [--repair POLICY... --out DIR [--weights-from DIR]]
+const CommandSpec& CheckCommand();
+
+int RunCheckCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunAdaptCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunMergeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunQuantizeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
@@ -48,6 +53,8 @@ using RemoteScaleFileFn = absl::StatusOr<std::string> (*)(const std::string& ser
                                                           const std::string& format,
                                                           std::ostream& err);
 void SetRemoteScaleFile(RemoteScaleFileFn fn);
+// The installed hook (null when gRPC is not linked in); `check --repair ...from-session:ID` uses it.
+RemoteScaleFileFn RemoteScaleFileHook();
 
 }  // namespace caliper::cli
 

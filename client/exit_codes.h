@@ -9,6 +9,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitServer = 1;  // the server refused or failed the request
 inline constexpr int kExitUsage = 2;   // bad flags or bad input; nothing was written
 inline constexpr int kExitIo = 3;      // a read or write of a local file failed (disk full, ...)
+inline constexpr int kExitFindings = 4;  // `caliper check`: findings break or degrade an engine
 
 }  // namespace caliper::cli
 

@@ -17,11 +17,14 @@ int main(int argc, char** argv) {
       &cli::MergeCommand(),
       &cli::ConvertCommand(),
       &cli::QuantizeCommand(),
+      &cli::CheckCommand(),
 #ifdef CALIPER_HAVE_GRPC_COMMANDS
       &cli::CalibrateCommand(),
       &cli::ScalesCommand(),
       &cli::SessionsCommand(),
       &cli::ReportCommand(),
+      &cli::FleetsCommand(),
+      &cli::VersionsCommand(),
 #endif
   };
 #ifdef CALIPER_HAVE_GRPC_COMMANDS

@@ -110,6 +110,7 @@ absl::Status RunQuantize(const CliArgs& flags, std::ostream& out, std::ostream& 
 }  // namespace
 
 void SetRemoteScaleFile(RemoteScaleFileFn fn) { remote_scale_file = fn; }
+RemoteScaleFileFn RemoteScaleFileHook() { return remote_scale_file; }
 
 const CommandSpec& QuantizeCommand() {
   static const CommandSpec command{

@@ -5,10 +5,12 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "client/command.h"
 #include "client/connection_options.h"
+#include "proto/caliper.pb.h"
 
 namespace caliper::cli {
 
@@ -16,6 +18,14 @@ const CommandSpec& CalibrateCommand();
 const CommandSpec& ScalesCommand();
 const CommandSpec& SessionsCommand();
 const CommandSpec& ReportCommand();
+const CommandSpec& FleetsCommand();
+const CommandSpec& VersionsCommand();
+
+// The recipe flags calibrate and `fleets create` share (--kv, --fp8, --nvfp4, --observer,
+// --kv-observer, --compat, --histograms, --warmup), appended to `flags`; and the recipe they
+// describe (UsageError naming the flag).
+std::vector<FlagSpec> WithRecipeFlags(std::vector<FlagSpec> flags);
+absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags);
 
 // Adapt via the server's stateless Adapt RPC: `lightllm_json` in, the adapted file text out.
 // total_kv_heads > 0, or model_config_json with tp_size > 0. Errors as commands return them

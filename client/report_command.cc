@@ -7,7 +7,8 @@
 #include "client/command.h"
 #include "client/file_io.h"
 #include "client/remote_commands.h"
-#include "client/remote_common.h"
+#include "client/rpc_error.h"
+#include "client/server_connection.h"
 #include "client/rpc_retry.h"
 #include "core/formats/report_html.h"
 

@@ -3,7 +3,10 @@
 #include "client/cli_args.h"
 #include "client/command.h"
 #include "client/remote_commands.h"
-#include "client/remote_common.h"
+#include "client/rpc_error.h"
+#include "client/scales_flags.h"
+#include "client/scales_output.h"
+#include "client/server_connection.h"
 #include "client/rpc_retry.h"
 
 namespace caliper::cli {

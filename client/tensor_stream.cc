@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/formats/checkpoint.h"
+#include "core/formats/moe_layout.h"
 #include "core/tensor/dtype.h"
 #include "client/raw_observe.h"
 
@@ -121,6 +122,10 @@ absl::StatusOr<StreamPlan> PlanDumpFile(const std::string& path, const PlanOptio
       }
       base.kind = v1::INPUT_ACTIVATION;
       base.module = entry.name.substr(0, entry.name.size() - 6);
+      if (IsMoeRouterModule(base.module)) {
+        plan.ignored.push_back(base.module);
+        continue;
+      }
     } else {
       plan.skipped.push_back(entry.name);
       continue;
@@ -155,6 +160,10 @@ absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk
     PlannedChunk base;
     base.kind = v1::WEIGHT;
     base.module = entry.name.substr(0, entry.name.size() - 7);
+    if (IsMoeRouterModule(base.module)) {
+      plan.ignored.push_back(base.module);
+      continue;
+    }
     AddChunks(*plan.file, entry, std::move(base), chunk_bytes, &plan);
   }
   return plan;

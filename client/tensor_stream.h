@@ -42,6 +42,9 @@ struct StreamPlan {
   std::vector<PlannedChunk> chunks;  // index == sequence number
   int64_t bytes = 0;
   std::vector<std::string> skipped;  // tensors with names or dtypes this recipe does not stream
+  // Modules every recipe ignores (MoE routers: never quantized, as the hooks and `caliper
+  // quantize` treat them), so no scale is ever written for them.
+  std::vector<std::string> ignored;
 };
 
 struct PlanOptions {
@@ -60,7 +63,7 @@ absl::StatusOr<StreamPlan> PlanDumpFile(const std::string& path, const PlanOptio
 absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& dir);
 
 // Weights of one checkpoint file that IsQuantizableLinearWeight accepts (2-D float
-// `{module}.weight`, not embeddings or lm_head).
+// `{module}.weight`, not embeddings or lm_head), routers aside (`ignored`).
 absl::StatusOr<StreamPlan> PlanWeightFile(const std::string& path, int64_t chunk_bytes);
 
 // Chunk `index` of `plan` as a TensorChunk with every field but `data`.

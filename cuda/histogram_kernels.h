@@ -14,9 +14,9 @@
 
 namespace caliper::cuda {
 
-// Slots: 0 zeros, 1 (0, 2^-32), 2..1025 sixteen log bins per octave over [2^-32, 2^32), 1026
+// Slots: 0 zeros, 1 (0, 2^-32), 2..8193 128 log bins per octave over [2^-32, 2^32), 8194
 // above (and NaN/Inf, which are also counted in *nonfinite).
-constexpr int kHistMantissaBits = 4;
+constexpr int kHistMantissaBits = 7;
 constexpr int kHistBias = (127 - 32) << kHistMantissaBits;
 constexpr int kHistLogBins = 64 << kHistMantissaBits;
 constexpr int kHistSlots = kHistLogBins + 3;

@@ -4,9 +4,9 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git python3
+  build-essential cmake ninja-build pkg-config git python3 python3-venv
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev prometheus-cpp-dev nlohmann-json3-dev
+  libabsl-dev prometheus-cpp-dev libcivetweb-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   curl openssl clang libclang-rt-14-dev ccache
   libpq-dev postgresql-15

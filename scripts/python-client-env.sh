@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints the path of a venv at DIR holding caliper-client (a wheel of ./client/python, stubs
-# generated from proto/ by the package's build hook, built with the tooling venv's grpcio-tools)
+# generated from proto/ by the package's build hook, built with the grpcio-tools the package
+# pins, from the small venv scripts/python-env.sh package)
 # on top of a cached venv set (scripts/python-env.sh SET, default tools: torch, transformers, ...;
 # vllm: vLLM's CPU build), reached through a .pth file. Reinstalls the package every call
 # (seconds), so it always matches the checkout.
@@ -9,7 +10,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:?usage: python-client-env.sh DIR}
 set_name=${2:-tools}
-tools=$("$root/scripts/python-env.sh" tools)
+builder=$("$root/scripts/python-env.sh" package)
 base=$("$root/scripts/python-env.sh" "$set_name")
 mkdir -p "$(dirname "$venv")"
 exec 9>"$venv.lock"
@@ -23,7 +24,8 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 cp -r "$root/client/python" "$stage/python"
 rm -rf "$stage/python/build" "$stage/python/caliper/_pb" "$stage/python"/*.egg-info
-if ! { CALIPER_PROTO="$root/proto/caliper.proto" "$tools/bin/python" -m pip wheel -q \
+if ! { CALIPER_PROTO="$root/proto/caliper.proto" CALIPER_VERSION_FILE="$root/VERSION" \
+         "$builder/bin/python" -m pip wheel -q \
          --no-build-isolation --no-deps -w "$stage/wheel" "$stage/python" &&
        "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$stage"/wheel/*.whl; \
      } >"$venv.log" 2>&1; then

@@ -1,5 +1,6 @@
 // caliper.v1.Calibration over gRPC's callback API. Transport only: requests are translated to
-// core::CalibrationSession calls and core errors go out through ToGrpcStatus. Observe is a
+// calls of the StateStore (core/state/state_store.h: memory, file or PostgreSQL, one body per
+// RPC for all three) and core errors go out through ToGrpcStatus. Observe is a
 // ServerReadReactor over raw ByteBuffers, so chunk payloads are reduced in place in the received
 // slices (server/raw_tensor_chunk.h): a bad chunk is answered in-band (ObserveSummary.errors) and
 // the stream goes on; stream-level faults (unknown session on the first chunk, oversized or
@@ -11,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -18,19 +20,21 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "core/fleet/fleet_store.h"
+#include "core/fleet/window.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/limits/limits.h"
 #include "server/inflight_budget.h"
 #include "core/session/session.h"
-#include "core/session/session_registry.h"
 #include "core/state/partial_flusher.h"
 #include "core/state/session_store.h"
 #include "core/state/state_store.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
+#include "server/fleet_metrics.h"
 #include "server/metrics.h"
 #include "server/security.h"
-#include "server/store_workers.h"
+#include "core/tensor/thread_pool.h"
 
 namespace caliper {
 
@@ -46,21 +50,30 @@ struct ServiceOptions {
   // small, since gRPC buffers it for every open stream whatever the budget says.
   int64_t stream_lookahead_bytes = int64_t{1} << 20;
   int max_concurrent_streams = 1024;               // Observe streams open at once
-  absl::Duration stream_idle_timeout = absl::ZeroDuration();  // 0: none
-  // --state_dir (a FileStateStore) or --state_store (PostgreSQL, shared by replicas): sessions
-  // live in this store, not in the registry; streams fold into partials that `flusher` merges,
-  // and every answer waits for the store. Both set or both null (in memory).
+  // An Observe stream without a whole chunk for this long ends (silent, stalled or trickling
+  // senders); 0: never. The clients' streams send continuously or close within seconds.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
+  // Where sessions live (required): a MemoryStateStore, --state_dir's FileStateStore or
+  // --state_store's PostgreSQL store. Streams fold into partials that `flusher` (over `store`)
+  // merges; every answer comes from the store.
   StateStore* store = nullptr;
   PartialFlusher* flusher = nullptr;
-  int store_threads = 8;  // threads for unary calls that wait on the store
+  int unary_threads = 8;  // --unary_threads: threads that run the unary calls (they wait on the store)
+  // Fleets (docs/fleets.md): null answers the fleet calls UNIMPLEMENTED.
+  FleetStore* fleets = nullptr;
+  FleetLimits fleet_limits;
+  // How often windows are checked for their policy's close and token counts committed.
+  absl::Duration fleet_sweep_interval = absl::Milliseconds(500);
+  // Milliseconds since the epoch for window ages and records; null: the wall clock.
+  std::function<int64_t()> fleet_clock_ms;
 };
 
 class CalibrationService final
     : public v1::Calibration::WithRawCallbackMethod_Observe<v1::Calibration::CallbackService> {
  public:
   // Borrows everything; all must outlive the service.
-  CalibrationService(ServiceOptions options, SessionRegistry* registry,
-                     ReductionBackend* backend, ServerMetrics* metrics, EventLog* log);
+  CalibrationService(ServiceOptions options, ReductionBackend* backend, ServerMetrics* metrics,
+                     EventLog* log);
   ~CalibrationService() override;
 
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
@@ -94,60 +107,117 @@ class CalibrationService final
                                       const v1::ReportRequest* request,
                                       v1::ReportResponse* response) override;
 
+  // Fleets (server/fleet_calls.cc).
+  grpc::ServerUnaryReactor* CreateFleet(grpc::CallbackServerContext* context,
+                                        const v1::CreateFleetRequest* request,
+                                        v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* GetFleet(grpc::CallbackServerContext* context,
+                                     const v1::GetFleetRequest* request,
+                                     v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* ListFleets(grpc::CallbackServerContext* context,
+                                       const v1::ListFleetsRequest* request,
+                                       v1::ListFleetsResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteFleet(grpc::CallbackServerContext* context,
+                                        const v1::DeleteFleetRequest* request,
+                                        v1::DeleteFleetResponse* response) override;
+  grpc::ServerUnaryReactor* OpenWindow(grpc::CallbackServerContext* context,
+                                       const v1::OpenWindowRequest* request,
+                                       v1::FleetWindow* response) override;
+  grpc::ServerUnaryReactor* CloseWindow(grpc::CallbackServerContext* context,
+                                        const v1::CloseWindowRequest* request,
+                                        v1::FleetWindow* response) override;
+  grpc::ServerUnaryReactor* ListVersions(grpc::CallbackServerContext* context,
+                                         const v1::ListVersionsRequest* request,
+                                         v1::ListVersionsResponse* response) override;
+  grpc::ServerUnaryReactor* GetVersion(grpc::CallbackServerContext* context,
+                                       const v1::GetVersionRequest* request,
+                                       v1::FleetVersion* response) override;
+  grpc::ServerUnaryReactor* PinVersion(grpc::CallbackServerContext* context,
+                                       const v1::PinVersionRequest* request,
+                                       v1::Fleet* response) override;
+  grpc::ServerUnaryReactor* UnpinVersion(grpc::CallbackServerContext* context,
+                                         const v1::UnpinVersionRequest* request,
+                                         v1::Fleet* response) override;
+  grpc::ServerWriteReactor<v1::WatchScalesResponse>* WatchScales(
+      grpc::CallbackServerContext* context, const v1::WatchScalesRequest* request) override;
+  grpc::ServerUnaryReactor* ReportInUse(grpc::CallbackServerContext* context,
+                                        const v1::ReportInUseRequest* request,
+                                        v1::ReportInUseResponse* response) override;
+
  private:
   class ObserveReactor;
+  class WatchReactor;
+
+  // The K/V tokens this replica's streams counted into one open window since the last commit.
+  struct LiveWindow {
+    std::string tenant, fleet, session_id;
+    std::mutex mu;
+    WindowTokens pending;  // guarded by mu
+    void Count(const ChunkRef& chunk);
+  };
+  // The live counter of a window's session (windows are named "fleet/NAME/WEIGHT_VERSION");
+  // null for any other session.
+  std::shared_ptr<LiveWindow> LiveWindowFor(const CalibrationSession& session);
+
+  // What a unary call's body knows of its call: the calling tenant, and the session the log
+  // line names (the request's; CreateSession sets the new one).
+  struct Call {
+    std::string tenant;
+    std::string session_id;
+  };
+  using Body = std::function<absl::Status(Call& call)>;
+  // Every unary call: checks `session_id` ("" for none) and the caller's token, runs `body` on
+  // a store worker (never on a gRPC thread; out of memory answered as RESOURCE_EXHAUSTED), then
+  // finishes with its status, its latency and one log line.
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                   absl::string_view method, absl::string_view session_id,
+                                   Body body);
 
   // The calling tenant: "" without an authenticator, else from the call's bearer token.
   absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& context) const;
-  // The session if it exists and belongs to the calling tenant, else NotFound/Unauthenticated.
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> GetOwned(
-      const grpc::CallbackServerContext& context, absl::string_view session_id) const;
-  // GetScales' answer for `session` (however it was found: in memory or from the store).
+  // GetScales' answer for the committed `session`.
   absl::Status ScalesResponseFor(const CalibrationSession& session,
                                  const v1::ScalesRequest& request,
                                  v1::ScalesResponse* response) const;
-  // Deletes the tenant's session (in memory; the stores delete through StoreDeleteSession).
-  absl::Status DeleteWithState(absl::string_view session_id, absl::string_view tenant);
-  // --state_store: each call runs `call` on a store worker, then finishes with its status.
-  grpc::ServerUnaryReactor* OnStore(grpc::CallbackServerContext* context,
-                                    absl::string_view method, std::string session_id,
-                                    std::function<absl::Status(const std::string& tenant)> call);
-  grpc::ServerUnaryReactor* StoreCreateSession(grpc::CallbackServerContext* context,
-                                               const v1::CreateSessionRequest* request,
-                                               v1::Session* response);
-  grpc::ServerUnaryReactor* StoreGetSession(grpc::CallbackServerContext* context,
-                                            const v1::GetSessionRequest* request,
-                                            v1::Session* response);
-  grpc::ServerUnaryReactor* StoreListSessions(grpc::CallbackServerContext* context,
-                                              v1::ListSessionsResponse* response);
-  grpc::ServerUnaryReactor* StoreDeleteSession(grpc::CallbackServerContext* context,
-                                               const v1::DeleteSessionRequest* request);
-  grpc::ServerUnaryReactor* StoreFinalize(grpc::CallbackServerContext* context,
-                                          const v1::FinalizeRequest* request,
-                                          v1::Session* response);
-  grpc::ServerUnaryReactor* StoreGetScales(grpc::CallbackServerContext* context,
-                                           const v1::ScalesRequest* request,
-                                           v1::ScalesResponse* response);
-  grpc::ServerUnaryReactor* StoreGetReport(grpc::CallbackServerContext* context,
-                                           const v1::ReportRequest* request,
-                                           v1::ReportResponse* response);
-  grpc::ServerUnaryReactor* StoreResume(grpc::CallbackServerContext* context,
-                                        const v1::ResumeRequest* request,
-                                        v1::ResumeResponse* response);
+  // The same for scales kept apart from their session (a fleet version); `described` names
+  // what scales.json says they come from.
+  absl::Status ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
+                                 const FinalScales& final, const SessionStatus& described,
+                                 const v1::ScalesRequest& request,
+                                 v1::ScalesResponse* response) const;
 
-  // Cancels streams idle for longer than stream_idle_timeout (runs on idle_thread_).
+  // Fleet calls: Answer, with UNIMPLEMENTED when the server has no fleet store.
+  grpc::ServerUnaryReactor* FleetCall(grpc::CallbackServerContext* context,
+                                      absl::string_view method,
+                                      std::function<absl::Status(const std::string& tenant)> call);
+  int64_t NowMs() const;
+  absl::StatusOr<std::string> CreateWindowSession(const Fleet& fleet,
+                                                  absl::string_view weight_version);
+  void DropSessions(const std::vector<std::string>& ids, absl::string_view tenant);
+  absl::StatusOr<FinalScales> FinalizeWindowSession(const std::string& id,
+                                                    const std::string& tenant);
+  // Commits what this replica counted into the window (all windows when session_id is empty).
+  void CommitWindowTokens(absl::string_view session_id);
+  // Closes the window, runs the publish policy and commits the outcome; notifies watchers.
+  absl::StatusOr<Window> CloseFleetWindow(const std::string& tenant, const std::string& fleet,
+                                          const std::string& session_id,
+                                          WindowCloseReason reason);
+  void FleetSweepLoop();
+  void NotifyWatchers(absl::string_view tenant, absl::string_view fleet);
+  // GetScales of a fleet version (request.fleet set).
+  absl::Status FleetScalesResponse(const std::string& tenant, const v1::ScalesRequest& request,
+                                   v1::ScalesResponse* response);
+
+  // Ends streams without a whole chunk for stream_idle_timeout and takes back the budget of
+  // quiet reads (runs on idle_thread_).
   void IdleWatchLoop();
 
   // Finishes a unary call with `status`, recording its latency and one log line.
-  grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
-                                        absl::string_view method, absl::string_view session_id,
-                                        int64_t start_ns, const absl::Status& status);
   void FinishReactor(grpc::ServerUnaryReactor* reactor, grpc::CallbackServerContext* context,
                      absl::string_view method, absl::string_view session_id, int64_t start_ns,
                      const absl::Status& status);
 
   const ServiceOptions options_;
-  SessionRegistry* const registry_;
   ReductionBackend* const backend_;
   ServerMetrics* const metrics_;
   EventLog* const log_;
@@ -158,7 +228,15 @@ class CalibrationService final
   std::set<ObserveReactor*> live_streams_;
   bool stopping_ = false;
   std::thread idle_thread_;
-  std::unique_ptr<StoreWorkers> store_workers_;  // with options_.store
+  std::unique_ptr<ThreadPool> store_workers_;
+
+  std::unique_ptr<FleetMetrics> fleet_metrics_;
+  std::mutex fleet_mu_;  // guards live_windows_, watchers_ and fleet_stopping_
+  std::condition_variable fleet_cv_;
+  bool fleet_stopping_ = false;
+  std::map<std::string, std::shared_ptr<LiveWindow>> live_windows_;  // by session id
+  std::set<WatchReactor*> watchers_;
+  std::thread fleet_thread_;
 };
 
 }  // namespace caliper

@@ -1,5 +1,8 @@
 #include "server/caliper_server.h"
 
+#include <algorithm>
+#include <climits>
+
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
@@ -9,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/state/file_state_store.h"
+#include "core/state/memory_state_store.h"
 #include "server/postgres/postgres_store.h"
 
 namespace caliper {
@@ -27,6 +31,19 @@ constexpr char kReadinessService[] = "caliper.v1.Calibration";
 
 constexpr int64_t kMessageHeadroomBytes = int64_t{1} << 20;
 
+// Calls on a connection past --max_connection_age get this long to finish after its GOAWAY.
+constexpr absl::Duration kConnectionAgeGrace = absl::Minutes(10);
+// A keepalive ping unanswered for this long closes the connection (a dead peer).
+constexpr absl::Duration kKeepaliveTimeout = absl::Seconds(20);
+// A TCP connection that has not finished the HTTP/2 (or TLS) handshake by then is closed.
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(20);
+
+// A channel-argument duration in milliseconds; 0 (never) as gRPC's "infinite".
+int ChannelMillis(absl::Duration d) {
+  if (d <= absl::ZeroDuration()) return INT_MAX;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT_MAX));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
@@ -38,9 +55,17 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
                      options.service.max_message_bytes));
   }
   if (options.service.max_concurrent_streams < 0 ||
-      options.service.stream_idle_timeout < absl::ZeroDuration()) {
+      options.service.stream_idle_timeout < absl::ZeroDuration() ||
+      options.max_connection_idle < absl::ZeroDuration() ||
+      options.max_connection_age < absl::ZeroDuration() ||
+      options.keepalive_time < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "--max_concurrent_streams and --stream_idle_timeout must not be negative (0: unbounded)");
+        "--max_concurrent_streams, --stream_idle_timeout, --max_connection_idle, "
+        "--max_connection_age and --keepalive_time must not be negative (0: unbounded)");
+  }
+  if (options.service.unary_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--unary_threads: must be >= 1, got ",
+                                                   options.service.unary_threads));
   }
   if (options.max_inflight_bytes < 0 || options.service.stream_lookahead_bytes <= 0 ||
       options.service.stream_lookahead_bytes > (int64_t{1} << 30)) {
@@ -50,6 +75,11 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   }
   if (absl::Status s = ValidateLimits(options.service.limits); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
+  }
+  if (options.state_flush_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state_flush_interval: must be positive, got ",
+        absl::FormatDuration(options.state_flush_interval)));
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       BuildServerCredentials(options.security, options.service.authenticator);
@@ -78,6 +108,7 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   } else if (!options.state_store_import.empty()) {
     return absl::InvalidArgumentError("--state_store_import: needs --state_store");
   }
+  if (server->state_store_ == nullptr) server->UseMemoryStore(options, log);
 
   ServiceOptions service_options = options.service;
   if (options.max_inflight_bytes > 0) {
@@ -86,10 +117,10 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   }
   service_options.store = server->state_store_.get();
   service_options.flusher = server->flusher_.get();
-  service_options.store_threads = options.state_store_pool;
+  if (absl::Status s = server->OpenFleetStore(options, log); !s.ok()) return s;
+  service_options.fleets = server->fleet_store_.get();
   server->service_ = std::make_unique<CalibrationService>(
-      service_options, &server->registry_, server->backend_.get(),
-      server->server_metrics_.get(), log);
+      service_options, server->backend_.get(), server->server_metrics_.get(), log);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -111,6 +142,20 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
   }
   builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 64 << 20);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Dead and idle peers are closed (docs/hostile-load.md); the count of connections is capped
+  // in front of the server, gRPC 1.51 has no such argument.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             ChannelMillis(options.max_connection_idle));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                             ChannelMillis(options.max_connection_age));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                             ChannelMillis(kConnectionAgeGrace));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ChannelMillis(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ChannelMillis(kKeepaliveTimeout));
+  // Keep pinging a connection whose streams send nothing: that is where a dead peer hides.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             ChannelMillis(kHandshakeTimeout));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
@@ -126,11 +171,6 @@ absl::StatusOr<std::unique_ptr<CaliperServer>> CaliperServer::Start(
 }
 
 absl::Status CaliperServer::OpenStateStore(const ServerOptions& options, EventLog* log) {
-  if (options.state_flush_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--state_flush_interval: must be positive, got ",
-        absl::FormatDuration(options.state_flush_interval)));
-  }
   if (!absl::StartsWith(options.state_store, "postgresql://") &&
       !absl::StartsWith(options.state_store, "postgres://")) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -140,6 +180,7 @@ absl::Status CaliperServer::OpenStateStore(const ServerOptions& options, EventLo
   PostgresStoreOptions store_options;
   store_options.uri = options.state_store;
   store_options.pool_size = options.state_store_pool;
+  store_options.limits = options.service.limits;
   absl::StatusOr<std::unique_ptr<StateStore>> store = OpenPostgresStore(store_options);
   if (!store.ok()) {
     return absl::Status(store.status().code(),
@@ -181,8 +222,14 @@ void CaliperServer::WatchStore(EventLog* log) {
   bool was_ok = true;
   while (true) {
     const absl::Status status = state_store_->Ping();
-    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-      health->SetServingStatus(kReadinessService, status.ok());
+    if (!draining_) {
+      if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+        health->SetServingStatus(kReadinessService, status.ok());
+      }
+      if (metrics_ != nullptr) {
+        metrics_->SetUnready(status.ok() ? "" : absl::StrCat("state store unreachable: ",
+                                                            status.message()));
+      }
     }
     if (status.ok() != was_ok) {
       log->Log(status.ok() ? Severity::kInfo : Severity::kError,
@@ -195,12 +242,30 @@ void CaliperServer::WatchStore(EventLog* log) {
   }
 }
 
-absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog* log) {
-  if (options.state_flush_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--state_flush_interval: must be positive, got ",
-        absl::FormatDuration(options.state_flush_interval)));
+absl::Status CaliperServer::OpenFleetStore(const ServerOptions& options, EventLog* log) {
+  if (!options.state_store.empty()) return absl::OkStatus();  // not with PostgreSQL yet
+  if (options.state_dir.empty()) {
+    fleet_store_ = NewMemoryFleetStore(options.service.fleet_limits);
+    return absl::OkStatus();
   }
+  const std::string dir = absl::StrCat(options.state_dir, "/fleets");
+  std::vector<absl::Status> errors;
+  absl::StatusOr<std::unique_ptr<FleetStore>> store = OpenFileFleetStore(
+      dir, options.service.fleet_limits, options.service.limits, &errors);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("--state_dir=", options.state_dir, ": ",
+                                     store.status().message()));
+  }
+  for (const absl::Status& error : errors) {
+    log->Log(Severity::kError, "fleet_state_corrupt",
+             {{"state_dir", dir}, {"error", std::string(error.message())}});
+  }
+  fleet_store_ = *std::move(store);
+  return absl::OkStatus();
+}
+
+absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog* log) {
   ServerMetrics* metrics = server_metrics_.get();
   FileStateStore::Hooks hooks;
   hooks.on_write = [metrics, log](const FileStateStore::WriteEvent& event) {
@@ -238,10 +303,19 @@ absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog*
   return absl::OkStatus();
 }
 
+void CaliperServer::UseMemoryStore(const ServerOptions& options, EventLog* log) {
+  ServerMetrics* metrics = server_metrics_.get();
+  state_store_ = std::make_unique<MemoryStateStore>(
+      options.service.limits,
+      [metrics](size_t sessions) { metrics->SetActiveSessions(static_cast<int64_t>(sessions)); });
+  StartFlusher(options, log);
+}
+
 void CaliperServer::StartFlusher(const ServerOptions& options, EventLog* log) {
   ServerMetrics* metrics = server_metrics_.get();
-  // The file store counts its own writes (on_write); a database merge is counted here.
-  const bool count_merges = options.state_dir.empty();
+  // The file store counts its own writes (on_write), the memory store writes nothing; a
+  // database merge is counted here.
+  const bool count_merges = !options.state_store.empty();
   flusher_ = std::make_unique<PartialFlusher>(
       state_store_.get(), options.state_flush_interval,
       [metrics, log, count_merges](const PartialFlusher::FlushEvent& event) {
@@ -257,9 +331,18 @@ void CaliperServer::StartFlusher(const ServerOptions& options, EventLog* log) {
 
 CaliperServer::~CaliperServer() { Shutdown(absl::ZeroDuration()); }
 
+void CaliperServer::StartDraining() {
+  if (draining_.exchange(true) || server_ == nullptr) return;
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(kReadinessService, false);
+  }
+  if (metrics_ != nullptr) metrics_->SetUnready("draining (the server is shutting down)");
+}
+
 void CaliperServer::Shutdown(absl::Duration drain) {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
+  StartDraining();
   if (store_watch_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(watch_mu_);

@@ -3,6 +3,7 @@
 #ifndef CALIPER_SERVER_CALIPER_SERVER_H_
 #define CALIPER_SERVER_CALIPER_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <condition_variable>
@@ -16,7 +17,7 @@
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/session/session.h"
-#include "core/session/session_registry.h"
+#include "core/fleet/fleet_store.h"
 #include "core/state/partial_flusher.h"
 #include "core/state/session_store.h"
 #include "core/state/state_store.h"
@@ -39,6 +40,13 @@ struct ServerOptions {
   // Observe reads wait for (server/inflight_budget.h). Default: a quarter of the base pod's 4Gi
   // memory limit. 0: neither (unbounded).
   int64_t max_inflight_bytes = int64_t{1} << 30;
+  // Dead and idle peers (gRPC channel arguments; 0: never). A connection without a call for
+  // max_connection_idle, or older than max_connection_age, gets GOAWAY (calls then have
+  // kConnectionAgeGrace to finish; clients reconnect and producers resume); a peer that does not
+  // answer a keepalive ping sent after keepalive_time of silence within 20 s is closed.
+  absl::Duration max_connection_idle = absl::Minutes(5);
+  absl::Duration max_connection_age = absl::Hours(2);
+  absl::Duration keepalive_time = absl::Minutes(1);
   // Durable sessions: one state file per session here, restored at start-up; empty: in memory.
   std::string state_dir;
   absl::Duration state_flush_interval = absl::Seconds(1);  // upper bound between writes
@@ -64,12 +72,16 @@ class CaliperServer {
   const std::string& metrics_address() const { return metrics_address_; }
   absl::string_view backend_name() const { return backend_->name(); }
 
+  // Readiness off (/readyz 503 "draining", gRPC health of caliper.v1.Calibration NOT_SERVING)
+  // while everything keeps serving: for the drain delay between SIGTERM and Shutdown, so load
+  // balancers stop routing here before the port closes. Liveness (/healthz) stays healthy.
+  void StartDraining();
   // Stops accepting RPCs, marks health NOT_SERVING, lets in-flight calls finish for up to
   // `drain`, then cancels the rest and writes the state of every changed session. Idempotent.
   void Shutdown(absl::Duration drain);
   void Wait();
 
-  SessionRegistry& registry() { return registry_; }
+  StateStore& store() { return *state_store_; }  // where the sessions live
   ServerMetrics& metrics() { return *server_metrics_; }
 
  private:
@@ -79,16 +91,20 @@ class CaliperServer {
   absl::Status RestoreState(const ServerOptions& options, EventLog* log);
   // Opens --state_store (schema migrated), imports --state_store_import, starts the flusher.
   absl::Status OpenStateStore(const ServerOptions& options, EventLog* log);
+  // Neither flag: sessions in this process's memory (core/state/memory_state_store.h).
+  void UseMemoryStore(const ServerOptions& options, EventLog* log);
   void StartFlusher(const ServerOptions& options, EventLog* log);
+  // Fleets live in memory, or under --state_dir/fleets (core/fleet/fleet_store.h).
+  absl::Status OpenFleetStore(const ServerOptions& options, EventLog* log);
   // Readiness follows the store: service "caliper.v1.Calibration" is NOT_SERVING while it does
   // not answer; the overall service "" (liveness) stays SERVING.
   void WatchStore(EventLog* log);
 
   std::unique_ptr<ReductionBackend> backend_;
-  SessionRegistry registry_;
   std::unique_ptr<ServerMetrics> server_metrics_;
-  std::unique_ptr<StateStore> state_store_;  // with --state_dir (a file store) or --state_store
-  std::unique_ptr<PartialFlusher> flusher_;  // with state_store_; stopped after the server
+  std::unique_ptr<StateStore> state_store_;  // memory, --state_dir's files or --state_store
+  std::unique_ptr<PartialFlusher> flusher_;  // over state_store_; stopped after the server
+  std::unique_ptr<FleetStore> fleet_store_;  // in memory, or under --state_dir; not with PostgreSQL
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<InflightBudget> inflight_;  // with max_inflight_bytes
   std::unique_ptr<CalibrationService> service_;
@@ -96,6 +112,7 @@ class CaliperServer {
   int port_ = 0;
   std::string address_, metrics_address_;
   bool shut_down_ = false;
+  std::atomic<bool> draining_{false};
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
   bool watch_stop_ = false;

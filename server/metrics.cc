@@ -1,13 +1,67 @@
 #include "server/metrics.h"
 
+#include <CivetServer.h>
+#include <civetweb.h>
+
+#include <cstring>
 #include <exception>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include <prometheus/text_serializer.h>
 
 #include "absl/strings/str_cat.h"
 
 namespace caliper {
+
+struct MetricsEndpoint::Probes {
+  std::mutex mu;
+  bool serving = false;
+  std::string unready;  // why /readyz answers 503; "" when ready
+};
+
 namespace {
+
+// The probe state of every endpoint in the process, by its port: civetweb's request callback
+// gets no pointer of ours, only the connection (whose server_port says which endpoint).
+std::mutex probes_mu;
+std::map<int, std::shared_ptr<MetricsEndpoint::Probes>>& ProbesByPort() {
+  static auto* by_port = new std::map<int, std::shared_ptr<MetricsEndpoint::Probes>>();
+  return *by_port;
+}
+
+// civetweb's begin_request: answers GET /healthz and /readyz itself (prometheus-cpp's handlers
+// always answer 200); returns 0 for every other path, which prometheus-cpp then serves.
+int AnswerProbe(mg_connection* connection) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  const char* uri = request->local_uri != nullptr ? request->local_uri : "";
+  const bool ready = std::strcmp(uri, "/readyz") == 0;
+  if (!ready && std::strcmp(uri, "/healthz") != 0) return 0;
+  std::shared_ptr<MetricsEndpoint::Probes> probes;
+  {
+    std::lock_guard<std::mutex> lock(probes_mu);
+    auto it = ProbesByPort().find(request->server_port);
+    if (it != ProbesByPort().end()) probes = it->second;
+  }
+  int code = 503;
+  std::string body = "starting\n";
+  if (probes != nullptr) {
+    std::lock_guard<std::mutex> lock(probes->mu);
+    if (probes->serving && !ready) {
+      code = 200;
+      body = "caliper_up 1\n";
+    } else if (probes->serving) {
+      code = probes->unready.empty() ? 200 : 503;
+      body = probes->unready.empty() ? "ready\n" : absl::StrCat("not ready: ", probes->unready, "\n");
+    }
+  }
+  mg_printf(connection,
+            "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            "Content-Length: %zu\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n%s",
+            code, code == 200 ? "OK" : "Service Unavailable", body.size(), body.c_str());
+  return code;
+}
 
 constexpr absl::string_view kRpcMethods[] = {
     "CreateSession", "GetSession", "ListSessions", "DeleteSession",
@@ -207,8 +261,14 @@ std::string ServerMetrics::Render() const {
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& listen, const ServerMetrics& metrics) {
   auto endpoint = std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint());
+  endpoint->probes_ = std::make_shared<Probes>();
+  static const CivetCallbacks* callbacks = [] {
+    auto* c = new CivetCallbacks();
+    c->begin_request = AnswerProbe;
+    return c;
+  }();
   try {
-    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2, callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("--metrics_listen=", listen, ": cannot serve metrics: ", e.what()));
@@ -216,19 +276,25 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   endpoint->exposer_->RegisterCollectable(metrics.registry());
   std::vector<int> ports = endpoint->exposer_->GetListeningPorts();
   endpoint->port_ = ports.empty() ? 0 : ports.front();
+  std::lock_guard<std::mutex> lock(probes_mu);
+  ProbesByPort()[endpoint->port_] = endpoint->probes_;
   return endpoint;
 }
 
+MetricsEndpoint::~MetricsEndpoint() {
+  std::lock_guard<std::mutex> lock(probes_mu);
+  auto it = ProbesByPort().find(port_);
+  if (it != ProbesByPort().end() && it->second == probes_) ProbesByPort().erase(it);
+}
+
 void MetricsEndpoint::ServeHealth() {
-  if (health_ != nullptr) return;
-  health_ = std::make_shared<prometheus::Registry>();
-  prometheus::BuildGauge()
-      .Name("caliper_up")
-      .Help("1 while the process serves (GET /healthz, for Kubernetes probes)")
-      .Register(*health_)
-      .Add({})
-      .Set(1);
-  exposer_->RegisterCollectable(health_, "/healthz");
+  std::lock_guard<std::mutex> lock(probes_->mu);
+  probes_->serving = true;
+}
+
+void MetricsEndpoint::SetUnready(std::string reason) {
+  std::lock_guard<std::mutex> lock(probes_->mu);
+  probes_->unready = std::move(reason);
 }
 
 }  // namespace caliper

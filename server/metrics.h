@@ -75,20 +75,26 @@ class ServerMetrics {
   prometheus::Counter* state_corrupt_;
 };
 
-// Serves `metrics` on http://<listen>/metrics. Returns the bound port (listen may use port 0).
-// Unavailable when the address cannot be bound. After ServeHealth(), GET /healthz answers 200
-// ("caliper_up 1"): plain HTTP, no token, so Kubernetes' probes work when the gRPC port needs
-// TLS and tokens; it depends on nothing but the process (no session, lock or disk).
+// Serves `metrics` on http://<listen>/metrics and the probes: plain HTTP, no token, so
+// Kubernetes' probes work when the gRPC port needs TLS and tokens. Returns the bound port (listen
+// may use port 0); Unavailable when the address cannot be bound. Before ServeHealth() both
+// probes answer 503 "starting". After it, GET /healthz (liveness) answers 200 ("caliper_up 1"),
+// draining included: it depends on nothing but the process (no session, lock or disk). GET
+// /readyz answers 200 "ready", or 503 with the reason given to SetUnready.
 class MetricsEndpoint {
  public:
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen,
                                                                const ServerMetrics& metrics);
+  ~MetricsEndpoint();
   int port() const { return port_; }
-  void ServeHealth();  // once the gRPC server is serving: /healthz answers from then on
+  void ServeHealth();  // once the gRPC server is serving
+  void SetUnready(std::string reason);  // "" : ready again
+
+  struct Probes;  // what the probe handler answers (shared with it)
 
  private:
+  std::shared_ptr<Probes> probes_;
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::shared_ptr<prometheus::Registry> health_;
   int port_ = 0;
 };
 

@@ -1,22 +1,21 @@
 // CalibrationService::ObserveReactor: one Observe stream over raw ByteBuffers. Chunks are
 // parsed in place (server/raw_tensor_chunk.h) and handed to the session; a bad chunk is answered
 // in-band in ObserveSummary.errors, a stream fault (unknown session, oversized chunk, sequence
-// gap, fenced producer) ends the stream. Also the idle watcher that cancels silent streams.
+// gap, fenced producer) ends the stream. Also the idle watcher that ends silent and slow streams.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
-#include <new>
 #include <optional>
 #include <string>
 #include <utility>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/calibration_service.h"
 #include "server/inflight_budget.h"
+#include "server/out_of_memory.h"
 #include "server/proto_convert.h"
 #include "server/raw_tensor_chunk.h"
 #include "server/rpc_timing.h"
@@ -25,17 +24,15 @@
 namespace caliper {
 namespace {
 
+// A pending read without a whole chunk for this long gives its budget reservation back, and a
+// first read queued this long for the budget reads without one; what then arrives is charged on
+// arrival. So streams that send nothing hold no budget for long and cannot hold a new stream back
+// for longer than the wait, while honest bursts (many streams starting at once) stay paced.
+constexpr int64_t kReadHoldNs = 1'000'000'000;
+constexpr int64_t kFirstReadWaitNs = 3'000'000'000;
+
 absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
-absl::Status CatchOutOfMemory(absl::string_view method, absl::FunctionRef<absl::Status()> body) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        method, ": the server ran out of memory handling this chunk; retry later"));
-  }
 }
 
 }  // namespace
@@ -66,23 +63,38 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         std::lock_guard<std::mutex> lock(service_->streams_mu_);
         service_->live_streams_.insert(this);
       }
+      std::lock_guard<std::mutex> lock(mu_);  // the idle watcher may see the stream already
       ReadNext();
     }
   }
 
-  // Called by the idle watcher under streams_mu_ (so the reactor is alive). Ends the stream with
-  // the reason itself (a TryCancel would reach the client as a bare CANCELLED). A stream waiting
-  // for the in-flight budget is not idle: the server is holding it back.
-  void FinishIfIdle(int64_t now_ns, int64_t timeout_ns) {
-    if (waiting_.load() || now_ns - last_read_ns_.load() <= timeout_ns) return;
+  // Called by the idle watcher under streams_mu_ (so the reactor is alive): the reservation
+  // holds above, then past `timeout_ns` (0: never) without a whole chunk (silent, stalled
+  // mid-message or trickling) the stream ends with the reason itself (a TryCancel would reach the
+  // client as a bare CANCELLED). A stream waiting for the budget is not idle: the server is
+  // holding it back.
+  void CheckIdle(int64_t now_ns, int64_t timeout_ns) {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return;  // a chunk is being handled right now: not idle
+    if (!lock.owns_lock()) return;  // a chunk is being handled right now
+    const bool first_read = last_message_bytes_ == 0;
+    if (waiting_.load()) {
+      if (first_read && now_ns - wait_started_ns_ > kFirstReadWaitNs &&
+          service_->options_.inflight->Withdraw(ticket_)) {
+        reserved_ = 0;
+        GrantedRead();
+      }
+      return;
+    }
+    const int64_t quiet_ns = now_ns - last_read_ns_.load();
+    if (quiet_ns > kReadHoldNs) ReleaseReservation();
+    if (timeout_ns <= 0 || quiet_ns <= timeout_ns || idle_finished_ || finished_.load()) return;
     idle_finished_ = true;
     lock.unlock();
-    CompleteStream(absl::DeadlineExceededError(absl::StrCat(
-        "Observe: no chunk for longer than the server's stream_idle_timeout=",
+    FinishStream(absl::DeadlineExceededError(absl::StrCat(
+        "Observe: no whole chunk for longer than the server's stream_idle_timeout=",
         absl::FormatDuration(service_->options_.stream_idle_timeout),
-        "; chunks accepted before are kept (resume to go on)")));
+        " (nothing sent, or a chunk sent too slowly); chunks accepted before are kept (resume "
+        "to go on)")));
   }
 
   void OnReadDone(bool ok) override {
@@ -98,10 +110,12 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
                        : absl::OkStatus());
       return;
     }
+    SettleReservation(static_cast<int64_t>(request_.Length()));
     absl::Status fault = raw_.Parse(request_);
     last_message_bytes_ = static_cast<int64_t>(raw_.data().size());
     if (fault.ok()) {
-      fault = CatchOutOfMemory("Observe", [this] { return HandleChunk(); });
+      fault = CatchOutOfMemory("Observe", "handling this chunk; retry later",
+                               [this] { return HandleChunk(); });
     } else {
       service_->metrics_->ChunkRejected(fault, v1::TARGET_UNSPECIFIED);
       if (session_) session_->RecordRejected();
@@ -143,15 +157,16 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
  private:
-  // An OK end is acknowledged only once everything the stream accepted is durable.
+  // A stream's status goes out once everything it accepted is committed: an OK end is
+  // acknowledged only then (or fails with why not), and after any end GetSession shows it.
   void FinishStream(const absl::Status& status) {
-    if (status.ok() && partial_ != nullptr) {
-      // --state_store: OK once every chunk of this stream is committed.
-      service_->options_.flusher->WhenCommitted(
-          partial_, [this](absl::Status committed) { CompleteStream(committed); });
+    if (partial_ == nullptr) {
+      CompleteStream(status);
       return;
     }
-    CompleteStream(status);
+    service_->options_.flusher->WhenCommitted(partial_, [this, status](absl::Status committed) {
+      CompleteStream(status.ok() ? committed : status);
+    });
   }
 
   void CompleteStream(const absl::Status& status) {
@@ -165,28 +180,43 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
   // Reserves in-flight bytes for the next chunk (the size of this stream's previous one, or
-  // max_message_bytes for the first), then StartRead; waits in the budget's queue when full.
+  // max_message_bytes for the first: once a read is pending, gRPC opens the stream's window to
+  // whatever size the message declares), then StartRead; waits in the budget's queue when full.
+  // The holds (kReadHoldNs, kFirstReadWaitNs) keep streams that send nothing from keeping it.
+  // Under mu_.
   void ReadNext() {
     InflightBudget* budget = service_->options_.inflight;
     if (budget == nullptr) {
       StartRead(&request_);
       return;
     }
-    // Until a stream has shown its chunk size, assume the largest: once a read is pending, gRPC
-    // opens the stream's window to whatever size the next message declares.
-    const int64_t want = budget->Clamp(last_message_bytes_ > 0
-                                           ? std::max(last_message_bytes_,
-                                                      service_->options_.stream_lookahead_bytes)
-                                           : service_->options_.max_message_bytes);
-    reserved_ = want;
+    reserved_ = budget->Clamp(last_message_bytes_ > 0
+                                  ? std::max(last_message_bytes_,
+                                             service_->options_.stream_lookahead_bytes)
+                                  : service_->options_.max_message_bytes);
+    wait_started_ns_ = absl::GetCurrentTimeNanos();
     waiting_.store(true);
-    if (budget->Acquire(want, [this] { GrantedRead(); })) GrantedRead();
+    if (budget->Acquire(reserved_, [this] { GrantedRead(); }, &ticket_)) GrantedRead();
   }
 
   void GrantedRead() {
     last_read_ns_.store(absl::GetCurrentTimeNanos());
     waiting_.store(false);
     StartRead(&request_);
+  }
+
+  // The reservation becomes what arrived: a larger message (its reservation went back, or the
+  // client declared more) is already held, so it is charged and other reads wait until it is
+  // reduced; what a smaller one did not need goes back at once. Under mu_.
+  void SettleReservation(int64_t bytes) {
+    InflightBudget* budget = service_->options_.inflight;
+    if (budget == nullptr || bytes == reserved_) return;
+    if (bytes > reserved_) {
+      budget->Charge(bytes - reserved_);
+    } else {
+      budget->Release(reserved_ - bytes);
+    }
+    reserved_ = bytes;
   }
 
   void ReleaseReservation() {
@@ -260,6 +290,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       }
       session_ = *std::move(session);
       session_id_ = chunk_.session_id();
+      window_ = service_->LiveWindowFor(*session_);
     } else if (!chunk_.session_id().empty() && chunk_.session_id() != session_id_) {
       session_->RecordRejected();
       RejectChunk(absl::InvalidArgumentError(
@@ -291,20 +322,19 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
           producer_->producer_id, "\"; open one stream per producer")));
       return absl::OkStatus();
     }
-    if (partial_ != nullptr) {
-      // Fenced by a newer stream of the producer, or the session finalized or deleted, as its
-      // last merge found: what this stream sends can no longer count.
-      if (absl::Status failed = service_->options_.flusher->failure(partial_); !failed.ok()) {
-        service_->metrics_->ChunkRejected(failed, chunk_.kind());
-        return failed;
-      }
+    // Fenced by a newer stream of the producer, or the session finalized or deleted, as its
+    // last merge found: what this stream sends can no longer count.
+    if (absl::Status failed = service_->options_.flusher->failure(partial_); !failed.ok()) {
+      service_->metrics_->ChunkRejected(failed, chunk_.kind());
+      return failed;
     }
     const StreamObserveResult result = session_->Observe(
         *chunk, *service_->backend_, producer_ ? &*producer_ : nullptr);
     if (!result.status.ok() && result.ends_stream) {
       // A gap or a newer connection of this producer: the stream cannot go on in order.
-      service_->metrics_->ChunkRejected(result.status, chunk_.kind());
-      return result.status;
+      const absl::Status status = SupersededOr(result.status);
+      service_->metrics_->ChunkRejected(status, chunk_.kind());
+      return status;
     }
     if (!result.status.ok()) {
       RejectChunk(result.status);
@@ -316,6 +346,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         summary_.set_accepted_bytes(summary_.accepted_bytes() +
                                      static_cast<int64_t>(chunk->data.size()));
         service_->metrics_->ChunkAccepted(chunk->kind, static_cast<int64_t>(chunk->data.size()));
+        if (window_ != nullptr) window_->Count(*chunk);
         if (chunk->statistics.has_value()) {
           service_->metrics_->StatisticsAccepted(
               chunk->kind, static_cast<int64_t>(chunk_.statistics().ByteSizeLong()),
@@ -334,12 +365,9 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     return absl::OkStatus();
   }
 
-  // The stream's session: the registry's, or with --state_store a partial of the committed one
-  // that only this stream folds into (merged by the flusher).
+  // The stream's session: a partial of the committed one that only this stream folds into
+  // (merged into the store by the flusher).
   absl::StatusOr<std::shared_ptr<CalibrationSession>> BindSession() {
-    if (service_->options_.store == nullptr) {
-      return service_->registry_->GetForTenant(chunk_.session_id(), tenant_);
-    }
     absl::StatusOr<std::unique_ptr<CalibrationSession>> empty =
         service_->options_.store->LoadEmpty(chunk_.session_id(), tenant_);
     if (!empty.ok()) return empty.status();
@@ -349,10 +377,9 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     return partial;
   }
 
-  // With --state_store the producer's committed N comes from the store, which also fences its
-  // earlier streams on every replica.
+  // The producer's committed N comes from the store, which also fences its earlier streams
+  // (on every replica of a shared store).
   absl::StatusOr<ProducerLedger::Stream> OpenProducer() {
-    if (partial_ == nullptr) return session_->OpenProducerStream(chunk_.producer_id());
     absl::StatusOr<OpenedProducer> opened =
         service_->options_.store->OpenProducer(session_id_, chunk_.producer_id());
     if (!opened.ok()) return opened.status();
@@ -361,6 +388,19 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         session_->OpenProducerStream(chunk_.producer_id());
     if (stream.ok()) service_->options_.flusher->BindProducer(partial_, *stream, opened->epoch);
     return stream;
+  }
+
+  // A gap in this stream whose missing chunks the store already holds: a newer stream of the
+  // producer committed them, so this one was superseded (its partial only knows its own).
+  absl::Status SupersededOr(const absl::Status& gap) {
+    if (!producer_ || gap.code() != absl::StatusCode::kFailedPrecondition) return gap;
+    absl::StatusOr<uint64_t> committed = service_->options_.store->CommittedSequence(
+        session_id_, tenant_, producer_->producer_id);
+    if (!committed.ok() || *committed + 1 < chunk_.sequence()) return gap;
+    return absl::AbortedError(absl::StrCat(
+        "chunk.sequence: producer '", producer_->producer_id,
+        "': this stream was superseded by a newer stream of the same producer, which committed "
+        "up to ", *committed, "; resume from ", *committed + 1));
   }
 
   CalibrationService* const service_;
@@ -374,14 +414,17 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   std::atomic<bool> waiting_{false};   // queued for the in-flight budget, no read pending
   std::mutex mu_;                      // held while a chunk is handled
   bool idle_finished_ = false;         // guarded by mu_
-  int64_t reserved_ = 0;               // in-flight bytes held for the pending read
+  int64_t reserved_ = 0;               // in-flight bytes held for the pending read (mu_)
+  int64_t wait_started_ns_ = 0;        // when ReadNext asked the budget (mu_)
+  uint64_t ticket_ = 0;                // the budget's name for a queued read (mu_)
   int64_t last_message_bytes_ = 0;
   std::string tenant_;
   grpc::ByteBuffer request_;
   RawTensorChunk raw_;
   const v1::TensorChunk& chunk_ = raw_.header();  // every field but data, which stays in raw_
+  std::shared_ptr<LiveWindow> window_;  // when the session is a fleet's window
   std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
-  std::shared_ptr<PartialFlusher::Partial> partial_;  // with --state_store
+  std::shared_ptr<PartialFlusher::Partial> partial_;  // bound with session_
   std::optional<ProducerLedger::Stream> producer_;  // bound by the first chunk with a producer
   std::string session_id_;
   absl::Status final_status_;
@@ -389,14 +432,14 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
 
 void CalibrationService::IdleWatchLoop() {
   const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stream_idle_timeout);
-  // Check often enough that a stream is cancelled within ~1.25x the timeout.
-  const auto period = std::chrono::nanoseconds(std::clamp<int64_t>(timeout_ns / 4, 1'000'000,
-                                                                   1'000'000'000));
+  // Often enough for the reservation holds, and to end a stream within ~1.25x the timeout.
+  const auto period = std::chrono::nanoseconds(
+      timeout_ns > 0 ? std::clamp<int64_t>(timeout_ns / 4, 1'000'000, 100'000'000) : 100'000'000);
   std::unique_lock<std::mutex> lock(streams_mu_);
   while (!stopping_) {
     streams_cv_.wait_for(lock, period);
     const int64_t now = absl::GetCurrentTimeNanos();
-    for (ObserveReactor* stream : live_streams_) stream->FinishIfIdle(now, timeout_ns);
+    for (ObserveReactor* stream : live_streams_) stream->CheckIdle(now, timeout_ns);
   }
 }
 

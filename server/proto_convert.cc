@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "core/formats/lightllm_format.h"
 #include "core/limits/utf8.h"
+#include "core/session/scales_outputs.h"
 
 namespace caliper {
 namespace {
@@ -385,7 +386,8 @@ Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto) {
 }
 
 absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
-                                                 const std::vector<std::string>& formats) {
+                                                 const std::vector<std::string>& formats,
+                                                 const SessionStatus& status) {
   v1::ScalesResponse out;
   out.set_kv(ToProto(kKvModes, scales.kv));
   out.set_fp8_flavor(ToProto(kFp8Flavors, scales.fp8_flavor));
@@ -421,17 +423,16 @@ absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
     if (module.weight_scale) row->set_weight_global_scale(*module.weight_scale);
     if (module.input_scale) row->set_input_global_scale(*module.input_scale);
   }
-  std::vector<ScaleWarning> warnings = scales.warnings;
-  absl::StatusOr<std::vector<RenderedFile>> files =
-      RenderSessionOutputs(scales, formats, &warnings);
-  if (!files.ok()) return files.status();
-  for (RenderedFile& file : *files) {
+  absl::StatusOr<ScalesOutputs> outputs = RenderScalesOutputs(status, scales, formats);
+  if (!outputs.ok()) return outputs.status();
+  for (RenderedFile& file : outputs->files) {
     v1::OutputFile* row = out.add_files();
     row->set_format(std::move(file.format));
     row->set_name(std::move(file.name));
     row->set_content(std::move(file.content));
   }
-  for (const ScaleWarning& warning : warnings) {
+  out.set_scales_json(std::move(outputs->scales_json));
+  for (const ScaleWarning& warning : outputs->warnings) {
     v1::Warning* row = out.add_warnings();
     row->set_where(warning.where);
     row->set_message(warning.message);

@@ -70,10 +70,12 @@ struct AdaptArgs {
 absl::StatusOr<AdaptArgs> AdaptFromProto(const v1::AdaptRequest& proto,
                                          const Limits& limits = Limits());
 
-// Renders `formats` through RenderSessionOutputs (empty: DefaultKvFormat when KV is on).
-// InvalidArgument naming formats[i] for an unknown format or one the session cannot produce.
+// Renders `formats` and scales.json through RenderScalesOutputs (formats empty: DefaultKvFormat
+// when KV is on) for the session `status` describes. InvalidArgument naming formats[i] for an
+// unknown format or one the session cannot produce.
 absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
-                                                 const std::vector<std::string>& formats);
+                                                 const std::vector<std::string>& formats,
+                                                 const SessionStatus& status);
 
 }  // namespace caliper
 

@@ -4,12 +4,16 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "proto/tensor_chunk_wire.h"
 
 namespace caliper {
 namespace {
 
-constexpr uint32_t kDataField = 15;  // TensorChunk.data
-constexpr uint32_t kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
+using wire::kFixed32;
+using wire::kFixed64;
+using wire::kLengthDelimited;
+using wire::kVarint;
+constexpr uint32_t kDataField = wire::kTensorChunkDataField;
 
 // Reads protobuf wire format sequentially across slices.
 class SliceCursor {

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -76,8 +77,12 @@ ABSL_FLAG(int64_t, max_lightllm_json_bytes,
           "Longest Adapt lightllm_json");
 ABSL_FLAG(int, max_sessions, caliper::Limits().max_sessions,
           "Sessions the server holds at once (all tenants)");
+ABSL_FLAG(absl::Duration, drain_delay, absl::ZeroDuration(),
+          "On SIGTERM/SIGINT, how long the server keeps serving with /readyz answering 503 "
+          "(load balancers stop routing here) before it stops accepting; a second signal cuts it "
+          "short. The Kubernetes manifests set 5s");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
-          "On SIGTERM/SIGINT, how long in-flight streams may run before they are cancelled");
+          "After the drain delay, how long in-flight streams may run before they are cancelled");
 ABSL_FLAG(std::string, log_format, "text", "Log lines as text or json");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the server; enables TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of the server (with --tls_cert)");
@@ -91,22 +96,39 @@ ABSL_FLAG(bool, allow_plaintext_tokens, false,
 ABSL_FLAG(int, max_sessions_per_tenant, 0,
           "Sessions a tenant may hold at once; 0: only --max_sessions applies");
 ABSL_FLAG(int, max_concurrent_streams, 1024, "Observe streams open at once; 0: unbounded");
+ABSL_FLAG(int, max_fleets, caliper::FleetLimits().max_fleets,
+          "Fleets the server holds at once (all tenants; docs/fleets.md)");
+ABSL_FLAG(int, max_watchers, caliper::FleetLimits().max_watchers,
+          "WatchScales streams open at once");
 ABSL_FLAG(int, max_modules_per_session, caliper::Limits().max_modules_per_session,
           "Distinct NVFP4 modules a session may track (a 61-layer, 384-expert MoE has ~70k)");
-ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::ZeroDuration(),
-          "Cancel an Observe stream that sends nothing for this long (accepted chunks stay); 0: "
-          "never");
+ABSL_FLAG(absl::Duration, stream_idle_timeout, caliper::ServiceOptions().stream_idle_timeout,
+          "End an Observe stream that completes no chunk for this long (silent, stalled "
+          "mid-message or trickling; DEADLINE_EXCEEDED, accepted chunks stay); 0: never");
+ABSL_FLAG(absl::Duration, max_connection_idle, caliper::ServerOptions().max_connection_idle,
+          "Close (GOAWAY) a connection without a call for this long; 0: never");
+ABSL_FLAG(absl::Duration, max_connection_age, caliper::ServerOptions().max_connection_age,
+          "Close (GOAWAY) a connection this old; its calls get 10 more minutes and clients "
+          "reconnect; 0: never");
+ABSL_FLAG(absl::Duration, keepalive_time, caliper::ServerOptions().keepalive_time,
+          "Ping a connection silent for this long; one that does not answer within 20 s is "
+          "closed (a dead peer); 0: never");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for durable session state (one file per session, restored at start-up); "
           "empty: sessions live in memory only");
 ABSL_FLAG(absl::Duration, state_flush_interval, absl::Seconds(1),
-          "Longest time between writes of a changed session's state (stream ends, "
-          "CreateSession and Finalize also wait for a write)");
+          "Longest time a stream's statistics wait before they are merged into the state store "
+          "(and written, with --state_dir or --state_store); stream ends merge at once");
 ABSL_FLAG(std::string, state_store, "",
           "Shared session state for any number of replicas: a PostgreSQL libpq URI "
           "(postgresql://USER:PASSWORD@HOST:PORT/DB?sslmode=verify-full; also from "
           "$CALIPER_STATE_STORE). Exclusive with --state_dir");
-ABSL_FLAG(int, state_store_pool, 8, "Database connections at most (per replica)");
+ABSL_FLAG(int, state_store_pool, 8,
+          "Database connections at most (per replica), shared by unary calls, stream starts, the "
+          "flusher and readiness checks; a caller waits up to 10 s for one");
+ABSL_FLAG(int, unary_threads, 8,
+          "Threads that answer unary calls (each waits on the state store: memory, --state_dir or "
+          "--state_store), never on gRPC's threads");
 ABSL_FLAG(std::string, state_store_import, "",
           "A --state_dir directory whose sessions are imported into --state_store at start-up "
           "(sessions already there are left alone)");
@@ -207,8 +229,14 @@ int main(int argc, char** argv) {
   limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   limits.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
   options.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.service.fleet_limits.max_fleets = absl::GetFlag(FLAGS_max_fleets);
+  options.service.fleet_limits.max_watchers = absl::GetFlag(FLAGS_max_watchers);
   options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
+  options.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.service.unary_threads = absl::GetFlag(FLAGS_unary_threads);
   options.state_flush_interval = absl::GetFlag(FLAGS_state_flush_interval);
   options.state_store = absl::GetFlag(FLAGS_state_store);
   if (options.state_store.empty()) {
@@ -247,10 +275,17 @@ int main(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
+  const absl::Duration delay = std::max(absl::GetFlag(FLAGS_drain_delay), absl::ZeroDuration());
   const absl::Duration drain = absl::GetFlag(FLAGS_drain_timeout);
   log.Log(caliper::Severity::kInfo, "draining",
           {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
+           {"drain_delay", absl::FormatDuration(delay)},
            {"drain_timeout", absl::FormatDuration(drain)}});
+  (*server)->StartDraining();
+  if (delay > absl::ZeroDuration()) {
+    const timespec wait = absl::ToTimespec(delay);
+    sigtimedwait(&signals, nullptr, &wait);  // still serving; a second signal ends the delay
+  }
   (*server)->Shutdown(drain);
   log.Log(caliper::Severity::kInfo, "stopped", {});
   return 0;

@@ -1,8 +1,10 @@
-"""Builds caliper-client: generates caliper/_pb/caliper_pb2*.py from proto/caliper.proto.
+"""Builds caliper-client: generates caliper/_pb/caliper_pb2*.py (and caliper_pb2.pyi) from
+proto/caliper.proto, and takes the version from the repository's VERSION file.
 
-The stubs are never committed; they are made here, with grpcio-tools, whenever the package is
-built (pip install ./client/python, a wheel, an sdist). The proto is read from the repository
-(../../proto/caliper.proto) or, in an sdist, from the copy beside this file.
+The stubs are never committed; they are made here, with the grpcio-tools pyproject.toml pins,
+whenever the package is built (pip install ./client/python, a wheel, an sdist). The proto and
+VERSION are read from the repository (../../) or, in an sdist, from the copies beside this file;
+CALIPER_PROTO / CALIPER_VERSION_FILE name them when the package is built from elsewhere.
 """
 import os
 import pathlib
@@ -23,15 +25,23 @@ def _proto_path() -> pathlib.Path:
     raise SystemExit("caliper-client: proto/caliper.proto not found (set CALIPER_PROTO)")
 
 
+def _version() -> str:
+    for candidate in (os.environ.get("CALIPER_VERSION_FILE"), HERE / "VERSION",
+                      HERE.parent.parent / "VERSION"):
+        if candidate and pathlib.Path(candidate).is_file():
+            return pathlib.Path(candidate).read_text().strip()
+    raise SystemExit("caliper-client: VERSION not found (set CALIPER_VERSION_FILE)")
+
+
 def generate_stubs(out_dir: pathlib.Path) -> None:
-    from grpc_tools import protoc  # build requirement
     import grpc_tools
+    from grpc_tools import protoc  # build requirement
 
     proto = _proto_path()
     out_dir.mkdir(parents=True, exist_ok=True)
     include = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     args = ["grpc_tools.protoc", f"-I{proto.parent}", f"-I{include}", f"--python_out={out_dir}",
-            f"--grpc_python_out={out_dir}", str(proto)]
+            f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", str(proto)]
     if protoc.main(args) != 0:
         raise SystemExit(f"caliper-client: protoc failed on {proto}")
     grpc_file = out_dir / "caliper_pb2_grpc.py"
@@ -39,7 +49,8 @@ def generate_stubs(out_dir: pathlib.Path) -> None:
     text = re.sub(r"^import caliper_pb2 as", "from . import caliper_pb2 as",
                   grpc_file.read_text(), flags=re.M)
     grpc_file.write_text(text)
-    (out_dir / "__init__.py").write_text('"""Generated from proto/caliper.proto at build time."""\n')
+    (out_dir / "__init__.py").write_text(
+        '"""Generated from proto/caliper.proto at build time."""\n')
 
 
 class BuildPy(build_py):
@@ -47,6 +58,7 @@ class BuildPy(build_py):
         generate_stubs(HERE / "caliper" / "_pb")
         if "caliper._pb" not in self.packages:
             self.packages.append("caliper._pb")  # exists only now
+        self.package_data.setdefault("caliper._pb", []).append("*.pyi")
         super().run()
 
 
@@ -56,6 +68,7 @@ class Sdist(sdist):
         target = pathlib.Path(base_dir) / "proto"
         target.mkdir(exist_ok=True)
         (target / "caliper.proto").write_bytes(_proto_path().read_bytes())
+        (pathlib.Path(base_dir) / "VERSION").write_text(_version() + "\n")
 
 
-setup(cmdclass={"build_py": BuildPy, "sdist": Sdist})
+setup(version=_version(), cmdclass={"build_py": BuildPy, "sdist": Sdist})

@@ -15,6 +15,7 @@
 #include "core/formats/compressed_tensors_config.h"
 #include "core/formats/engine_formats.h"
 #include "core/formats/moe_layout.h"
+#include "core/formats/render_inputs.h"
 #include "core/formats/safetensors.h"
 #include "core/formats/safetensors_stream_writer.h"
 #include "core/tensor/dtype.h"
@@ -458,7 +459,7 @@ absl::Status QuantizeJob::WriteSmallFiles(StagedDirectory& out) {
     if (kv.has_value()) q["kv_cache_quant_algo"] = "FP8";
     q["group_size"] = 16;
     q["exclude_modules"] = report.ignore;
-    ojson producer = {{"name", "caliper"}, {"version", "0.1.0"}};
+    ojson producer = {{"name", "caliper"}, {"version", CaliperVersion()}};
     ojson flat = ojson::object();
     flat["quant_method"] = "modelopt";
     for (auto it = q.begin(); it != q.end(); ++it) flat[it.key()] = *it;

@@ -2,6 +2,8 @@
 
 namespace caliper {
 
+const char* CaliperVersion() { return CALIPER_VERSION; }
+
 Nvfp4Scales ConvertNvfp4Form(const Nvfp4Scales& scales, ScaleForm form) {
   if (scales.form == form) return scales;
   Nvfp4Scales out = scales;

@@ -27,6 +27,9 @@ inline constexpr char kModelOptConfigFile[] = "hf_quant_config.json";
 inline constexpr char kVllmLegacyFile[] = "kv_cache_scales.json";
 inline constexpr char kLightLlmFile[] = "kv_cache_calib.json";
 
+// The release ("0.2.0", the repository's VERSION file), written into files as their producer's.
+const char* CaliperVersion();
+
 // Safetensors __metadata__ keys our scale files carry, so `caliper merge` knows what it holds.
 inline constexpr char kMetaFormat[] = "caliper.format";
 inline constexpr char kMetaConfig[] = "caliper.config";  // the JSON block of the format
@@ -45,7 +48,7 @@ struct RenderInputs {
   Nvfp4Scales nvfp4;                     // either form; empty when no NVFP4
   // Modules left unquantized; empty means the default (lm_head, plus MoE router gates).
   std::vector<std::string> ignore;
-  std::string producer_version = "0.1.0";
+  std::string producer_version = CaliperVersion();
   // Observer names written into the compressed-tensors config (llm-compressor's spelling).
   std::string input_observer = "static_minmax";
   std::string kv_observer = "static_minmax";

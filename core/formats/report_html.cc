@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/tensor/magnitude_histogram.h"
 #include "nlohmann/json.hpp"
 
 namespace caliper {
@@ -51,6 +52,21 @@ std::string Color(double t) {
   return absl::StrFormat("rgb(%d,%d,%d)", r, g, b);
 }
 
+// A chart: the title and legend as HTML (they wrap, never cut), the plot as an SVG drawn in a
+// width x height box and scaled to the figure's width.
+std::string Figure(const char* cls, const std::string& caption, int width, int height,
+                   const std::string& body) {
+  return absl::StrFormat(
+      "<figure class=\"chart %s\"><figcaption>%s</figcaption><svg xmlns=\"http://www.w3.org/2000/svg\" "
+      "viewBox=\"0 0 %d %d\" style=\"max-width:%dpx\">%s</svg></figure>",
+      cls, caption, width, height, width * 2, body);
+}
+
+std::string Swatch(const char* color, const std::string& label) {
+  return absl::StrCat("<span class=\"key\"><i style=\"background:", color, "\"></i>", label,
+                      "</span>");
+}
+
 std::string Heatmap(const json& report, const char* kind) {
   const json& layers = report["kv"]["layers"];
   int heads = 0;
@@ -65,12 +81,10 @@ std::string Heatmap(const json& report, const char* kind) {
       }
     }
   }
-  const int cell = 22, left = 60, top = 24;
-  const int width = std::max(left + heads * cell + 10, 330), height = top + static_cast<int>(layers.size()) * cell + 30;
-  std::string svg = absl::StrFormat(
-      "<svg class=\"heatmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">"
-      "<text x=\"%d\" y=\"14\" font-size=\"12\">%s absmax, log scale (%s .. %s); ringed: outlier head</text>",
-      width, height, left, kind, Fmt(lo), Fmt(hi));
+  const int cell = 22, left = 60, top = 6;
+  const int width = left + std::max(heads, 4) * cell + 10;
+  const int height = top + static_cast<int>(layers.size()) * cell + 36;
+  std::string svg;
   for (size_t li = 0; li < layers.size(); ++li) {
     const json& l = layers[li];
     const int y = top + static_cast<int>(li) * cell;
@@ -92,27 +106,26 @@ std::string Heatmap(const json& report, const char* kind) {
   }
   for (int h = 0; h < heads; ++h) {
     absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\">%d</text>",
-                          left + h * cell + 6, height - 14, h);
+                          left + h * cell + 6, height - 20, h);
   }
-  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">head</text></svg>",
-                        left, height - 2);
-  return svg;
+  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">head</text>", left,
+                        height - 6);
+  const std::string caption = absl::StrCat(
+      "<b>", kind, " absmax</b> per layer and head, log colour scale from ", Swatch(Color(0).c_str(), Fmt(lo)),
+      " to ", Swatch(Color(1).c_str(), Fmt(hi)), "; a black ring marks an outlier head");
+  return Figure("heatmap", caption, width, height, svg);
 }
 
 std::string SqnrBars(const json& report) {
   const json& layers = report["kv"]["layers"];
-  const int bar = 10, gap = 6, left = 40, top = 20, plot = 160;
+  const int bar = 10, gap = 6, left = 40, top = 8, plot = 160;
   const int width = std::max(left + static_cast<int>(layers.size()) * (2 * bar + gap) + 20, 420);
   double top_db = 10;
   for (const json& l : layers) {
     for (const char* k : {"K", "V"}) top_db = std::max(top_db, Get(l[k], "sqnr_db", 0));
   }
   top_db = std::ceil(top_db / 10) * 10;
-  std::string svg = absl::StrFormat(
-      "<svg class=\"bars\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">"
-      "<text x=\"%d\" y=\"12\" font-size=\"12\">FP8 SQNR (dB) under the session's scales: "
-      "<tspan fill=\"#3565c8\">K</tspan> / <tspan fill=\"#d0752c\">V</tspan></text>",
-      width, top + plot + 30, left);
+  std::string svg;
   for (int db = 0; db <= top_db; db += 10) {
     const double y = top + plot - plot * db / top_db;
     absl::StrAppendFormat(&svg,
@@ -138,14 +151,16 @@ std::string SqnrBars(const json& report) {
                             top + plot + 14, layers[i]["layer"].get<int>());
     }
   }
-  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">layer</text></svg>", left,
+  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"11\">layer</text>", left,
                         top + plot + 28);
-  return svg;
+  return Figure("bars", absl::StrCat("<b>FP8 SQNR (dB)</b> per layer under the session's scales: ",
+                                     Swatch("#3565c8", "K"), Swatch("#d0752c", "V")),
+                width, top + plot + 34, svg);
 }
 
 std::string HistogramSvg(const json& w) {
   const json& bins = w["bins"];
-  const int width = 420, height = 170, left = 36, bottom = 26, top = 18;
+  const int width = 480, height = 200, left = 10, bottom = 26, top = 6;
   double xlo = INFINITY, xhi = 0, cmax = 1;
   for (const json& b : bins) {
     if (b[0].get<double>() > 0) xlo = std::min(xlo, b[0].get<double>());
@@ -160,10 +175,7 @@ std::string HistogramSvg(const json& w) {
   std::string title = absl::StrCat("layer ", w["layer"].get<int>(), " ", w["kind"].get<std::string>(),
                                    w["head"].is_null() ? " (all heads)" : absl::StrCat(" head ", w["head"].get<int>()),
                                    ": SQNR ", Fmt(Get(w, "sqnr_db"), "%.1f"), " dB");
-  std::string svg = absl::StrFormat(
-      "<svg class=\"hist\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\">"
-      "<text x=\"%d\" y=\"12\" font-size=\"12\">%s</text>",
-      width, height, left, Escape(title));
+  std::string svg;
   for (const json& b : bins) {
     const double lo = std::max(b[0].get<double>(), xlo), hi = b[1].get<double>();
     const double c = b[2].get<double>();
@@ -190,14 +202,73 @@ std::string HistogramSvg(const json& w) {
                           std::string(m.name) == "clip (session)" ? "none" : "4 2", m.name, Fmt(m.v));
   }
   for (int e = static_cast<int>(std::ceil(lx0)); e <= static_cast<int>(lx1); e += std::max(1, static_cast<int>((lx1 - lx0) / 6))) {
-    absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%d\" font-size=\"10\">2^%d</text>",
-                          X(std::ldexp(1.0, e)) - 8, height - bottom + 12, e);
+    absl::StrAppendFormat(&svg,
+                          "<text x=\"%.1f\" y=\"%d\" font-size=\"10\" text-anchor=\"middle\">2^%d</text>",
+                          std::clamp(X(std::ldexp(1.0, e)), 16.0, width - 16.0), height - bottom + 12, e);
   }
-  absl::StrAppendFormat(&svg,
-                        "<text x=\"%d\" y=\"%d\" font-size=\"10\">|x| (log2); count (log); red: "
-                        "clip point, green: percentile, purple: mse, grey: max</text></svg>",
+  absl::StrAppendFormat(&svg, "<text x=\"%d\" y=\"%d\" font-size=\"10\">|x| (log2 axis); count (log axis)</text>",
                         left, height - 2);
-  return svg;
+  const std::string caption =
+      absl::StrCat("<b>", Escape(title), "</b><br>", Swatch("#d62728", "clip point (session)"),
+                   Swatch("#2ca02c", "percentile"), Swatch("#9467bd", "mse"), Swatch("#444", "max"));
+  return Figure("hist", caption, width, height, svg);
+}
+
+// What to deploy and why, from the per-layer SQNR each observer reaches on this session's data.
+std::string Summary(const json& r, const std::string& label) {
+  std::string out = absl::StrCat("<div class=\"summary\" id=\"deploy-", label,
+                                 "\"><h3>Summary: session ",
+                                 Escape(r["session"]["id"].get<std::string>()), "</h3>");
+  if (r["kv"].is_null()) return out + "<p>KV-cache calibration is off in this session.</p></div>";
+  if (!r["has_histograms"].get<bool>()) {
+    return out + "<p>This session kept no histograms, so the observers cannot be compared: deploy its "
+                 "scales as they are, or calibrate again with <code>--histograms</code>.</p></div>";
+  }
+  const char* kObservers[] = {"static_minmax", "percentile", "mse"};
+  double sum[3] = {0, 0, 0}, worst[3] = {INFINITY, INFINITY, INFINITY};
+  int counted[3] = {0, 0, 0}, sides = 0, for_mse = 0, outliers = 0;
+  std::string mse_sides;
+  for (const json& l : r["kv"]["layers"]) {
+    for (const char* kind : {"K", "V"}) {
+      const json& side = l[kind];
+      for (const json& h : side["heads"]) outliers += h.value("outlier", false) ? 1 : 0;
+      if (!side["recommended"].is_string()) continue;
+      ++sides;
+      if (side["recommended"] == "mse") {
+        ++for_mse;
+        if (for_mse <= 6) absl::StrAppend(&mse_sides, for_mse > 1 ? ", " : "", "layer ", l["layer"].get<int>(), " ", kind);
+      }
+      for (int o = 0; o < 3; ++o) {
+        const double db = Get(side["sqnr_db_by_observer"], kObservers[o]);
+        if (!std::isfinite(db)) continue;
+        sum[o] += db;
+        worst[o] = std::min(worst[o], db);
+        ++counted[o];
+      }
+    }
+  }
+  if (sides == 0) return out + "<p>No K/V histogram was observed yet.</p></div>";
+  const double gain = Get(r["thresholds"], "recommend_min_gain_db");
+  const std::string session_observer = r["session"]["recipe"]["kv_observer"].get<std::string>();
+  std::string deploy;
+  if (for_mse == 0) {
+    deploy = absl::StrCat("Deploy <b>static_minmax</b> (absmax / qmax): mse gains less than ", Fmt(gain, "%g"),
+                          " dB on every one of the ", sides, " layer K/V tensors.");
+  } else {
+    deploy = absl::StrCat("Deploy <b>mse</b> where it gains at least ", Fmt(gain, "%g"), " dB over static_minmax: ",
+                          for_mse, " of ", sides, " layer K/V tensors (", mse_sides, for_mse > 6 ? ", &hellip;" : "",
+                          "); static_minmax elsewhere.");
+  }
+  absl::StrAppend(&out, "<p>", deploy, " This session's scales come from <b>", Escape(session_observer),
+                  "</b>; ", outliers, " outlier head", outliers == 1 ? "" : "s", ".</p>",
+                  "<table class=\"evidence\"><tr><th>observer</th><th>mean SQNR (dB)</th>"
+                  "<th>worst layer SQNR (dB)</th></tr>");
+  for (int o = 0; o < 3; ++o) {
+    absl::StrAppendFormat(&out, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>", kObservers[o],
+                          Fmt(counted[o] ? sum[o] / counted[o] : NAN, "%.2f"),
+                          Fmt(counted[o] ? worst[o] : NAN, "%.2f"));
+  }
+  return out + "</table></div>";
 }
 
 std::string LayerTable(const json& report) {
@@ -291,9 +362,9 @@ std::string SessionSection(const json& r, const std::string& label) {
     if (r["worst_histograms"].empty()) absl::StrAppend(&out, "<p>No histograms (the recipe kept none).</p>");
     for (const json& w : r["worst_histograms"]) absl::StrAppend(&out, HistogramSvg(w));
     absl::StrAppend(&out, "</div><h3>Layers: SQNR by observer, recommendation, outlier heads</h3><div id=\"layers-", label,
-                    "\">", LayerTable(r), HeadTable(r), "</div>");
+                    "\" class=\"scroll\">", LayerTable(r), HeadTable(r), "</div>");
   }
-  absl::StrAppend(&out, "<h3>NVFP4 inputs and fused groups</h3><div id=\"nvfp4-", label, "\">", Nvfp4Table(r), "</div>");
+  absl::StrAppend(&out, "<h3>NVFP4 inputs and fused groups</h3><div id=\"nvfp4-", label, "\" class=\"scroll\">", Nvfp4Table(r), "</div>");
   if (!r["warnings"].empty()) {
     absl::StrAppend(&out, "<h3>Warnings</h3><ul id=\"warnings-", label, "\">");
     for (const json& w : r["warnings"]) {
@@ -349,13 +420,23 @@ absl::StatusOr<std::vector<json>> Parse(const std::vector<std::string>& reports)
   return out;
 }
 
+// Charts fill their grid cell (at least 360 px, so a 1280 px laptop screen shows two or three
+// side by side); wide tables scroll inside their own box rather than widening the page.
 constexpr char kStyle[] =
-    "body{font-family:sans-serif;margin:16px;color:#222;background:#fff}"
+    "body{font-family:sans-serif;margin:16px auto;max-width:1800px;padding:0 16px;color:#222;"
+    "background:#fff;line-height:1.35}"
     "table{border-collapse:collapse;font-size:12px;margin:6px 0}"
     "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f0f0f0}"
-    "tr.outlier td{background:#fde2e2}.row{display:flex;flex-wrap:wrap;gap:12px}"
-    ".pair{display:flex;gap:24px;align-items:flex-start}.pair>section{flex:1;min-width:0}"
-    "svg{background:#fafafa;border:1px solid #ddd}h1{font-size:20px}h2{font-size:17px}h3{font-size:14px}";
+    "tr.outlier td{background:#fde2e2}"
+    ".row{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:16px}"
+    ".pair{display:grid;grid-template-columns:1fr 1fr;gap:24px;align-items:start}"
+    ".pair>section{min-width:0}.scroll{overflow-x:auto;max-width:100%}"
+    "figure.chart{margin:0;min-width:0}figcaption{font-size:13px;margin:0 0 4px}"
+    "figure.chart svg{display:block;width:100%;height:auto;background:#fafafa;border:1px solid #ddd}"
+    ".key{white-space:nowrap;margin-right:10px}.key i{display:inline-block;width:10px;height:10px;"
+    "margin-right:4px;vertical-align:baseline}"
+    ".summary{border:1px solid #9ab;background:#f3f7fb;padding:4px 12px;margin:8px 0;max-width:900px}"
+    "h1{font-size:22px}h2{font-size:18px}h3{font-size:15px}";
 
 }  // namespace
 
@@ -367,16 +448,18 @@ absl::StatusOr<std::string> RenderReportHtml(const std::vector<std::string>& rep
       "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Caliper quality report</title>"
       "<style>", kStyle, "</style></head><body><h1>Caliper quality report</h1>"
       "<p>FP8 KV-cache and NVFP4 calibration quality from the session's |x| histograms "
-      "(16 bins per octave). SQNR = 10 log10(E[x&sup2;] / E[(x &minus; q(x))&sup2;]) with q the FP8 "
+      "(", MagnitudeHistogram::kBinsPerOctave, " bins per octave). SQNR = 10 log10(E[x&sup2;] / E[(x &minus; q(x))&sup2;]) with q the FP8 "
       "fake-quantization at the session's scales; an outlier head has an absmax at least ",
       Fmt(Get(r[0]["thresholds"], "outlier_head_ratio"), "%g"),
       "&times; its layer's median; mse is recommended where it gains at least ",
       Fmt(Get(r[0]["thresholds"], "recommend_min_gain_db"), "%g"), " dB over static_minmax.</p>");
+  // What to deploy first, then the evidence.
   if (r.size() == 2) {
-    absl::StrAppend(&html, CompareSection(r[0], r[1]), "<div class=\"pair\">", SessionSection(r[0], "a"),
+    absl::StrAppend(&html, "<div class=\"pair\">", Summary(r[0], "a"), Summary(r[1], "b"), "</div>",
+                    CompareSection(r[0], r[1]), "<div class=\"pair\">", SessionSection(r[0], "a"),
                     SessionSection(r[1], "b"), "</div>");
   } else {
-    absl::StrAppend(&html, SessionSection(r[0], "a"));
+    absl::StrAppend(&html, Summary(r[0], "a"), SessionSection(r[0], "a"));
   }
   return html + "</body></html>\n";
 }

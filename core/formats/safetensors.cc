@@ -136,23 +136,40 @@ absl::Status SafetensorsFile::ParseHeader(absl::string_view origin) {
   const char* text = reinterpret_cast<const char*>(base_ + 8);
 
   // Duplicate top-level names would make the file ambiguous; nlohmann keeps the last silently.
-  std::string duplicate;
-  std::set<std::string> seen;
-  auto reject_duplicates = [&](int depth, nlohmann::json::parse_event_t event,
-                               nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty()) {
-      const std::string key = parsed.get<std::string>();
-      if (!seen.insert(key).second) duplicate = key;
+  // A SAX pass finds them; a parse callback would make the DOM parse quadratic in the tensor
+  // count (nlohmann rescans the parent object at every end_object when a callback is set).
+  struct TopLevelKeys : nlohmann::json_sax<nlohmann::json> {
+    int depth = 0;
+    std::set<std::string> seen;
+    std::string duplicate;
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return ++depth, true; }
+    bool end_object() override { return --depth, true; }
+    bool start_array(std::size_t) override { return ++depth, true; }
+    bool end_array() override { return --depth, true; }
+    bool key(string_t& key) override {
+      if (depth == 1 && duplicate.empty() && !seen.insert(key).second) duplicate = key;
+      return true;
     }
-    return true;
-  };
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+      return false;
+    }
+  } keys;
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text, text + header_len, reject_duplicates);
+    header = nlohmann::json::parse(text, text + header_len);
+    nlohmann::json::sax_parse(text, text + header_len, &keys);
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": header is not valid JSON: ", e.what()));
   }
+  const std::string& duplicate = keys.duplicate;
   if (!header.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ": header is not a JSON object"));
   }

@@ -6,11 +6,30 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/calibration/histogram_observers.h"
+#include "core/check/check_rules.h"
 #include "core/formats/moe_layout.h"
 #include "core/tensor/tensor_view.h"
 
 namespace caliper {
 namespace {
+
+// `caliper check`'s rules on a scale set the session finalized: a finding that breaks an engine
+// refuses it (naming the rule and tensor), a degrading one becomes a warning. Per-head K/V scales
+// are a property here, not a defect: the format asked for later decides who reads them.
+absl::Status CheckFinalizedScales(const std::string& id, SessionScales* scales) {
+  const ScaleSet set = ScaleSetFromFinalized(absl::StrCat("session ", id), scales->model,
+                                             scales->kv_scales, scales->nvfp4);
+  for (const CheckFinding& f : CheckScaleSet(set, CheckOptions())) {
+    if (f.rule == "kv-per-head" || f.severity == CheckSeverity::kNone) continue;
+    if (f.severity == CheckSeverity::kBreaks) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", id, ": scales refused by check: ", f.rule, ": ", f.tensor, " = ", f.value,
+          ": ", f.message));
+    }
+    scales->warnings.push_back({f.tensor, absl::StrCat("check: ", f.rule, ": ", f.message)});
+  }
+  return absl::OkStatus();
+}
 
 // Module names are keys of bounded session state; a runaway name is a client bug.
 constexpr size_t kMaxModuleNameBytes = 1024;
@@ -573,48 +592,56 @@ absl::Status CalibrationSession::Finalize() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<FinalScales> CalibrationSession::Final() const {
+  // Finalized state is immutable, but read it under the lock to pair with Finalize's writes.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (deleted_.load()) {
+    return absl::NotFoundError(absl::StrCat("session ", id_, " was deleted"));
+  }
+  if (state_ != SessionState::kFinalized) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, " is not finalized: call Finalize first"));
+  }
+  return FinalScales{final_kv_, final_amax_, final_warnings_};
+}
+
 absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deployment,
                                                          Nvfp4Convention convention) const {
-  // Finalized state is immutable, but read it under the lock to pair with Finalize's writes.
-  std::optional<KvScales> kv;
-  std::map<std::string, ModuleAmax> amax;
-  std::vector<ScaleWarning> session_warnings;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (deleted_.load()) {
-      return absl::NotFoundError(absl::StrCat("session ", id_, " was deleted"));
-    }
-    if (state_ != SessionState::kFinalized) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("session ", id_, " is not finalized: call Finalize first"));
-    }
-    kv = final_kv_;
-    amax = final_amax_;
-    session_warnings = final_warnings_;
-  }
+  absl::StatusOr<FinalScales> final = Final();
+  if (!final.ok()) return final.status();
+  return ScalesForDeployment(model_, recipe_, *final, deployment, convention, id_);
+}
 
-  absl::StatusOr<ResolvedDeployment> resolved = ResolveDeployment(deployment, model_.num_kv_heads);
+absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, const Recipe& recipe,
+                                                  const FinalScales& final,
+                                                  const Deployment& deployment,
+                                                  Nvfp4Convention convention,
+                                                  const std::string& session_id) {
+  std::optional<KvScales> kv = final.kv;
+  const std::map<std::string, ModuleAmax>& amax = final.amax;
+  const std::vector<ScaleWarning>& session_warnings = final.warnings;
+  absl::StatusOr<ResolvedDeployment> resolved = ResolveDeployment(deployment, model.num_kv_heads);
   if (!resolved.ok()) return resolved.status();
   SessionScales out;
-  out.kv = recipe_.kv;
-  out.fp8_flavor = recipe_.fp8_flavor;
-  out.num_kv_heads = model_.num_kv_heads;
+  out.kv = recipe.kv;
+  out.fp8_flavor = recipe.fp8_flavor;
+  out.num_kv_heads = model.num_kv_heads;
   out.convention = convention;
-  out.input_observer = recipe_.ActivationObserverName();
-  out.kv_observer = recipe_.KvObserverName();
+  out.input_observer = recipe.ActivationObserverName();
+  out.kv_observer = recipe.KvObserverName();
   out.tp_size = resolved->tp_size;
   out.deployed_total_kv_heads = resolved->total_kv_heads;
   out.rank = resolved->rank;
-  out.model = model_;
+  out.model = model;
 
   if (kv.has_value()) {
     absl::StatusOr<std::vector<RankSlice>> slices =
-        RankSlices(*kv, model_.num_kv_heads, *resolved);
+        RankSlices(*kv, model.num_kv_heads, *resolved);
     if (!slices.ok()) return slices.status();
     out.rank_slices = *std::move(slices);
     if (kv->flavor == Fp8Flavor::kE4M3FN) {  // LightLLM files hold e4m3fn scales only
       absl::StatusOr<LightLlmCalibration> file =
-          LightLlmFromKvScales(*kv, model_, resolved->tp_size);
+          LightLlmFromKvScales(*kv, model, resolved->tp_size);
       if (!file.ok()) return file.status();
       out.lightllm = *std::move(file);
     }
@@ -622,13 +649,13 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
     out.kv_scales = std::move(kv);
   }
 
-  if (recipe_.nvfp4_weights || recipe_.nvfp4_activations) {
+  if (recipe.nvfp4_weights || recipe.nvfp4_activations) {
     Nvfp4Options options;
-    options.groups = recipe_.fused_groups;
+    options.groups = recipe.fused_groups;
     options.share_input_scales = convention == Nvfp4Convention::kModelOpt;
     options.form =
         convention == Nvfp4Convention::kModelOpt ? ScaleForm::kMultiplier : ScaleForm::kDivisor;
-    options.arithmetic = Arithmetic();
+    options.arithmetic = RecipeArithmetic(recipe, model);
     out.nvfp4 = ComputeNvfp4Scales(amax, options);
     out.warnings.insert(out.warnings.end(), out.nvfp4.warnings.begin(),
                         out.nvfp4.warnings.end());
@@ -637,6 +664,7 @@ absl::StatusOr<SessionScales> CalibrationSession::Scales(const Deployment& deplo
                                                               : ScaleForm::kDivisor;
   }
   out.warnings.insert(out.warnings.end(), session_warnings.begin(), session_warnings.end());
+  if (absl::Status s = CheckFinalizedScales(session_id, &out); !s.ok()) return s;
   return out;
 }
 

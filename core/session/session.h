@@ -133,6 +133,23 @@ struct SessionScales {
 
 enum class SessionState { kOpen, kFinalized };
 
+// What Finalize computes, independent of any deployment: K/V scales over the original heads,
+// each module's amax, and the session-level warnings. A fleet version keeps one of these.
+struct FinalScales {
+  std::optional<KvScales> kv;
+  std::map<std::string, ModuleAmax> amax;
+  std::vector<ScaleWarning> warnings;
+};
+
+// `final` adapted to one deployment and NVFP4 convention, as CalibrationSession::Scales does
+// (with `caliper check`'s rules, naming `session_id`); InvalidArgument for a deployment the
+// model cannot have, FailedPrecondition for scales the checks refuse.
+absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, const Recipe& recipe,
+                                                  const FinalScales& final,
+                                                  const Deployment& deployment,
+                                                  Nvfp4Convention convention,
+                                                  const std::string& session_id);
+
 // A consistent copy of a session's observer state, for reports (core/session/session_report.h).
 struct SessionObservations {
   std::string id, name;
@@ -270,6 +287,8 @@ class CalibrationSession {
   // deployment the model cannot have (head counts that do not divide, rank out of range).
   absl::StatusOr<SessionScales> Scales(const Deployment& deployment,
                                        Nvfp4Convention convention) const;
+  // The finalized results themselves; FailedPrecondition before Finalize, NotFound once deleted.
+  absl::StatusOr<FinalScales> Final() const;
 
   SessionStatus Status() const;
   // Copies the observers under the lock (O(layers x heads x bins)); NotFound once deleted.

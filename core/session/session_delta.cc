@@ -27,6 +27,13 @@ bool SessionDelta::empty() const {
          input_hists.empty() && counters.empty();
 }
 
+bool SessionDelta::OnlyRejections() const {
+  SessionCounters rest = counters;
+  rest.rejected_chunks = 0;
+  return kv_layers.empty() && kv_batches.empty() && weights.empty() && inputs.empty() &&
+         input_hists.empty() && rest.empty();
+}
+
 void SessionDelta::Merge(const SessionDelta& other) {
   for (const auto& [layer, observer] : other.kv_layers) {
     auto [it, inserted] = kv_layers.emplace(layer, observer);
@@ -168,6 +175,20 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
   return absl::OkStatus();
 }
 
+std::set<std::string> ModulesOf(const SessionDelta& delta) {
+  std::set<std::string> modules;
+  for (const auto& [module, observer] : delta.weights) modules.insert(module);
+  for (const auto& [key, observer] : delta.inputs) modules.insert(key.first);
+  for (const auto& [module, hist] : delta.input_hists) modules.insert(module);
+  return modules;
+}
+
+absl::Status TooManyModules(absl::string_view module, int64_t modules, int64_t limit) {
+  return absl::ResourceExhaustedError(absl::StrCat("module \"", module, "\" would be module ",
+                                                   modules, " of this session, over the limit "
+                                                   "max_modules_per_session=", limit));
+}
+
 absl::Status CalibrationSession::CheckDeltaFits(const SessionDelta& delta) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::set<absl::string_view> new_modules;
@@ -184,10 +205,7 @@ absl::Status CalibrationSession::CheckDeltaFits(const SessionDelta& delta) const
   }
   const int64_t modules = static_cast<int64_t>(modules_.size() + new_modules.size());
   if (!new_modules.empty() && modules > limits_.max_modules_per_session) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "module \"", *new_modules.begin(), "\" would be module ", modules,
-        " of this session, over the limit max_modules_per_session=",
-        limits_.max_modules_per_session));
+    return TooManyModules(*new_modules.begin(), modules, limits_.max_modules_per_session);
   }
   if (new_entries > 0 && batch_entries_ + new_entries > limits_.max_batches_per_session) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -10,9 +10,12 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/calibration/observers.h"
 #include "core/session/producer_ledger.h"
 
@@ -66,9 +69,18 @@ struct SessionDelta {
 
   // No observer or counter changed.
   bool empty() const;
+  // Only chunks rejected (no statistics, nothing accepted, skipped or duplicate): what a stream
+  // of a finalized session brings, which the finalized session still counts.
+  bool OnlyRejections() const;
   // Folds `other` in (observers, counters, the later producer position).
   void Merge(const SessionDelta& other);
 };
+
+// The modules `delta` adds rows to (weights, inputs, input histograms).
+std::set<std::string> ModulesOf(const SessionDelta& delta);
+// ResourceExhausted naming max_modules_per_session: `module` would be module `modules` of the
+// session, over `limit`. Every store refuses a delta so (its stream fails, nothing merged).
+absl::Status TooManyModules(absl::string_view module, int64_t modules, int64_t limit);
 
 }  // namespace caliper
 

@@ -42,12 +42,18 @@ struct Totals {
   }
 };
 
+// Nonzero bins for the chart, 16 per octave (runs of finer slots summed; end slots as they are).
 json Bins(const MagnitudeHistogram& h) {
+  using H = MagnitudeHistogram;
+  constexpr int kShownPerOctave = 16, kRun = H::kBinsPerOctave / kShownPerOctave;
   json bins = json::array();
-  for (int s = MagnitudeHistogram::kUnderflowSlot; s < static_cast<int>(h.counts.size()); ++s) {
-    if (h.counts[s] == 0) continue;
-    bins.push_back({MagnitudeHistogram::SlotLower(s),
-                    std::min(MagnitudeHistogram::SlotUpper(s), 1e300), h.counts[s]});
+  for (int s = H::kUnderflowSlot; s < static_cast<int>(h.counts.size());) {
+    const bool log_slot = s >= H::kFirstLogSlot && s < H::kOverflowSlot;
+    const int end = log_slot ? s + kRun : s + 1;
+    uint64_t count = 0;
+    for (int i = s; i < end; ++i) count += h.counts[i];
+    if (count > 0) bins.push_back({H::SlotLower(s), std::min(H::SlotUpper(end - 1), 1e300), count});
+    s = end;
   }
   return bins;
 }

@@ -136,8 +136,13 @@ void StateEncoder::PutBatchRanges(const std::map<int64_t, GroupRanges>& batches)
   }
 }
 
+// A histogram's first byte: absent, or present with this many mantissa bits per bin (1, from
+// servers with 16 bins per octave, meant 4).
+constexpr uint8_t kHistogramAbsent = 0;
+constexpr uint8_t kHistogramCoarse = 1;
+
 void StateEncoder::PutHistogram(const MagnitudeHistogram& histogram) {
-  PutU8(histogram.empty() ? 0 : 1);
+  PutU8(histogram.empty() ? kHistogramAbsent : MagnitudeHistogram::kMantissaBits);
   if (histogram.empty()) return;
   PutF32(histogram.max);
   PutU64(histogram.max_count);
@@ -359,8 +364,18 @@ absl::StatusOr<MagnitudeHistogram> StateDecoder::GetHistogram(absl::string_view 
   MagnitudeHistogram out;
   absl::StatusOr<uint8_t> present = GetU8(absl::StrCat(field, ".present"));
   if (!present.ok()) return present.status();
-  if (*present > 1) return Invalid(field, -1, "present flag is not 0 or 1");
-  if (*present == 0) return out;
+  if (*present == kHistogramCoarse) {
+    return Invalid(field, -1,
+                   absl::StrCat("histogram of 16 bins per octave, written by an older server; "
+                                "this server keeps ", MagnitudeHistogram::kBinsPerOctave,
+                                " and cannot refine it: finish the session with the server that "
+                                "started it, or start it again"));
+  }
+  if (*present != kHistogramAbsent && *present != MagnitudeHistogram::kMantissaBits) {
+    return Invalid(field, -1, absl::StrCat("present flag ", *present, " is not 0 or ",
+                                           MagnitudeHistogram::kMantissaBits));
+  }
+  if (*present == kHistogramAbsent) return out;
   absl::StatusOr<float> max = GetF32(absl::StrCat(field, ".max"));
   if (!max.ok()) return max.status();
   absl::StatusOr<uint64_t> max_count = GetU64(absl::StrCat(field, ".max_count"));

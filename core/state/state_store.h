@@ -71,7 +71,8 @@ class StateStore {
 
   // Merges `delta` into the session in one transaction: rows touched, counters, the producer's
   // N, and the (partial_id, flush) mark, so a retried delta is applied once. Aborted (nothing
-  // merged) when the producer's epoch moved on; FailedPrecondition when finalized; NotFound when
+  // merged) when the producer's epoch moved on; FailedPrecondition when finalized (unless the
+  // delta only counts rejected chunks, SessionDelta::OnlyRejections); NotFound when
   // deleted; Unavailable when the store cannot be reached or the commit's outcome is unknown
   // (retry the same delta).
   virtual absl::Status Merge(absl::string_view id, const SessionDelta& delta) = 0;

@@ -1,7 +1,7 @@
 // A mergeable histogram of |x|: integer counts on fixed log-spaced bins read straight from the
-// float's bits (exponent and top 4 mantissa bits: 16 bins per octave, twice FP8 E4M3's spacing),
-// over [2^-32, 2^32), plus exact counts of zeros, of values below and above that range, and of
-// the maximum. Bins are the same for every dtype and backend, so merging is exact addition and
+// float's bits (exponent and top 7 mantissa bits: 128 bins per octave, 16 per FP8 E4M3 step, one
+// per bf16 value), over [2^-32, 2^32), plus exact counts of zeros, of values below and above that
+// range, and of the maximum. Bins are the same for every dtype and backend, so merging is exact addition and
 // the result never depends on the order chunks, shards or replicas arrive in.
 #ifndef CALIPER_CORE_TENSOR_MAGNITUDE_HISTOGRAM_H_
 #define CALIPER_CORE_TENSOR_MAGNITUDE_HISTOGRAM_H_
@@ -15,11 +15,11 @@
 namespace caliper {
 
 struct MagnitudeHistogram {
-  static constexpr int kMantissaBits = 4;                  // 16 bins per octave
+  static constexpr int kMantissaBits = 7;                  // 128 bins per octave
   static constexpr int kBinsPerOctave = 1 << kMantissaBits;
   static constexpr int kMinExponent = -32;                 // lowest bin starts at 2^-32
   static constexpr int kMaxExponent = 32;                  // highest bin ends at 2^32
-  static constexpr int kLogBins = (kMaxExponent - kMinExponent) * kBinsPerOctave;  // 1024
+  static constexpr int kLogBins = (kMaxExponent - kMinExponent) * kBinsPerOctave;  // 8192
   // Slots: [0] exact zeros, [1] (0, 2^-32), [2, 2 + kLogBins) log bins, [kSlots - 1] >= 2^32.
   static constexpr int kZeroSlot = 0;
   static constexpr int kUnderflowSlot = 1;

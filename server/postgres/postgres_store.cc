@@ -3,340 +3,48 @@
 #include <libpq-fe.h>
 
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/state/session_state.h"
 #include "core/state/observer_codec.h"
+#include "core/state/session_state.h"
+#include "server/postgres/postgres_connection.h"
+#include "server/postgres/postgres_schema.h"
 
 namespace caliper {
 namespace {
 
-// pg_advisory_xact_lock key of schema migrations ("caliper" in ASCII).
-constexpr int64_t kMigrationLockKey = 0x63616c69706572;
+using pg::BoolValue;
+using pg::ByteaValue;
+using pg::Bytes;
+using pg::Connection;
+using pg::ConnectionPool;
+using pg::IntArray;
+using pg::IntValue;
+using pg::Param;
+using pg::Result;
+using pg::StringValue;
+using pg::Text;
+using pg::TextArray;
+using pg::Trimmed;
+
 // Rows per multi-row INSERT (4 parameters each, far below PostgreSQL's 65535).
 constexpr size_t kRowsPerInsert = 2000;
-
-// Each step moves the schema from version i to i + 1; released steps never change (add new ones,
-// compatible with the previous release, so replicas of both run during a rolling update).
-const char* const kMigrations[] = {
-    // 1: sessions, their rows, producers and partial flush marks.
-    R"sql(
-CREATE TABLE caliper_sessions (
-  id text PRIMARY KEY,
-  tenant text NOT NULL,
-  name text NOT NULL,
-  created_unix_ms bigint NOT NULL,
-  empty_state bytea NOT NULL,
-  finalized boolean NOT NULL DEFAULT false,
-  accepted_chunks bigint NOT NULL DEFAULT 0,
-  accepted_bytes bigint NOT NULL DEFAULT 0,
-  rejected_chunks bigint NOT NULL DEFAULT 0,
-  skipped_warmup_chunks bigint NOT NULL DEFAULT 0,
-  duplicate_chunks bigint NOT NULL DEFAULT 0);
-CREATE INDEX caliper_sessions_by_tenant ON caliper_sessions (tenant, created_unix_ms);
-CREATE TABLE caliper_kv_layers (
-  session_id text NOT NULL REFERENCES caliper_sessions (id) ON DELETE CASCADE,
-  layer integer NOT NULL,
-  observer bytea NOT NULL,
-  PRIMARY KEY (session_id, layer));
-CREATE TABLE caliper_module_rows (
-  session_id text NOT NULL REFERENCES caliper_sessions (id) ON DELETE CASCADE,
-  module text NOT NULL,
-  block bigint NOT NULL,
-  observer bytea NOT NULL,
-  PRIMARY KEY (session_id, module, block));
-CREATE TABLE caliper_producers (
-  session_id text NOT NULL REFERENCES caliper_sessions (id) ON DELETE CASCADE,
-  producer_id text NOT NULL,
-  sequence bigint NOT NULL DEFAULT 0,
-  epoch bigint NOT NULL DEFAULT 0,
-  PRIMARY KEY (session_id, producer_id));
-CREATE TABLE caliper_partials (
-  session_id text NOT NULL REFERENCES caliper_sessions (id) ON DELETE CASCADE,
-  partial_id text NOT NULL,
-  flush bigint NOT NULL,
-  PRIMARY KEY (session_id, partial_id));
-)sql",
-    // 2: the minmax K/V observer's per-head ranges, a row per (layer, batch), so a flush writes
-    // the batches it saw instead of every layer's whole history.
-    R"sql(
-CREATE TABLE caliper_kv_batches (
-  session_id text NOT NULL REFERENCES caliper_sessions (id) ON DELETE CASCADE,
-  layer integer NOT NULL,
-  batch bigint NOT NULL,
-  observer bytea NOT NULL,
-  PRIMARY KEY (session_id, layer, batch));
-)sql",
-};
-static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kPostgresSchemaVersion);
-
-// module_rows.block of a module's weight observer; activation blocks are >= 0, and a batch's
-// per-group ranges (the minmax input observer) have row GroupRowOf(batch) <= -3.
-constexpr int64_t kWeightBlock = -1;
-// module_rows.block of a module's input |x| histogram (histogram recipes only).
-constexpr int64_t kInputHistogramBlock = -2;
-static_assert(!IsGroupRow(kWeightBlock) && !IsGroupRow(kInputHistogramBlock));
-
-struct ResultDeleter {
-  void operator()(PGresult* result) const { PQclear(result); }
-};
-using Result = std::unique_ptr<PGresult, ResultDeleter>;
-
-// One statement parameter: text, or bytes sent in binary (bytea).
-struct Param {
-  std::string value;
-  bool binary = false;
-  bool null = false;
-};
-Param Text(std::string value) { return Param{std::move(value), false, false}; }
-Param Bytes(std::string value) { return Param{std::move(value), true, false}; }
-
-std::string Trimmed(const char* message) {
-  std::string text = message == nullptr ? "" : message;
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return text;
-}
-
-// "{"a","b\"c"}": a text[] literal.
-std::string TextArray(const std::vector<std::string>& values) {
-  std::string out = "{";
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i > 0) out += ',';
-    out += '"';
-    for (char c : values[i]) {
-      if (c == '"' || c == '\\') out += '\\';
-      out += c;
-    }
-    out += '"';
-  }
-  out += '}';
-  return out;
-}
-
-template <typename Int>
-std::string IntArray(const std::vector<Int>& values) {
-  return absl::StrCat("{", absl::StrJoin(values, ","), "}");
-}
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// A bytea column in text format ("\x0a1b..."; the server's default bytea_output).
-absl::StatusOr<std::string> ByteaValue(const PGresult* result, int row, int column) {
-  const char* text = PQgetvalue(result, row, column);
-  const int length = PQgetlength(result, row, column);
-  if (length < 2 || text[0] != '\\' || text[1] != 'x' || length % 2 != 0) {
-    return absl::DataLossError(absl::StrCat("column ", PQfname(result, column),
-                                            ": not a hex bytea value (bytea_output must be hex)"));
-  }
-  std::string out((length - 2) / 2, '\0');
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int hi = HexValue(text[2 + 2 * i]), lo = HexValue(text[3 + 2 * i]);
-    if (hi < 0 || lo < 0) {
-      return absl::DataLossError(absl::StrCat("column ", PQfname(result, column), ": bad hex"));
-    }
-    out[i] = static_cast<char>(hi * 16 + lo);
-  }
-  return out;
-}
-
-int64_t IntValue(const PGresult* result, int row, int column) {
-  int64_t value = 0;
-  if (!absl::SimpleAtoi(PQgetvalue(result, row, column), &value)) value = 0;
-  return value;
-}
-
-bool BoolValue(const PGresult* result, int row, int column) {
-  return PQgetvalue(result, row, column)[0] == 't';
-}
-
-std::string StringValue(const PGresult* result, int row, int column) {
-  return std::string(PQgetvalue(result, row, column), PQgetlength(result, row, column));
-}
 
 absl::Status NotFound(absl::string_view id) {
   return absl::NotFoundError(absl::StrCat("session_id: no session \"", id, "\""));
 }
 
-// A bounded set of connections; a broken one is closed and replaced on the next acquire.
-class ConnectionPool {
- public:
-  ConnectionPool(std::string name, std::vector<std::string> keys, std::vector<std::string> values,
-                 int size, absl::Duration acquire_timeout)
-      : name_(std::move(name)),
-        keys_(std::move(keys)),
-        values_(std::move(values)),
-        size_(size),
-        acquire_timeout_(acquire_timeout) {}
-  ~ConnectionPool() {
-    for (PGconn* conn : idle_) PQfinish(conn);
-  }
-
-  // A connection for one caller; Release it (broken ones are closed).
-  absl::StatusOr<PGconn*> Acquire() {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(acquire_timeout_),
-                        [this] { return !idle_.empty() || open_ < size_; })) {
-        return absl::UnavailableError(absl::StrCat(
-            "state store ", name_, ": all ", size_, " connections busy for ",
-            absl::FormatDuration(acquire_timeout_), " (--state_store_pool)"));
-      }
-      if (!idle_.empty()) {
-        PGconn* conn = idle_.back();
-        idle_.pop_back();
-        return conn;
-      }
-      ++open_;
-    }
-    std::vector<const char*> keys, values;
-    for (const std::string& key : keys_) keys.push_back(key.c_str());
-    for (const std::string& value : values_) values.push_back(value.c_str());
-    keys.push_back(nullptr);
-    values.push_back(nullptr);
-    PGconn* conn = PQconnectdbParams(keys.data(), values.data(), /*expand_dbname=*/1);
-    if (conn == nullptr || PQstatus(conn) != CONNECTION_OK) {
-      const std::string message = conn == nullptr ? "out of memory" : Trimmed(PQerrorMessage(conn));
-      if (conn != nullptr) PQfinish(conn);
-      Closed();
-      return absl::UnavailableError(
-          absl::StrCat("state store ", name_, " unreachable: ", message));
-    }
-    PQsetNoticeProcessor(conn, [](void*, const char*) {}, nullptr);  // "already exists" etc.
-    return conn;
-  }
-
-  void Release(PGconn* conn) {
-    if (PQstatus(conn) != CONNECTION_OK || PQtransactionStatus(conn) != PQTRANS_IDLE) {
-      PQfinish(conn);
-      Closed();
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      idle_.push_back(conn);
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void Closed() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --open_;
-    }
-    cv_.notify_one();
-  }
-
-  const std::string name_;
-  const std::vector<std::string> keys_, values_;
-  const int size_;
-  const absl::Duration acquire_timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<PGconn*> idle_;
-  int open_ = 0;  // idle and leased
-};
-
-// One leased connection with statement helpers; errors come back as absl::Status.
-class Connection {
- public:
-  Connection(ConnectionPool* pool, PGconn* conn, const std::string* name)
-      : pool_(pool), conn_(conn), name_(name) {}
-  ~Connection() {
-    if (in_transaction_ && PQstatus(conn_) == CONNECTION_OK) {
-      Result(PQexec(conn_, "ROLLBACK"));
-    }
-    pool_->Release(conn_);
-  }
-  Connection(const Connection&) = delete;
-  Connection& operator=(const Connection&) = delete;
-
-  absl::StatusOr<Result> Exec(const std::string& sql, const std::vector<Param>& params = {}) {
-    std::vector<const char*> values;
-    std::vector<int> lengths, formats;
-    for (const Param& param : params) {
-      values.push_back(param.null ? nullptr : param.value.data());
-      lengths.push_back(static_cast<int>(param.value.size()));
-      formats.push_back(param.binary ? 1 : 0);
-    }
-    // Without parameters the simple protocol, which also runs several statements (migrations).
-    Result result(params.empty()
-                      ? PQexec(conn_, sql.c_str())
-                      : PQexecParams(conn_, sql.c_str(), static_cast<int>(params.size()), nullptr,
-                                     values.data(), lengths.data(), formats.data(), 0));
-    const ExecStatusType status = result ? PQresultStatus(result.get()) : PGRES_FATAL_ERROR;
-    if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return result;
-    return ErrorOf(result.get());
-  }
-
-  absl::Status Begin() {
-    absl::StatusOr<Result> begun = Exec("BEGIN");
-    if (!begun.ok()) return begun.status();
-    in_transaction_ = true;
-    return absl::OkStatus();
-  }
-  // An error here leaves the outcome unknown when the connection broke: Unavailable says so.
-  absl::Status Commit() {
-    absl::StatusOr<Result> committed = Exec("COMMIT");
-    in_transaction_ = false;
-    if (!committed.ok() && committed.status().code() == absl::StatusCode::kUnavailable) {
-      return absl::UnavailableError(
-          absl::StrCat(committed.status().message(), " (during COMMIT: outcome unknown)"));
-    }
-    return committed.status();
-  }
-  void Rollback() {
-    if (in_transaction_) Exec("ROLLBACK").IgnoreError();
-    in_transaction_ = false;
-  }
-
- private:
-  absl::Status ErrorOf(const PGresult* result) {
-    const char* state = result ? PQresultErrorField(result, PG_DIAG_SQLSTATE) : nullptr;
-    const std::string sqlstate = state == nullptr ? "" : state;
-    const std::string message =
-        Trimmed(result ? PQresultErrorMessage(result) : PQerrorMessage(conn_));
-    const std::string text = absl::StrCat("state store ", *name_, ": ",
-                                          message.empty() ? Trimmed(PQerrorMessage(conn_))
-                                                          : message);
-    // Connection lost, server shutting down or starting, out of resources, or a serialization
-    // conflict: worth retrying, nothing is known to have changed.
-    if (PQstatus(conn_) != CONNECTION_OK || sqlstate.empty() || sqlstate.rfind("08", 0) == 0 ||
-        sqlstate.rfind("57", 0) == 0 || sqlstate.rfind("53", 0) == 0 || sqlstate == "40001" ||
-        sqlstate == "40P01") {
-      return absl::UnavailableError(absl::StrCat(text, " (unavailable)"));
-    }
-    if (sqlstate == "23505") return absl::AlreadyExistsError(text);
-    if (sqlstate == "23503") return absl::NotFoundError(text);
-    return absl::InternalError(absl::StrCat(text, " (SQLSTATE ", sqlstate, ")"));
-  }
-
-  ConnectionPool* const pool_;
-  PGconn* const conn_;
-  const std::string* const name_;
-  bool in_transaction_ = false;
-};
-
 class PostgresStore final : public StateStore {
  public:
-  PostgresStore(std::string name, std::unique_ptr<ConnectionPool> pool)
-      : name_(std::move(name)), pool_(std::move(pool)) {}
+  PostgresStore(std::string name, std::unique_ptr<ConnectionPool> pool, const Limits& limits)
+      : name_(std::move(name)), pool_(std::move(pool)), limits_(limits) {}
 
   const std::string& name() const override { return name_; }
 
@@ -368,7 +76,7 @@ class PostgresStore final : public StateStore {
           kPostgresSchemaVersion, " (a newer release migrated it; run that release)"));
     }
     for (int64_t next = version + 1; next <= kPostgresSchemaVersion; ++next) {
-      if (absl::StatusOr<Result> r = conn.Exec(kMigrations[next - 1]); !r.ok()) {
+      if (absl::StatusOr<Result> r = conn.Exec(kPostgresMigrations[next - 1]); !r.ok()) {
         return r.status();
       }
       if (absl::StatusOr<Result> r = conn.Exec(
@@ -586,6 +294,45 @@ class PostgresStore final : public StateStore {
   }
 
  private:
+  // A session's committed modules (those a merge names) and how many it has in all.
+  struct ModuleCount {
+    std::set<std::string> known;
+    int64_t total = 0;
+    // Counts `modules` in, or ResourceExhausted (nothing counted) past `limit`.
+    absl::Status Add(const std::set<std::string>& modules, int64_t limit) {
+      std::vector<const std::string*> added;
+      for (const std::string& module : modules) {
+        if (known.count(module) == 0) added.push_back(&module);
+      }
+      if (added.empty()) return absl::OkStatus();
+      const int64_t after = total + static_cast<int64_t>(added.size());
+      if (after > limit) return TooManyModules(*added.front(), after, limit);
+      for (const std::string* module : added) known.insert(*module);
+      total = after;
+      return absl::OkStatus();
+    }
+  };
+  absl::StatusOr<ModuleCount> CountModules(Connection& conn, const std::string& session_id,
+                                           const std::set<std::string>& named) {
+    ModuleCount count;
+    if (named.empty()) return count;
+    absl::StatusOr<Result> known = conn.Exec(
+        "SELECT DISTINCT module FROM caliper_module_rows WHERE session_id = $1 AND "
+        "module = ANY($2::text[])",
+        {Text(session_id), Text(TextArray({named.begin(), named.end()}))});
+    if (!known.ok()) return known.status();
+    for (int i = 0; i < PQntuples(known->get()); ++i) {
+      count.known.insert(StringValue(known->get(), i, 0));
+    }
+    if (count.known.size() == named.size()) return count;  // nothing new: no total needed
+    absl::StatusOr<Result> total = conn.Exec(
+        "SELECT count(DISTINCT module) FROM caliper_module_rows WHERE session_id = $1",
+        {Text(session_id)});
+    if (!total.ok()) return total.status();
+    count.total = IntValue(total->get(), 0, 0);
+    return count;
+  }
+
   // One transaction merging every delta of `deltas` that is neither already applied (its mark,
   // answered OK) nor fenced (Aborted in `statuses`). An error return leaves the outcome of the
   // deltas still OK in `statuses` to the caller (nothing committed, or unknown on Unavailable).
@@ -634,6 +381,12 @@ class PostgresStore final : public StateStore {
             static_cast<uint64_t>(IntValue(producers->get(), i, 1));
       }
     }
+    // The session's modules as committed, for max_modules_per_session across every replica
+    // (the session row lock keeps them so until COMMIT).
+    std::set<std::string> named;
+    for (const SessionDelta* delta : deltas) named.merge(ModulesOf(*delta));
+    absl::StatusOr<ModuleCount> modules = CountModules(conn, session_id, named);
+    if (!modules.ok()) return modules.status();
     // What the live deltas change, folded together: one read and one write per touched row.
     SessionDelta rows;
     SessionCounters counters;
@@ -644,7 +397,7 @@ class PostgresStore final : public StateStore {
       const SessionDelta& delta = *deltas[i];
       auto mark = applied.find(delta.partial_id);
       if (mark != applied.end() && mark->second >= delta.flush) continue;  // answer was lost
-      if (finalized) {
+      if (finalized && !delta.OnlyRejections()) {
         statuses[i] = absl::FailedPreconditionError(
             absl::StrCat("session ", session_id, " is finalized: it accepts no more chunks"));
         continue;
@@ -658,6 +411,13 @@ class PostgresStore final : public StateStore {
               "or another replica); its uncommitted chunks are not counted"));
           continue;
         }
+      }
+      if (absl::Status fits = modules->Add(ModulesOf(delta), limits_.max_modules_per_session);
+          !fits.ok()) {
+        statuses[i] = fits;
+        continue;
+      }
+      if (delta.producer.has_value()) {
         uint64_t& sequence = sequences[delta.producer->producer_id];
         sequence = std::max(sequence, delta.producer->sequence);
       }
@@ -1029,6 +789,7 @@ class PostgresStore final : public StateStore {
 
   const std::string name_;
   std::unique_ptr<ConnectionPool> pool_;
+  const Limits limits_;
 };
 
 }  // namespace
@@ -1078,7 +839,8 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenPostgresStore(
                                      "caliper-server", "10", "5", "3", options.uri};
   auto store = std::make_unique<PostgresStore>(
       name, std::make_unique<ConnectionPool>(name, std::move(keys), std::move(values),
-                                             options.pool_size, options.acquire_timeout));
+                                             options.pool_size, options.acquire_timeout),
+      options.limits);
   if (absl::Status s = store->Migrate(); !s.ok()) return s;
   return std::unique_ptr<StateStore>(std::move(store));
 }

@@ -11,7 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/limits/limits.h"
 #include "core/state/state_store.h"
+#include "server/postgres/postgres_schema.h"  // kPostgresSchemaVersion
 
 namespace caliper {
 
@@ -20,10 +22,9 @@ struct PostgresStoreOptions {
   int pool_size = 8;  // connections at most; callers beyond it wait for one
   absl::Duration acquire_timeout = absl::Seconds(10);  // then Unavailable
   int connect_timeout_seconds = 5;  // unless the URI sets connect_timeout
+  // What merges may add to a session: max_modules_per_session holds across every replica.
+  Limits limits;
 };
-
-// The schema version this build writes (a newer one in the database is refused at Open).
-inline constexpr int kPostgresSchemaVersion = 2;
 
 
 // Opens the pool and brings the schema to kPostgresSchemaVersion. Unavailable naming the store

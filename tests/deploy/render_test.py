@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Renders every overlay in deploy/overlays with `kubectl kustomize` and checks the objects an
-SRE relies on: kinds, ports that match the server's flags, gRPC probes, graceful termination,
-the security context, resources, and the GPU only where it belongs; that the cpu and gpu
+SRE relies on: kinds, ports that match the server's flags, the probes (/readyz for readiness,
+/healthz for startup and liveness), graceful termination (drain delay, then drain), the security context, resources, and the GPU only where it belongs; that the cpu and gpu
 overlays can run side by side in one namespace (no shared names, selectors that tell them apart);
 and that the TLS overlay passes Secrets mounted as files to caliper-server's --tls_* and
 --tokens_file flags.
@@ -41,7 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPLICATED = {"replicated"}
 # The gRPC health service name readiness asks for with --state_store (NOT_SERVING while the
 # database does not answer); liveness keeps the overall "".
-READINESS_SERVICE = "caliper.v1.Calibration"
+# Probe paths on the metrics port: readiness drains (503 from SIGTERM on, and while the state
+# store does not answer); startup and liveness stay 200 while the process serves.
+PROBE_PATHS = {"startupProbe": "/healthz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
 # 1.27: first release with gRPC probes on by default (GA); 1.37: the newest schema bundled.
 SCHEMA_VERSIONS = ("1.27.0", "1.37.0")
 EXPECTED_KINDS = {"ServiceAccount", "ConfigMap", "Service", "Deployment",
@@ -186,33 +188,29 @@ def check_overlay(name, text, objs):
         check(selector.get("app.kubernetes.io/variant") == variant,
               f"{p} {what} selector {selector} lacks the variant label")
 
-    # Probes: HTTP GET /healthz on the metrics port (answers with TLS and tokens on).
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    # Probes: HTTP GET on the metrics port (answers with TLS and tokens on): /readyz for
+    # readiness, /healthz for startup and liveness.
+    for probe, path in PROBE_PATHS.items():
         pr = c.get(probe)
         if check(pr is not None, f"{p} {probe} missing"):
-            if replicated and probe == "readinessProbe":
-                # Readiness follows the state store: the gRPC health service that turns
-                # NOT_SERVING while the database does not answer.
-                check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"},
-                      f"{p} {probe} must be a grpc probe only")
-                check(pr["grpc"].get("port") == grpc_port,
-                      f"{p} {probe} probes port {pr['grpc'].get('port')}, not {grpc_port}")
-                check(pr["grpc"].get("service", "") == READINESS_SERVICE,
-                      f"{p} {probe} should check gRPC health service {READINESS_SERVICE!r}")
-                continue
             check(set(pr) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"httpGet"},
                   f"{p} {probe} must be an httpGet probe only")
             get = pr.get("httpGet", {})
-            check(get.get("path") == "/healthz", f"{p} {probe} path {get.get('path')}")
+            check(get.get("path") == path, f"{p} {probe} path {get.get('path')}, not {path}")
             check(get.get("port") in ("metrics", metrics_port),
                   f"{p} {probe} probes port {get.get('port')}, not the metrics port")
     check(int(flags.get("CALIPER_MAX_INFLIGHT_BYTES", "0")) > 0, f"{p} bad max_inflight_bytes")
     tls = "CALIPER_TLS_CERT" in flags
 
-    # Graceful termination longer than the drain.
+    # Graceful termination longer than the drain: unready for drain_delay, then drain_timeout.
     drain = seconds(flags["CALIPER_DRAIN_TIMEOUT"])
+    delay = seconds(flags.get("CALIPER_DRAIN_DELAY", "0s"))
+    check(delay > 0, f"{p} no --drain_delay: endpoints would still route to a pod that stopped")
+    check("--drain_delay=$(CALIPER_DRAIN_DELAY)" in c.get("args", []),
+          f"{p} args do not pass --drain_delay")
     grace = spec.get("terminationGracePeriodSeconds", 30)
-    check(grace > drain, f"{p} terminationGracePeriodSeconds {grace} <= --drain_timeout {drain}")
+    check(grace > delay + drain, f"{p} terminationGracePeriodSeconds {grace} <= --drain_delay "
+          f"{delay} + --drain_timeout {drain}")
 
     # Security context (container settings win over pod settings).
     psc, csc = spec.get("securityContext", {}), c.get("securityContext", {})
@@ -338,6 +336,17 @@ def tls_files(work):
             "CALIPER_TOKENS_FILE": os.path.join(work, "tokens")}
 
 
+def http_get(url):
+    """(status, body) of a GET; an HTTP error status is returned, not raised."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def run_server_with(server, c, flags, timeout=20):
     """Starts the real server with the rendered args, listen addresses on loopback port 0, the
     CPU backend, and for TLS local files in place of the mounted Secrets."""
@@ -366,16 +375,26 @@ def run_server_with(server, c, flags, timeout=20):
                 break
         check(started, f"server did not start with the rendered args {args}:\n" + "\n".join(lines))
         if started:
-            # The probes' endpoint answers on the metrics port, without TLS or a token.
+            # The probes' endpoint answers on the metrics port, without TLS or a token; from
+            # SIGTERM on /readyz is 503 while /healthz stays 200 (the drain delay).
             m = re.search(r"\(metrics ([0-9.]+:\d+)", lines[-1])
-            if check(m is not None, f"no metrics address in {lines[-1]!r}"):
-                import urllib.request
-                with urllib.request.urlopen(f"http://{m.group(1)}/healthz", timeout=10) as r:
-                    body = r.read().decode()
-                    check(r.status == 200 and "caliper_up 1" in body,
-                          f"GET /healthz: {r.status} {body!r}")
+            metrics = m.group(1) if check(m is not None, f"no metrics address in {lines[-1]!r}") \
+                else None
+            if metrics:
+                for path in ("/healthz", "/readyz"):
+                    status, body = http_get(f"http://{metrics}{path}")
+                    check(status == 200, f"GET {path} while serving: {status} {body!r}")
             proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(timeout=seconds(flags["CALIPER_DRAIN_TIMEOUT"]) + 10)
+            if metrics:
+                time.sleep(0.5)
+                status, body = http_get(f"http://{metrics}/readyz")
+                check(status == 503 and "draining" in body,
+                      f"GET /readyz after SIGTERM: {status} {body!r}, want 503 draining")
+                status, body = http_get(f"http://{metrics}/healthz")
+                check(status == 200 and "caliper_up 1" in body,
+                      f"GET /healthz while draining: {status} {body!r}, want 200")
+            rc = proc.wait(timeout=seconds(flags.get("CALIPER_DRAIN_DELAY", "0s")) +
+                           seconds(flags["CALIPER_DRAIN_TIMEOUT"]) + 10)
             check(rc == 0, f"server exited {rc} after SIGTERM")
             print(f"  server accepted {' '.join(args)}")
     finally:

@@ -21,7 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/demo/demo_data.h"
-#include "client/remote_common.h"
+#include "client/server_connection.h"
 #include "client/tensor_stream.h"
 #include "core/tensor/dtype.h"
 #include "core/calibration/kv_scales.h"

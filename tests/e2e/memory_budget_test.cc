@@ -130,6 +130,37 @@ TEST_F(MemoryBudgetTest, WorstInputsStayUnderBudget) {
                 static_cast<long long>(StatusKiB(server_->pid(), "VmHWM:") / 1024));
   }
 
+  // 1b. Two 1 GiB chunks at once, on two connections: both refused, neither buffered whole (the
+  //     quota holds whatever the message size; it once took 1095 MiB at the default 1 GiB).
+  {
+    v1::TensorChunk big = header;
+    big.add_shape(int64_t{1} << 28 >> 10);
+    big.add_shape(8);
+    big.add_shape(128);
+    cli::SerializedChunk chunk = RepeatedChunk(big, block, 64);
+    std::vector<std::thread> threads;
+    std::vector<grpc::Status> results(2);
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        auto channel = NewChannel(server_->address());
+        grpc::ClientContext context;
+        v1::ObserveSummary summary;
+        auto writer = cli::OpenObserveWriter(channel, &context, &summary);
+        writer->Write(chunk);
+        writer->WritesDone();
+        results[i] = writer->Finish();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const grpc::Status& status : results) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << status.error_message();
+    }
+    std::printf("two 1 GiB chunks at once: %d, %d; server VmHWM %lld MiB\n",
+                results[0].error_code(), results[1].error_code(),
+                static_cast<long long>(StatusKiB(server_->pid(), "VmHWM:") / 1024));
+  }
+
   // 2. 64 streams of 4 chunks of 16 MiB at once, over 4 connections (producers sharing a client)
   //    and then over 64 (one each). Reads wait for the in-flight budget, so the first all pass;
   //    with one connection each, every connection's window is buffered by gRPC before any read,

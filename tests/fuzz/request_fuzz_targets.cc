@@ -64,7 +64,7 @@ int FuzzScalesArgs(const uint8_t* data, size_t size) {
   if (!deployment.ok() || !formats.ok()) return 0;
   absl::StatusOr<SessionScales> scales =
       Finalized().Scales(*deployment, ConventionFromProto(request.convention()));
-  if (scales.ok()) ScalesToProto(*scales, *formats).status().IgnoreError();
+  if (scales.ok()) ScalesToProto(*scales, *formats, Finalized().Status()).status().IgnoreError();
   return 0;
 }
 

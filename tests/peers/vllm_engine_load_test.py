@@ -88,10 +88,31 @@ def same(got, want, per_head_reduced=False):
     return True
 
 
+def fp8_kv_cache_missing():
+    """Why vLLM's CPU build cannot run an FP8 KV cache here ("" when it can): it needs x86 with
+    AVX-512 or AMX (a CUDA device does too)."""
+    if torch.cuda.is_available():
+        return ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), []))
+    except OSError as e:
+        return f"cannot read /proc/cpuinfo ({e})"
+    if flags & {"avx512f", "amx_tile"}:
+        return ""
+    return "this CPU has neither AVX-512 (avx512f) nor AMX (amx_tile), which vLLM's CPU FP8 KV cache needs"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--caliper", required=True)
     args = p.parse_args()
+    missing = fp8_kv_cache_missing()
+    if missing:
+        # CTest's SKIP_RETURN_CODE: what this machine could not check is said, not passed.
+        print(f"skipped: {missing}; not checked here: that vLLM's attention layers load "
+              "Caliper's FP8 KV scales (compressed-tensors and ModelOpt, per tensor and per head)")
+        return 77
     with tempfile.TemporaryDirectory() as tmp:
         dense = os.path.join(tmp, "dense")
         build_dense(dense)

@@ -15,8 +15,8 @@ import transformers
 
 import caliper
 import caliper.hooks
-from caliper import outputs
-from conftest import (Recorder, run_cli, scales_doc, tiny_model, write_dumps, write_weights)
+from conftest import (Recorder, run_cli, scales_doc, short_float, tiny_model, write_dumps,
+                      write_weights)
 
 RECIPE = caliper.Recipe(kv="per_head", nvfp4_weights=True, nvfp4_activations=True)
 SAMPLES = 4
@@ -84,14 +84,14 @@ def test_hooks_equal_calibrate_and_torch(server, tmp_path, kind):
     for layer in expected["kv_cache"]["layers"]:
         ks = torch.stack([k.abs().amax(dim=(0, 2, 3)) for l, _, k, _ in rec.kv
                           if l == layer["layer"]]).amax(0)
-        assert layer["k_absmax"] == [outputs.short_float(x) for x in ks.tolist()]
+        assert layer["k_absmax"] == [short_float(x) for x in ks.tolist()]
     mods = expected["nvfp4"]["modules"]
     for m, w in rec.weights.items():
-        assert mods[m]["weight_amax"] == outputs.short_float(w.abs().max().item()) or \
+        assert mods[m]["weight_amax"] == short_float(w.abs().max().item()) or \
             mods[m]["fused_group"], m
     for m in {m for m, _, _ in rec.inputs}:
         amax = max(x.abs().max().item() for mm, _, x in rec.inputs if mm == m)
-        assert mods[m]["input_amax"] == outputs.short_float(amax), m
+        assert mods[m]["input_amax"] == short_float(amax), m
 
 
 @pytest.mark.parametrize("kind,attn", [("llama", "eager"), ("llama", "sdpa"),
@@ -252,10 +252,10 @@ def test_caliper_capture_text_and_flags(server, tmp_path):
     assert c.returncode == 0, c.stderr
     session_id = c.stdout.split()[1]
     session = caliper.Client(server.address).get_session(session_id)
-    assert session.name == "flags" and session.recipe.fp8_flavor == caliper._pb.caliper_pb2.FP8_E4M3FNUZ
-    assert session.recipe.warmup_batches == 1 and session.skipped_warmup_chunks == 0  # batches 3..6
-    assert session.recipe.compat == caliper._pb.caliper_pb2.COMPAT_LLM_COMPRESSOR
-    assert session.recipe.kv_observer == caliper._pb.caliper_pb2.KV_OBSERVER_MINMAX
+    assert session.name == "flags" and session.recipe.fp8 == "e4m3fnuz"
+    assert session.recipe.warmup == 1 and session.skipped_warmup_chunks == 0  # batches 3..6
+    assert session.recipe.compat == "llm-compressor"
+    assert session.recipe.kv_observer == "minmax"
     run_cli("scales", f"--server={server.address}", f"--session={session_id}", "--tp=2",
             "--convention=modelopt", "--format=modelopt", "--format=vllm-legacy",
             f"--out={tmp_path / 'cli'}")
@@ -372,7 +372,7 @@ def test_moe_all_experts(server, tmp_path, kind):
         amax = max(h_states.abs().max().item() for p, h_states in hidden if p == path)
         for e in range(4):
             gate = names[path](e)[0]
-            assert mods[gate]["input_amax"] == outputs.short_float(amax), gate
+            assert mods[gate]["input_amax"] == short_float(amax), gate
 
 
 def test_refused_attach_leaves_nothing_installed(server):
@@ -428,3 +428,23 @@ def test_minmax_observers_hooks_statistics_equal_raw(server, tmp_path, kind, com
     static.scales(out=tmp_path / "static")
     assert scales_doc(tmp_path / "static" / "scales.json")["kv_cache"]["layers"] != \
         scales_doc(tmp_path / "raw" / "scales.json")["kv_cache"]["layers"]
+
+
+def test_vllm_kv_cache_size_is_explicit(monkeypatch):
+    """--engine vllm gets a KV cache size in bytes, never a share of the machine; on the CPU
+    build $VLLM_CPU_KVCACHE_SPACE (GiB) wins when set, as in vLLM itself."""
+    from caliper import capture
+    args = capture.build_parser().parse_args(
+        ["--server=x:1", "--model=m", "--token-ids=t.json", "--out=o", "--engine=vllm"])
+    assert args.kv_cache_memory_bytes == capture.DEFAULT_KV_CACHE_BYTES == 512 << 20
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert capture.engine_kv_cache_bytes(64 << 20, on_cuda=False) == 64 << 20
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert capture.engine_kv_cache_bytes(64 << 20, on_cuda=False) == 2 << 30
+    assert capture.engine_kv_cache_bytes(64 << 20, on_cuda=True) == 64 << 20
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
+    with pytest.raises(SystemExit, match="VLLM_CPU_KVCACHE_SPACE"):
+        capture.engine_kv_cache_bytes(64 << 20, on_cuda=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    with pytest.raises(SystemExit, match="--kv-cache-memory-bytes"):
+        capture.engine_kv_cache_bytes(0, on_cuda=False)

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import caliper
-from caliper import outputs
-from conftest import run_cli, scales_doc
+from conftest import run_cli, scales_doc, short_float
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
           "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 256,
@@ -146,7 +145,7 @@ def test_layouts_give_identical_scales(server, tmp_path):
     assert all(d == docs[0] for d in docs)
     layer0 = docs[0]["kv_cache"]["layers"][0]
     expect_k = np.abs(k).max(axis=(0, 2, 3))
-    assert layer0["k_absmax"] == [outputs.short_float(x) for x in expect_k]
+    assert layer0["k_absmax"] == [short_float(x) for x in expect_k]
 
 
 def test_bad_tensors_raise_and_session_keeps_what_it_had(server, tmp_path):
@@ -284,22 +283,6 @@ def test_token_from_environment(make_server, tmp_path, monkeypatch):
     assert caliper.Client(srv.address, token="secret-a-0123456789").list_sessions() == []
 
 
-@pytest.mark.parametrize("value,text", [
-    (0.0123, "0.0123"), (448.0, "448.0"), (1e-05, "1e-05"), (0.0001, "0.0001"),
-    (1.5e-07, "1.5e-07"), (123456.789, "123456.789"), (1e15, "1e+15"), (2.5e15, "2.5e+15"),
-    (999999999999999.0, "999999999999999.0"), (-0.0, "-0.0"), (6.0, "6.0"), (-3.25, "-3.25"),
-    (1e100, "1e+100"), (0.1, "0.1")])
-def test_json_numbers_as_nlohmann(value, text):
-    assert outputs.dump_json(value) == text
-
-
-def test_json_layout_as_nlohmann():
-    doc = {"a": [], "b": {}, "c": [1, 2.5, None, True], "d": {"e": "x\"y\n\u0001é"}}
-    assert outputs.dump_json(doc) == (
-        '{\n  "a": [],\n  "b": {},\n  "c": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n'
-        '  "d": {\n    "e": "x\\"y\\n\\u0001é"\n  }\n}')
-
-
 @pytest.mark.parametrize("merge", [0, 3])
 def test_minmax_observers_statistics_equal_raw(server, tmp_path, merge):
     """Moving-average observers (kv_observer minmax: per-head min/max per batch; activation
@@ -323,19 +306,16 @@ def test_minmax_observers_statistics_equal_raw(server, tmp_path, merge):
 
 
 @pytest.mark.parametrize("kv_observer,act_observer", [
-    (caliper._pb.caliper_pb2.KV_OBSERVER_PERCENTILE, caliper._pb.caliper_pb2.MSE),
-    (caliper._pb.caliper_pb2.KV_OBSERVER_STATIC_MINMAX, caliper._pb.caliper_pb2.STATIC_MINMAX)])
+    ("percentile:99.9", "mse"), ("static_minmax", "static_minmax")])
 def test_merged_histograms_give_identical_files(server, tmp_path, kv_observer, act_observer):
     """Sessions that keep histograms (percentile / mse observers, or histograms on): statistics
     with their bins merged on the producer give the raw producer's files."""
-    pb = caliper._pb.caliper_pb2
     client = caliper.Client(server.address)
     runs = {}
     for name, mode, merge in (("raw", "raw", 0), ("each", "statistics", 0),
                               ("merged", "statistics", 4)):
-        r = pb.Recipe(kv=pb.KV_PER_HEAD, nvfp4_weights=True, nvfp4_activations=True,
-                      kv_observer=kv_observer, kv_percentile=99.9,
-                      activation_observer=act_observer, histograms=True)
+        r = caliper.Recipe(kv="per_head", nvfp4_weights=True, nvfp4_activations=True,
+                           kv_observer=kv_observer, observer=act_observer, histograms=True)
         s = client.create_session(CONFIG, r, name=name, mode=mode, merge_batches=merge)
         feed(s, np.random.default_rng(12), batches=5)
         s.finalize()
@@ -348,7 +328,7 @@ def test_merged_histograms_give_identical_files(server, tmp_path, kv_observer, a
         for f in ("kv_cache_calib.json", "compressed_tensors_scales.safetensors"):
             assert (tmp_path / name / f).read_bytes() == (tmp_path / "raw" / f).read_bytes()
     # Across batches only for the static observers; percentile / mse keep batches apart.
-    if kv_observer == pb.KV_OBSERVER_STATIC_MINMAX:
+    if kv_observer == "static_minmax":
         assert runs["merged"] < runs["each"]
     else:
         assert runs["merged"] == runs["each"]

@@ -10,7 +10,14 @@ import socket
 import subprocess
 import time
 
+import numpy as np
 import pytest
+
+
+def short_float(value):
+    """A float32's shortest decimal, as scales.json writes it (json.load reads it back as this)."""
+    return float(str(np.float32(value)))
+
 
 BUILD = pathlib.Path(os.environ.get("CALIPER_BUILD_DIR", "build"))
 SERVER = BUILD / "server" / "caliper-server"

@@ -27,8 +27,8 @@ def reference_slot(value: float) -> int:
     bits = struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFFFF
     if bits == 0:
         return 0
-    t = (bits >> 19) - 1520
-    return 1 if t < 0 else (1026 if t >= 1024 else 2 + t)
+    t = (bits >> 16) - 12160
+    return 1 if t < 0 else (8194 if t >= 8192 else 2 + t)
 
 
 SPECIAL = [0.0, -0.0, 1e-45, 1e-40, 2.0 ** -32, 2.0 ** -32 * 0.999, 2.0 ** -24, 6e-8, 1.0,
@@ -155,8 +155,8 @@ def test_statistics_equal_raw_scales_and_report(server, name):
         session = client.create_session(CONFIG, recipe(**RECIPES[name]), name=mode, mode=mode)
         feed(session, seed=5)
         out[mode] = results(client, session)
-        if mode == "statistics":
-            assert session.wire_bytes < session.tensor_bytes / 20
+        if mode == "statistics":  # tiny chunks: 128 bins per octave make it ~1/10 here
+            assert session.wire_bytes < session.tensor_bytes / 5
         session.close()
     assert out["statistics"][0] == out["raw"][0]
     assert out["statistics"][1] == out["raw"][1]
@@ -202,5 +202,6 @@ def test_histogram_statistics_size_per_head():
         stats = pb.ChunkStatistics()
         _histogram.to_proto(stats, _histogram.kv_histograms(x))
         per_head = stats.ByteSize() / 8
-        assert per_head < 1024, (tokens, per_head)
+        # 128 bins per octave: about 1.4 KiB at 16 tokens, 3 KiB at 512, 4.3 KiB at 4096.
+        assert per_head < 5 * 1024, (tokens, per_head)
         assert math.isfinite(per_head)

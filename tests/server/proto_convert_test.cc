@@ -77,7 +77,7 @@ TEST(ProtoConvertTest, SessionStateAndScalesUseTheSameTables) {
   scales.kv = KvMode::kOff;  // no engine files to render
   scales.fp8_flavor = Fp8Flavor::kE4M3FNUZ;
   scales.convention = Nvfp4Convention::kModelOpt;
-  absl::StatusOr<v1::ScalesResponse> out = ScalesToProto(scales, {});
+  absl::StatusOr<v1::ScalesResponse> out = ScalesToProto(scales, {}, status);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->kv(), v1::KV_OFF);
   EXPECT_EQ(out->fp8_flavor(), v1::FP8_E4M3FNUZ);

@@ -90,6 +90,20 @@ ChunkRef RefOf(const v1::TensorChunk& c) {
 
 class ServiceTest : public ::testing::Test {
  protected:
+  // The session as the server's store holds it (what is committed).
+  SessionStatus Committed(const std::string& id, const std::string& tenant = "") {
+    absl::StatusOr<SessionStatus> status = server_->store().GetStatus(id, tenant);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? *status : SessionStatus{};
+  }
+  // Waits (bounded) until the store holds `chunks` accepted chunks of the session: a stream
+  // that is still open has them merged every --state_flush_interval.
+  void AwaitCommitted(const std::string& id, int64_t chunks) {
+    for (int i = 0; i < 1000 && Committed(id).accepted_chunks < chunks; ++i) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
   void SetUp() override { StartServer(ServerOptions{}); }
 
   void StartServer(ServerOptions options) {
@@ -207,7 +221,7 @@ TEST_F(ServiceTest, CreateGetListDelete) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
     EXPECT_THAT(s.error_message(), HasSubstr(a));
   }
-  EXPECT_EQ(server_->registry().size(), 1u);
+  EXPECT_EQ(server_->store().ListSessions("")->size(), 1u);
 }
 
 TEST_F(ServiceTest, CreateRejectsInvalidModelNamingTheField) {
@@ -452,7 +466,7 @@ TEST_F(ServiceTest, OversizedChunkEndsTheStreamWithResourceExhausted) {
   s = Stream({KvChunk(id, v1::KEY, 0, Random((2 << 20) / 4, 3), 0)}, &summary);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   // The first chunk of the first stream stayed counted.
-  EXPECT_EQ(server_->registry().GetForTenant(id, "").value()->Status().accepted_chunks, 1);
+  EXPECT_EQ(Committed(id, "").accepted_chunks, 1);
 }
 
 TEST_F(ServiceTest, MetricsCountWarmupSkipsAndRejectionsByKind) {
@@ -561,10 +575,7 @@ TEST_F(ServiceTest, ShutdownDrainsInFlightStreamsAndRefusesNewCalls) {
   v1::ObserveSummary summary;
   std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
   ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)));
-  std::shared_ptr<CalibrationSession> session = server_->registry().GetForTenant(id, "").value();
-  for (int i = 0; i < 400 && session->Status().accepted_chunks < 1; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));  // the stream is open on the server side
-  }
+  AwaitCommitted(id, 1);  // the stream is open on the server side
 
   std::thread stopper([&] { server_->Shutdown(absl::Seconds(20)); });
   absl::SleepFor(absl::Milliseconds(200));  // shutdown has begun; the stream is still open
@@ -580,7 +591,7 @@ TEST_F(ServiceTest, ShutdownDrainsInFlightStreamsAndRefusesNewCalls) {
   stopper.join();
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(summary.accepted_chunks(), 2);
-  EXPECT_EQ(session->Status().accepted_chunks, 2);
+  EXPECT_EQ(Committed(id).accepted_chunks, 2);
 }
 
 TEST_F(ServiceTest, DrainTimeoutCancelsStreamsThatDoNotFinish) {
@@ -589,16 +600,13 @@ TEST_F(ServiceTest, DrainTimeoutCancelsStreamsThatDoNotFinish) {
   v1::ObserveSummary summary;
   std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
   ASSERT_TRUE(writer->Write(KvChunk(id, v1::KEY, 0, Random(kHeads * kHeadDim, 1), 0)));
-  std::shared_ptr<CalibrationSession> session = server_->registry().GetForTenant(id, "").value();
-  for (int i = 0; i < 400 && session->Status().accepted_chunks < 1; ++i) {
-    absl::SleepFor(absl::Milliseconds(5));  // the stream is open on the server side
-  }
+  AwaitCommitted(id, 1);  // the stream is open on the server side
   const absl::Time start = absl::Now();
   server_->Shutdown(absl::Milliseconds(300));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_FALSE(writer->Finish().ok());
   // The chunk that arrived whole stays counted.
-  EXPECT_EQ(session->Status().accepted_chunks, 1);
+  EXPECT_EQ(Committed(id).accepted_chunks, 1);
 }
 
 TEST_F(ServiceTest, ReflectionListsTheCalibrationService) {
@@ -754,7 +762,7 @@ TEST_F(DurableServiceTest, DeleteRemovesTheStateFile) {
   ASSERT_TRUE(stub_->DeleteSession(&ctx, req, &out).ok());
   EXPECT_FALSE(testing_util::fs::exists(StatePath(id)));
   StartDurable();
-  EXPECT_EQ(server_->registry().size(), 0u);
+  EXPECT_EQ(server_->store().ListSessions("")->size(), 0u);
 }
 
 TEST_F(DurableServiceTest, CorruptStateFileIsReportedAndSetAsideAtStartUp) {
@@ -763,7 +771,7 @@ TEST_F(DurableServiceTest, CorruptStateFileIsReportedAndSetAsideAtStartUp) {
   raw.resize(raw.size() - 1);  // torn write
   testing_util::SpitFile(StatePath(id), raw);
   StartDurable();
-  EXPECT_EQ(server_->registry().size(), 0u);
+  EXPECT_EQ(server_->store().ListSessions("")->size(), 0u);
   EXPECT_THAT(server_->metrics().Render(),
               HasSubstr("caliper_state_files_loaded_total{result=\"corrupt\"} 1"));
   EXPECT_TRUE(testing_util::fs::exists(StatePath(id) + ".corrupt"));

@@ -1,11 +1,13 @@
 // One contract for every StateStore (core/state/state_store.h), run against the PostgreSQL store
-// (a real PostgreSQL 15 started for this test) and the file store (--state_dir): merges from
-// several "replicas" (PostgreSQL: separate pools; file: one store, many threads) and their
-// flushers equal one process fed every chunk, MergeAll equals separate merges, fencing,
-// idempotent retries, finalize/delete, tenancy, import. PostgreSQL alone: schema migration
+// (a real PostgreSQL 15 started for this test), the file store (--state_dir) and the memory
+// store (neither flag): merges from several "replicas" (PostgreSQL: separate pools; file and
+// memory: one store, many threads) and their flushers equal one process fed every chunk,
+// MergeAll equals separate merges, fencing, idempotent retries, finalize/delete, tenancy and
+// limits across replicas, import. PostgreSQL alone: schema migration
 // (concurrent opens run it once), one transaction per MergeAll, a database restart.
 #include "server/postgres/postgres_store.h"
 #include "core/state/file_state_store.h"
+#include "core/state/memory_state_store.h"
 
 #include <libpq-fe.h>
 
@@ -119,7 +121,8 @@ void ExpectSameResults(CalibrationSession& expected, CalibrationSession& actual)
   }
 }
 
-// Another "replica" of the one file store: every call forwarded (a file store is one server's).
+// Another "replica" of the one memory or file store: every call forwarded (either is one
+// server's).
 class SharedStore final : public StateStore {
  public:
   explicit SharedStore(StateStore* store) : store_(store) {}
@@ -174,7 +177,7 @@ class SharedStore final : public StateStore {
   StateStore* const store_;
 };
 
-enum class StoreKind { kPostgres, kFile };
+enum class StoreKind { kPostgres, kFile, kMemory };
 
 class StoreTestBase : public ::testing::Test {
  protected:
@@ -203,12 +206,14 @@ class StoreTestBase : public ::testing::Test {
         ADD_FAILURE() << *start_error_;
         return false;
       }
-    } else {
+    } else if (kind == StoreKind::kFile) {
       absl::StatusOr<std::unique_ptr<FileStateStore>> file =
-          FileStateStore::Open(dir_.path() + "/state", Limits());
+          FileStateStore::Open(dir_.path() + "/state", limits_);
       EXPECT_TRUE(file.ok()) << file.status();
       if (!file.ok()) return false;
-      file_ = *std::move(file);
+      local_ = *std::move(file);
+    } else {
+      local_ = std::make_unique<MemoryStateStore>(limits_);
     }
     store_ = Open();
     return store_ != nullptr;
@@ -216,9 +221,10 @@ class StoreTestBase : public ::testing::Test {
 
   // A store for another replica of the same state.
   std::unique_ptr<StateStore> Open(int pool = 4) {
-    if (kind_ == StoreKind::kFile) return std::make_unique<SharedStore>(file_.get());
+    if (kind_ != StoreKind::kPostgres) return std::make_unique<SharedStore>(local_.get());
     PostgresStoreOptions options;
     options.uri = pg_->uri();
+    options.limits = limits_;
     options.pool_size = pool;
     options.acquire_timeout = absl::Seconds(5);
     absl::StatusOr<std::unique_ptr<StateStore>> store = OpenPostgresStore(options);
@@ -240,7 +246,8 @@ class StoreTestBase : public ::testing::Test {
   StoreKind kind_ = StoreKind::kPostgres;
   bool skip_ = false;
   testing_util::TempDir dir_;
-  std::unique_ptr<FileStateStore> file_;
+  Limits limits_;  // the server's, for stores opened after it is set
+  std::unique_ptr<StateStore> local_;  // the memory or file store (one process's)
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<ReductionBackend> backend_ = MakeCpuBackend(1);
 };
@@ -259,9 +266,15 @@ class StateStoreContractTest : public StoreTestBase,
   }
 };
 INSTANTIATE_TEST_SUITE_P(Stores, StateStoreContractTest,
-                         ::testing::Values(StoreKind::kPostgres, StoreKind::kFile),
+                         ::testing::Values(StoreKind::kPostgres, StoreKind::kFile,
+                                           StoreKind::kMemory),
                          [](const ::testing::TestParamInfo<StoreKind>& info) {
-                           return info.param == StoreKind::kPostgres ? "Postgres" : "File";
+                           switch (info.param) {
+                             case StoreKind::kPostgres: return "Postgres";
+                             case StoreKind::kFile: return "File";
+                             case StoreKind::kMemory: return "Memory";
+                           }
+                           return "";
                          });
 
 // What only the PostgreSQL store has (schema, transactions, a database to restart).
@@ -539,6 +552,49 @@ TEST_P(StateStoreContractTest, AFencedStreamsLateFlushCountsNothing) {
   EXPECT_EQ(store_->GetStatus(created->id(), "")->accepted_chunks, 4);
 }
 
+// --max_modules_per_session holds across the session, whichever streams (replicas) bring the
+// modules: a delta that would pass it fails alone, nothing of it merged.
+TEST_P(StateStoreContractTest, TheModuleLimitHoldsAcrossPartials) {
+  limits_.max_modules_per_session = 3;
+  ASSERT_TRUE(OpenStore(GetParam()));
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> created = CalibrationSession::Create(
+      TinyModel(), AllOn(), absl::StrCat("modules-", ::getpid()), "", "", limits_);
+  ASSERT_TRUE(created.ok());
+  ASSERT_TRUE(store_->CreateSession(**created, 0).ok());
+  const std::string id = (*created)->id();
+  std::unique_ptr<StateStore> other_replica = Open();
+  // Weight chunks 2, 6, 10, 14, 22 name modules 2, 1, 0, 4 and 2 again.
+  auto delta_of = [&](StateStore& store, std::vector<int> chunks, const std::string& partial) {
+    std::unique_ptr<CalibrationSession> session = *store.LoadEmpty(id, "");
+    for (int i : chunks) Observe(*session, i, *backend_);
+    SessionDelta delta = session->TakeDelta(nullptr);
+    delta.partial_id = partial;
+    delta.flush = 1;
+    return delta;
+  };
+  const SessionDelta first = delta_of(*store_, {2, 6}, "a");
+  const SessionDelta second = delta_of(*other_replica, {10, 14}, "b");
+  const SessionDelta known = delta_of(*other_replica, {22}, "c");
+  ASSERT_TRUE(store_->Merge(id, first).ok());
+  absl::Status over = other_replica->Merge(id, second);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "would be module 4 of this session, over the "
+                                                "limit max_modules_per_session=3"))
+      << over;
+  EXPECT_TRUE(other_replica->Merge(id, known).ok());
+  absl::StatusOr<SessionStatus> status = store_->GetStatus(id, "");
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->modules_with_weights, 2);
+  EXPECT_EQ(status->accepted_chunks, 3);
+  // In one MergeAll too: the delta that fits is merged, the other refused.
+  const SessionDelta fits = delta_of(*store_, {10}, "d");
+  const SessionDelta too_many = delta_of(*store_, {14}, "e");
+  const std::vector<absl::Status> statuses = store_->MergeAll(id, {&fits, &too_many});
+  EXPECT_TRUE(statuses[0].ok()) << statuses[0];
+  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kResourceExhausted) << statuses[1];
+  EXPECT_EQ(store_->GetStatus(id, "")->modules_with_weights, 3);
+}
+
 TEST_P(StateStoreContractTest, ARetriedFlushIsAppliedOnce) {
   std::shared_ptr<CalibrationSession> created = NewSession();
   absl::StatusOr<std::unique_ptr<CalibrationSession>> partial = store_->LoadEmpty(created->id(), "");
@@ -572,6 +628,13 @@ TEST_P(StateStoreContractTest, FinalizeAndDeleteStopLaterMerges) {
   ASSERT_TRUE(loaded.ok());
   EXPECT_EQ((*loaded)->Status().state, SessionState::kFinalized);
   EXPECT_TRUE((*loaded)->Scales({}, Nvfp4Convention::kCompressedTensors).ok());
+  // A stream of the finalized session had its chunks rejected: they are still counted.
+  SessionDelta rejected;
+  rejected.partial_id = "r";
+  rejected.flush = 1;
+  rejected.counters.rejected_chunks = 2;
+  EXPECT_TRUE(store_->Merge(created->id(), rejected).ok());
+  EXPECT_EQ(store_->GetStatus(created->id(), "")->rejected_chunks, 2);
   ASSERT_TRUE(store_->DeleteSession(created->id(), "").ok());
   EXPECT_EQ(store_->Merge(created->id(), delta).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->DeleteSession(created->id(), "").code(), absl::StatusCode::kNotFound);

@@ -27,6 +27,16 @@ TEST(StatusMappingTest, EveryCodeMapsToItsGrpcNamesake) {
       {absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
       {absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED},
   };
+  // Every code absl names (it names none past its last), so one absl adds fails here rather
+  // than silently becoming UNKNOWN in ToGrpcStatus's default case.
+  for (int value = 1; value < 64; ++value) {
+    const auto code = static_cast<absl::StatusCode>(value);
+    if (absl::StatusCodeToString(code).empty()) continue;
+    bool listed = false;
+    for (const auto& entry : table) listed |= entry.first == code;
+    EXPECT_TRUE(listed) << "absl code " << value << " (" << absl::StatusCodeToString(code)
+                        << ") has no row in ToGrpcStatus";
+  }
   ASSERT_EQ(table.size(), 16u);  // every absl code except kOk
   for (const auto& [absl_code, grpc_code] : table) {
     const std::string message = "chunk.shape[1]: got 3 for " + absl::StatusCodeToString(absl_code);

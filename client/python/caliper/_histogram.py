@@ -1,8 +1,8 @@
 """|x| histograms on the producer (statistics mode of sessions that keep histograms).
 
 The bins are the server's MagnitudeHistogram (core/tensor/magnitude_histogram.h, docs/observers.md),
-read from the same bits: slot = (f32 bits of |x|) >> 19 minus a bias, i.e. the exponent and the top
-4 mantissa bits (16 bins per octave over [2^-32, 2^32)), slot 0 exact zeros, slot 1 below 2^-32,
+read from the same bits: slot = (f32 bits of |x|) >> 16 minus a bias, i.e. the exponent and the top
+7 mantissa bits (128 bins per octave over [2^-32, 2^32)), slot 0 exact zeros, slot 1 below 2^-32,
 the last slot 2^32 and above. BF16 and F16 convert to F32 exactly, so one rule serves every dtype.
 Counts are computed where the tensor lives (torch: on its device, with bincount) and only the
 counts come to the host; the wire carries the nonzero slots only (HistogramStatistics).
@@ -21,13 +21,13 @@ try:  # torch is optional
 except ImportError:  # pragma: no cover - exercised without the torch extra
     torch = None
 
-MANTISSA_BITS = 4
-SHIFT = 23 - MANTISSA_BITS              # 19
+MANTISSA_BITS = 7
+SHIFT = 23 - MANTISSA_BITS              # 16
 BIAS = (127 - 32) << MANTISSA_BITS      # first log bin starts at 2^-32
-LOG_BINS = 64 << MANTISSA_BITS          # [2^-32, 2^32): 1024 bins
+LOG_BINS = 64 << MANTISSA_BITS          # [2^-32, 2^32): 8192 bins
 ZERO_SLOT, UNDERFLOW_SLOT, FIRST_LOG_SLOT = 0, 1, 2
 OVERFLOW_SLOT = FIRST_LOG_SLOT + LOG_BINS
-SLOTS = OVERFLOW_SLOT + 1               # 1027
+SLOTS = OVERFLOW_SLOT + 1               # 8195
 _BLOCK = 1 << 24                        # elements per bincount pass (bounds temporary memory)
 
 # Observers whose scale comes from a histogram (Recipe::NeedsHistograms in core/session/session.h).
@@ -43,7 +43,7 @@ class Histogram:
     max_count: int
     max: float = 0.0
 
-    def merge(self, other: "Histogram") -> "Histogram":
+    def merge(self, other: Histogram) -> Histogram:
         """Exact, order-independent (as MagnitudeHistogram::Merge): for producers that merge
         chunks locally before sending."""
         if other.max_count == 0:

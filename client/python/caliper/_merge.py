@@ -65,7 +65,7 @@ def _upper(a: float, b: float) -> float:
 
 
 def _each(f, a: Optional[List[float]], b: Optional[List[float]]) -> Optional[List[float]]:
-    if a is None:
+    if a is None or b is None:
         return None
     return [f(x, y) for x, y in zip(a, b)]
 
@@ -81,8 +81,8 @@ def merge_chunks(a: _tensors.Chunk, b: _tensors.Chunk) -> _tensors.Chunk:
     return _tensors.Chunk(
         a.dtype, [a.shape[0] + b.shape[0]] + list(a.shape[1:]),
         absmax=_each(_upper, a.absmax, b.absmax),
-        min=None if a.min is None else _lower(a.min, b.min),
-        max=None if a.max is None else _upper(a.max, b.max),
+        min=None if a.min is None or b.min is None else _lower(a.min, b.min),
+        max=None if a.max is None or b.max is None else _upper(a.max, b.max),
         head_min=_each(_lower, a.head_min, b.head_min),
         head_max=_each(_upper, a.head_max, b.head_max),
         group_min=_each(_lower, a.group_min, b.group_min),

@@ -91,7 +91,8 @@ def create_with_retry(backoff: Backoff, channel: grpc.Channel, rpc: Callable[[fl
             if backoff.wait("server unavailable"):
                 continue
             raise ConnectionError(
-                f"{backoff.who}: no connection after {backoff.policy.max_attempts} attempts")
+                f"{backoff.who}: no connection after {backoff.policy.max_attempts} attempts"
+            ) from None
         try:
             return rpc(backoff.policy.call_deadline_s)
         except grpc.RpcError as err:

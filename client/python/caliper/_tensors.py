@@ -31,6 +31,11 @@ class TensorError(ValueError):
     """A tensor the session cannot take; the message names the argument and the field."""
 
 
+def torch_tensor_type() -> tuple:
+    """(torch.Tensor,) when torch is installed, else () (isinstance is then always False)."""
+    return (torch.Tensor,) if torch is not None else ()
+
+
 def is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 

@@ -43,6 +43,27 @@ def _choice(name: str, choices, aliases=None):
     return parse
 
 
+# vLLM's KV cache for a capture: an explicit size, never a share of the machine (on the CPU
+# build a share is reduced by the process's own RSS and fails where the share is below it).
+DEFAULT_KV_CACHE_BYTES = 512 << 20
+
+
+def engine_kv_cache_bytes(requested: int, on_cuda: bool) -> int:
+    """The KV cache size to give vllm.LLM: `requested`, or on the CPU build
+    $VLLM_CPU_KVCACHE_SPACE GiB when that is set (vLLM's own setting for it)."""
+    space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    if not on_cuda and space:
+        try:
+            gib = float(space)
+        except ValueError:
+            raise SystemExit(f"VLLM_CPU_KVCACHE_SPACE: expected GiB, got {space!r}")
+        if gib > 0:
+            return int(gib * (1 << 30))
+    if requested <= 0:
+        raise SystemExit(f"--kv-cache-memory-bytes: must be positive, got {requested}")
+    return requested
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -112,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_choice("model-device", ["cpu", "cuda", "auto"]),
                    help="where the model runs: cpu, cuda, or auto (transformers' device map: "
                         "GPUs, then CPU offload, when CUDA is present; else cpu)")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=DEFAULT_KV_CACHE_BYTES,
+                   metavar="N",
+                   help="--engine vllm: bytes of the engine's KV cache (default 512 MiB: one "
+                        "prompt at a time needs little; raise it for long samples of a large "
+                        "model). On the CPU build $VLLM_CPU_KVCACHE_SPACE (GiB), when set, wins")
     p.add_argument("--chunk-bytes", type=int, default=4 << 20, metavar="N",
                    help="largest chunk payload in bytes in raw mode")
     p.add_argument("--merge-batches", type=int, default=16, metavar="N",
@@ -213,7 +239,8 @@ def run(argv: Optional[List[str]] = None) -> int:
             raise UsageError(f"--model: {config_path}: {e}") from None
         if args.kv == "off" and not args.nvfp4:
             raise UsageError("nothing to calibrate: --kv off without --nvfp4")
-        for flag, value, low in (("--warmup", args.warmup, 0), ("--first-batch", args.first_batch, 0),
+        for flag, value, low in (("--warmup", args.warmup, 0),
+                                 ("--first-batch", args.first_batch, 0),
                                  ("--attempts", args.attempts, 1),
                                  ("--merge-batches", args.merge_batches, 0)):
             if value < low:
@@ -288,6 +315,7 @@ def run(argv: Optional[List[str]] = None) -> int:
     finally:
         session.close()
     w = result.written
+    assert w is not None  # out= was given
     for path in ([w.kv_cache_calib] if w.kv_cache_calib else []) + [w.scales_json] + \
             w.engine_files:
         print(f"wrote     {path}")
@@ -341,8 +369,8 @@ def run_vllm(args, session, samples) -> None:
     from caliper import vllm_hooks
     llm = vllm.LLM(model=args.model, skip_tokenizer_init=True, enforce_eager=True, dtype="auto",
                    max_model_len=max(len(s) for s in samples) + 1,
-                   # On the CPU build: the share of RAM vLLM reserves for its KV cache.
-                   **({} if torch.cuda.is_available() else {"gpu_memory_utilization": 0.05}))
+                   kv_cache_memory_bytes=engine_kv_cache_bytes(args.kv_cache_memory_bytes,
+                                                                torch.cuda.is_available()))
     handle = vllm_hooks.attach(llm, session, first_batch=args.first_batch,
                                weights_from=args.model)
     params = vllm.SamplingParams(max_tokens=1)

@@ -9,23 +9,71 @@ import socket
 import sys
 import threading
 import uuid
-from typing import Any, Dict, Iterable, List, Optional, Sequence, TextIO, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    TextIO,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 import grpc
+import numpy as np
+from google.protobuf.message import Message
 
 from . import _histogram, _merge, _retry, _tensors
 from ._pb import caliper_pb2 as pb
 from ._pb import caliper_pb2_grpc as pb_grpc
 from ._producer import Producer, RejectedChunksError, StreamError
-from .outputs import WrittenOutputs, write_scales_outputs
+from ._scales_files import WrittenFiles, write_scales_files
+from ._types import (
+    KvLayerScales,
+    ModelInfo,
+    ModuleScales,
+    OutputFile,
+    RankKvSlice,
+    ScaleWarning,
+    flavor_word,
+    kv_word,
+)
+from ._types import files as _files
+from ._types import kv_layers as _kv_layers
+from ._types import modules as _modules
+from ._types import rank_slices as _rank_slices
+from ._types import warnings as _warnings
 
-MAX_MESSAGE_BYTES = 64 << 20  # as the CLI (client/remote_common.h)
+if TYPE_CHECKING:
+    import torch
+    from typing_extensions import TypedDict, Unpack
+
+    class SessionOptions(TypedDict, total=False):
+        """Session's keyword options, as create_session and session pass them on."""
+        producer_prefix: Optional[str]
+        chunk_bytes: int
+        queue_bytes: int
+        retain_bytes: int
+        merge_batches: int
+        merge_max_entries: int
+
+# What observe_* take: a torch tensor (CPU or CUDA) or a numpy array of BF16/F16/F32.
+TensorLike = Union["torch.Tensor", np.ndarray]
+# A Recipe's fields by name (Recipe(**fields)).
+RecipeFields = Mapping[str, Union[str, bool, int, float]]
+
+MAX_MESSAGE_BYTES = 64 << 20  # as the CLI (client/server_connection.h)
 DEFAULT_CHUNK_BYTES = 4 << 20  # as `caliper calibrate --chunk-bytes`
 DEFAULT_MERGE_BATCHES = 16  # statistics mode: forward passes merged before sending
 MODES = ("statistics", "raw")
 
 _KV = {"per_head": pb.KV_PER_HEAD, "per_tensor": pb.KV_PER_TENSOR, "off": pb.KV_OFF}
-_OBSERVERS = {"static_minmax": pb.STATIC_MINMAX, "minmax": pb.MINMAX}
+_OBSERVERS = {"static_minmax": pb.STATIC_MINMAX, "minmax": pb.MINMAX, "percentile": pb.PERCENTILE,
+              "mse": pb.MSE}
 _KV_OBSERVERS = {"": pb.KV_OBSERVER_UNSPECIFIED, "static_minmax": pb.KV_OBSERVER_STATIC_MINMAX,
                  "minmax": pb.KV_OBSERVER_MINMAX, "percentile": pb.KV_OBSERVER_PERCENTILE,
                  "mse": pb.KV_OBSERVER_MSE}
@@ -33,6 +81,32 @@ _COMPAT = {"": pb.COMPAT_UNSPECIFIED, "caliper": pb.COMPAT_UNSPECIFIED,
            "llm-compressor": pb.COMPAT_LLM_COMPRESSOR}
 _CONVENTIONS = {"compressed-tensors": pb.COMPRESSED_TENSORS,
                 "compressed_tensors": pb.COMPRESSED_TENSORS, "modelopt": pb.MODELOPT}
+_STATES = {pb.OPEN: "open", pb.FINALIZED: "finalized"}
+
+
+def _key_of(table: Mapping[str, int], value: int, default: str) -> str:
+    return next((k for k, v in table.items() if v == value and k), default)
+
+
+_Enum = TypeVar("_Enum", bound=int)
+
+
+def _observer(field: str, value: str, table: Mapping[str, _Enum]) -> Tuple[_Enum, float]:
+    """'name' or 'percentile:P' -> (enum value, P or 0.0: the server's default 99.99)."""
+    name, _, percentile = value.partition(":")
+    if name not in table or (percentile and name != "percentile"):
+        names = ", ".join(k for k in table if k)
+        raise ValueError(f"recipe.{field}: expected {names} (percentile:P), got {value!r}")
+    try:
+        return table[name], float(percentile) if percentile else 0.0
+    except ValueError:
+        raise ValueError(f"recipe.{field}: percentile:P needs a number P, got "
+                         f"{value!r}") from None
+
+
+def _observer_name(table: Mapping[str, int], value: int, percentile: float, default: str) -> str:
+    name = _key_of(table, value, default)
+    return f"percentile:{percentile:g}" if name == "percentile" and percentile else name
 
 
 @dataclasses.dataclass
@@ -42,42 +116,69 @@ class Recipe:
     fp8: str = "e4m3fn"                  # e4m3fn (qmax 448) or e4m3fnuz (qmax 240)
     nvfp4_weights: bool = False
     nvfp4_activations: bool = False
-    observer: str = "static_minmax"      # NVFP4 input observer: static_minmax or minmax
+    observer: str = "static_minmax"      # NVFP4 inputs: static_minmax, minmax, mse, percentile:P
     averaging_constant: float = 0.0      # minmax c; 0 = the server's default 0.01
     fused_groups: str = ""               # "q_proj,k_proj,v_proj;gate_proj,up_proj"; "" = default
     warmup: int = 0                      # batches below this are skipped
     kv_observer: str = ""                # static_minmax (""), minmax, mse or percentile:P
     compat: str = ""                     # "" (Caliper's arithmetic) or llm-compressor
+    histograms: bool = False             # keep |x| histograms (mse / percentile imply it)
 
     def to_proto(self) -> pb.Recipe:
         if self.kv not in _KV:
             raise ValueError(f"recipe.kv: expected per_head, per_tensor or off, got {self.kv!r}")
         if self.fp8 not in ("e4m3fn", "e4m3fnuz"):
             raise ValueError(f"recipe.fp8: expected e4m3fn or e4m3fnuz, got {self.fp8!r}")
-        if self.observer not in _OBSERVERS:
-            raise ValueError(f"recipe.observer: expected static_minmax or minmax, got "
-                             f"{self.observer!r}")
-        kv_observer, _, percentile = self.kv_observer.partition(":")
-        if kv_observer not in _KV_OBSERVERS or (percentile and kv_observer != "percentile"):
-            raise ValueError(f"recipe.kv_observer: expected static_minmax, minmax, mse or "
-                             f"percentile:P, got {self.kv_observer!r}")
-        try:
-            kv_percentile = float(percentile) if percentile else 0.0
-        except ValueError:
-            raise ValueError(f"recipe.kv_observer: percentile:P needs a number P, got "
-                             f"{self.kv_observer!r}") from None
+        observer, percentile = _observer("observer", self.observer, _OBSERVERS)
+        kv_observer, kv_percentile = _observer("kv_observer", self.kv_observer, _KV_OBSERVERS)
         if self.compat not in _COMPAT:
             raise ValueError(f"recipe.compat: expected \"\" or llm-compressor, got "
                              f"{self.compat!r}")
-        return pb.Recipe(kv=_KV[self.kv],
-                         kv_observer=_KV_OBSERVERS[kv_observer], kv_percentile=kv_percentile,
+        return pb.Recipe(kv=_KV[self.kv], kv_observer=kv_observer, kv_percentile=kv_percentile,
                          compat=_COMPAT[self.compat],
                          fp8_flavor=pb.FP8_E4M3FNUZ if self.fp8 == "e4m3fnuz" else pb.FP8_E4M3FN,
                          nvfp4_weights=self.nvfp4_weights,
                          nvfp4_activations=self.nvfp4_activations,
-                         activation_observer=_OBSERVERS[self.observer],
+                         activation_observer=observer, activation_percentile=percentile,
                          averaging_constant=self.averaging_constant,
-                         fused_groups=self.fused_groups, warmup_batches=self.warmup)
+                         fused_groups=self.fused_groups, warmup_batches=self.warmup,
+                         histograms=self.histograms)
+
+    @classmethod
+    def from_proto(cls, r: pb.Recipe) -> Recipe:
+        return cls(kv=_key_of(_KV, r.kv, "off"), fp8=flavor_word(r.fp8_flavor),
+                   nvfp4_weights=r.nvfp4_weights, nvfp4_activations=r.nvfp4_activations,
+                   observer=_observer_name(_OBSERVERS, r.activation_observer,
+                                           r.activation_percentile, "static_minmax"),
+                   averaging_constant=r.averaging_constant, fused_groups=r.fused_groups,
+                   warmup=r.warmup_batches,
+                   kv_observer=_observer_name(_KV_OBSERVERS, r.kv_observer, r.kv_percentile, ""),
+                   compat="llm-compressor" if r.compat == pb.COMPAT_LLM_COMPRESSOR else "",
+                   histograms=r.histograms)
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionInfo:
+    """A session as the server reports it (Client.get_session, list_sessions, Session.refresh)."""
+    id: str
+    name: str
+    state: str                # "open" or "finalized"
+    model: ModelInfo
+    recipe: Recipe
+    accepted_chunks: int
+    accepted_bytes: int
+    rejected_chunks: int
+    skipped_warmup_chunks: int
+    modules_with_weights: int
+    modules_with_inputs: int
+    created_unix_ms: int
+
+    @classmethod
+    def from_proto(cls, s: pb.Session) -> SessionInfo:
+        return cls(s.id, s.name, _STATES.get(s.state, "open"), ModelInfo.from_proto(s.model),
+                   Recipe.from_proto(s.recipe), s.accepted_chunks, s.accepted_bytes,
+                   s.rejected_chunks, s.skipped_warmup_chunks, s.modules_with_weights,
+                   s.modules_with_inputs, s.created_unix_ms)
 
 
 def token_from_environment() -> str:
@@ -146,30 +247,31 @@ class Client:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- sessions ------------------------------------------------------------------------
     def _backoff(self, method: str) -> _retry.Backoff:
         return _retry.Backoff(self.policy, f"{self.who}: {method}", self.log, self.channel)
 
-    def _call(self, method: str, request):
+    def _call(self, method: str, request: Message) -> Any:  # the method's response message
         rpc = getattr(self.stub, method)
         return _retry.call_with_retry(
             self._backoff(method), lambda t: rpc(request, timeout=t, metadata=self._metadata))
 
-    def create_session(self, model: Union[str, os.PathLike, dict],
-                       recipe: Union[Recipe, dict, pb.Recipe, None] = None, *, name: str = "",
-                       mode: str = "statistics", **session_options) -> "Session":
+    def create_session(self, model: Union[str, os.PathLike[str], Dict[str, object]],
+                       recipe: Union[Recipe, RecipeFields, None] = None, *, name: str = "",
+                       mode: str = "statistics",
+                       **session_options: Unpack[SessionOptions]) -> Session:
         """A new session for `model` (an HF config.json path, its directory, or its dict)."""
         if recipe is None:
             recipe = Recipe()
-        elif isinstance(recipe, dict):
-            recipe = Recipe(**recipe)
-        recipe_proto = recipe if isinstance(recipe, pb.Recipe) else recipe.to_proto()
+        elif not isinstance(recipe, Recipe):
+            recipe = Recipe(**recipe)  # type: ignore[arg-type]
+        recipe_proto = recipe.to_proto()
         request = pb.CreateSessionRequest(
             model=pb.ModelDescription(hf_config_json=_config_json(model)), recipe=recipe_proto,
             name=name)
@@ -179,15 +281,19 @@ class Client:
         return Session(self, proto, mode=mode, **session_options)
 
     def session(self, session_id: str, *, mode: str = "statistics",
-                **session_options) -> "Session":
+                **session_options: Unpack[SessionOptions]) -> Session:
         """An existing session (to add to it, finalize it or fetch its scales)."""
-        return Session(self, self.get_session(session_id), mode=mode, **session_options)
+        return Session(self, self._get_session(session_id), mode=mode, **session_options)
 
-    def get_session(self, session_id: str) -> pb.Session:
+    def _get_session(self, session_id: str) -> pb.Session:
         return self._call("GetSession", pb.GetSessionRequest(session_id=session_id))
 
-    def list_sessions(self) -> List[pb.Session]:
-        return list(self._call("ListSessions", pb.ListSessionsRequest()).sessions)
+    def get_session(self, session_id: str) -> SessionInfo:
+        return SessionInfo.from_proto(self._get_session(session_id))
+
+    def list_sessions(self) -> List[SessionInfo]:
+        return [SessionInfo.from_proto(s)
+                for s in self._call("ListSessions", pb.ListSessionsRequest()).sessions]
 
     def delete_session(self, session_id: str) -> None:
         self.stub.DeleteSession(pb.DeleteSessionRequest(session_id=session_id),
@@ -237,7 +343,8 @@ class Session:
         self._producers: Dict[int, Producer] = {}
         self._lock = threading.Lock()
         self._merge_lock = threading.RLock()  # merger state and the order of puts
-        self._last_input = None  # (tensor, its _version, its statistic): see _input_statistic
+        # (tensor, its _version, its statistic): see _input_statistic
+        self._last_input: Optional[Tuple[torch.Tensor, int, List[_tensors.Chunk]]] = None
         self._merger = _merge.Merger(proto.recipe, merge_batches if mode == "statistics" else 0,
                                      merge_max_entries)
 
@@ -246,8 +353,13 @@ class Session:
         return self.proto.id
 
     @property
-    def model(self) -> pb.ModelDescription:
-        return self.proto.model
+    def model(self) -> ModelInfo:
+        return ModelInfo.from_proto(self.proto.model)
+
+    @property
+    def info(self) -> SessionInfo:
+        """The session as last reported (created, refreshed or finalized)."""
+        return SessionInfo.from_proto(self.proto)
 
     def producer(self, tp_rank: int = 0) -> Producer:
         with self._lock:
@@ -262,7 +374,7 @@ class Session:
             return p
 
     # ---- observing -----------------------------------------------------------------------
-    def observe_kv(self, layer: int, key: Any, value: Any, *, tp_rank: int = 0,
+    def observe_kv(self, layer: int, key: TensorLike, value: TensorLike, *, tp_rank: int = 0,
                    tp_size: int = 1, batch: int) -> None:
         """K and V of `layer` for one forward pass `batch`, after RoPE, from TP rank tp_rank."""
         where = "observe_kv"
@@ -285,7 +397,7 @@ class Session:
                 chunks.append((f"layer {layer} {arg}{_rows(chunk)}", kind, chunk))
         self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
 
-    def observe_input(self, module: str, x: Any, *, batch: int, tp_rank: int = 0,
+    def observe_input(self, module: str, x: TensorLike, *, batch: int, tp_rank: int = 0,
                       tp_size: int = 1) -> None:
         """The input activation of Linear `module` (checkpoint name) in forward pass `batch`."""
         where = "observe_input"
@@ -300,7 +412,8 @@ class Session:
         chunks = [(f"{module} input{_rows(c)}", pb.INPUT_ACTIVATION, c) for c in pieces]
         self._put(chunks, dict(module=module, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
 
-    def observe_weight(self, module: str, w: Any, *, tp_rank: int = 0, tp_size: int = 1) -> None:
+    def observe_weight(self, module: str, w: TensorLike, *, tp_rank: int = 0,
+                       tp_size: int = 1) -> None:
         """The weight (or this rank's TP shard of it) of Linear `module`."""
         where = "observe_weight"
         _check_module(module, where)
@@ -311,13 +424,14 @@ class Session:
                   for c in self._chunks(w, dtype, f"{where}: w", pb.WEIGHT)]
         self._put(chunks, dict(module=module, tp_rank=tp_rank, tp_size=tp_size))
 
-    def _input_statistic(self, x: Any) -> Optional[List[_tensors.Chunk]]:
+    def _input_statistic(self, x: TensorLike) -> Optional[List[_tensors.Chunk]]:
         """The statistic of the last input observed when x is that same, unmodified torch
         tensor (q/k/v and gate/up projections share their input: reduced once); else None,
         after remembering x for the next call. The statistic is never mutated (merging makes
         new ones)."""
         # Inference tensors (vLLM runs under inference_mode) keep no version counter.
-        if self.mode != "statistics" or not _tensors.is_torch(x) or x.is_inference():
+        if self.mode != "statistics" or not isinstance(x, _tensors.torch_tensor_type()) \
+                or x.is_inference():
             return None
         last = self._last_input
         if last is not None and last[0] is x and last[1] == x._version:
@@ -328,7 +442,7 @@ class Session:
         self._last_input = (x, x._version, pieces)
         return pieces
 
-    def _chunks(self, x: Any, dtype: str, where: str, kind: int) -> List[_tensors.Chunk]:
+    def _chunks(self, x: TensorLike, dtype: str, where: str, kind: int) -> List[_tensors.Chunk]:
         """Raw pieces, or the statistic the session's observer needs (its recipe decides)."""
         if self.mode == "raw":
             return _tensors.raw_chunks(x, dtype, self.chunk_bytes)
@@ -343,18 +457,20 @@ class Session:
             return [_tensors.group_statistics(x, dtype, where, hist)]
         return [_tensors.range_statistics(x, dtype, where, hist)]
 
-    def _put(self, chunks, fields: dict) -> None:
+    def _put(self, chunks: Sequence[Tuple[str, int, _tensors.Chunk]],
+             fields: Dict[str, Union[int, str]]) -> None:
         batch = fields.get("batch")
+        assert batch is None or isinstance(batch, int)
         with self._merge_lock:
             for tensor, kind, chunk in chunks:
                 item = _merge.Pending(kind, dict(fields), chunk, tensor, batch, batch)
                 for ready in self._merger.add(item):
                     self._send(ready)
 
-    def _send(self, item: "_merge.Pending") -> None:
+    def _send(self, item: _merge.Pending) -> None:
         chunk = item.chunk
-        message = pb.TensorChunk(kind=item.kind, dtype=chunk.dtype, shape=chunk.shape,
-                                 **item.fields)
+        message = pb.TensorChunk(kind=item.kind, dtype=chunk.dtype,  # type: ignore[arg-type]
+                                 shape=chunk.shape, **item.fields)
         if chunk.data is not None:
             message.data = chunk.data
         else:
@@ -367,7 +483,7 @@ class Session:
             elif chunk.group_min is not None:
                 stats.group_min.extend(chunk.group_min)
                 stats.group_max.extend(chunk.group_max)
-            else:
+            elif chunk.min is not None and chunk.max is not None:
                 stats.min = chunk.min
                 stats.max = chunk.max
             if chunk.histograms is not None:
@@ -403,20 +519,20 @@ class Session:
         for producer in producers:
             producer.close()
 
-    def refresh(self) -> pb.Session:
-        self.proto = self.client.get_session(self.id)
-        return self.proto
+    def refresh(self) -> SessionInfo:
+        self.proto = self.client._get_session(self.id)
+        return self.info
 
-    def finalize(self) -> pb.Session:
+    def finalize(self) -> SessionInfo:
         """Flushes, then freezes the session (idempotent, retried like the CLI's Finalize)."""
         self.flush()
         self.proto = self.client._call("Finalize", pb.FinalizeRequest(session_id=self.id))
-        return self.proto
+        return self.info
 
     def scales(self, tp: Optional[int] = None, rank: Optional[int] = None, *,
                total_kv_heads: Optional[int] = None, formats: Sequence[str] = (),
                convention: str = "compressed-tensors",
-               out: Optional[Union[str, os.PathLike]] = None) -> "Scales":
+               out: Optional[Union[str, os.PathLike[str]]] = None) -> Scales:
         """Scales of the finalized session for a deployment (TP size `tp`, or total_kv_heads);
         with `out`, writes the files `caliper scales` writes (kv_cache_calib.json, scales.json,
         the engine files of `formats`) and puts their paths in `.written`."""
@@ -443,18 +559,17 @@ class Session:
             formats=([kv_format] if self.proto.recipe.kv != pb.KV_OFF else []) +
             [f for f in formats if f != kv_format])
         response = self.client._call("GetScales", request)
-        written = (write_scales_outputs(str(out), response, self.proto, deployment)
-                   if out is not None else None)
+        written = write_scales_files(str(out), response) if out is not None else None
         return Scales(response, written)
 
     def delete(self) -> None:
         self.close()
         self.client.delete_session(self.id)
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -467,14 +582,25 @@ class Session:
 
 
 class Scales:
-    """A ScalesResponse (its fields read through) and, when written, the paths of its files."""
+    """A deployment's scales (Session.scales) and, when written, the paths of its files.
 
-    def __init__(self, response: pb.ScalesResponse, written: Optional[WrittenOutputs]):
-        self.response = response
+    kv: "per_head", "per_tensor" or "off"; fp8: "e4m3fn" or "e4m3fnuz"; convention:
+    "compressed-tensors" (global scale = 2688 / amax) or "modelopt" (amax / 2688)."""
+
+    def __init__(self, response: pb.ScalesResponse, written: Optional[WrittenFiles]):
+        self.kv = kv_word(response.kv)
+        self.fp8 = flavor_word(response.fp8_flavor)
+        self.num_kv_heads = response.num_kv_heads
+        self.deployed_total_kv_heads = response.deployed_total_kv_heads
+        self.tp_size = response.tp_size
+        self.kv_layers: List[KvLayerScales] = _kv_layers(response)
+        self.rank_slices: List[RankKvSlice] = _rank_slices(response)
+        self.convention = "modelopt" if response.convention == pb.MODELOPT else "compressed-tensors"
+        self.modules: List[ModuleScales] = _modules(response)
+        self.warnings: List[ScaleWarning] = _warnings(response)
+        self.files: List[OutputFile] = _files(response)
+        self.scales_json: bytes = response.scales_json
         self.written = written
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.response, name)
 
 
 def _rows(chunk: _tensors.Chunk) -> str:

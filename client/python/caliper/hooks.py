@@ -20,10 +20,16 @@ from __future__ import annotations
 import re
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
 
 import torch
 from torch import nn
+
+from ._handle import Handle
+
+if TYPE_CHECKING:
+    from .client import Session
 
 ROUTER_NAME = re.compile(r"(^|\.)(gate|router|shared_expert_gate)$")
 
@@ -64,25 +70,12 @@ def _expert_weights(module: nn.Module, e: int):
     return gate_up[:half], gate_up[half:], down
 
 
-class Handle:
-    """What attach() installed; detach() removes all of it (idempotent)."""
-
-    def __init__(self):
-        self._removers: List[Callable[[], None]] = []
-        self.batch = 0            # the forward pass being captured
-        self.forwards = 0         # forward passes captured so far
-        self.enabled = True       # False: forwards run without capture
-        self.kv_layers: List[int] = []
-        self.input_modules: List[str] = []
-        self.weight_modules: List[str] = []
-        self.errors: List[BaseException] = []
-
-    def detach(self) -> None:
-        while self._removers:
-            self._removers.pop()()
-
-
 _REGISTRY_LOCK = threading.Lock()
+
+
+def _forget_capture(module_id: int) -> None:
+    _CAPTURES.pop(module_id, None)
+
 _CAPTURES: Dict[int, Tuple[Any, Handle]] = {}  # id(attention module) -> (session, handle)
 
 
@@ -108,10 +101,12 @@ def _make_attention(original: str):
 MOE_EXPERTS = ("routed", "all")
 
 
-def attach(model: nn.Module, session, kv: bool = True, inputs: bool = True,
-           weights: bool = True, *, first_batch: int = 0, moe_experts: str = "routed") -> Handle:
-    """Installs the capture hooks on `model` for `session` (see the module docstring). If it
-    raises (e.g. a bad weight), nothing of it stays installed."""
+def attach(model: nn.Module, session: Session, *, kv: bool = True, inputs: bool = True,
+           weights: bool = True, first_batch: int = 0, moe_experts: str = "routed") -> Handle:
+    """Installs the capture hooks on `model` for `session` (see the module docstring); what is
+    streamed follows the session's recipe, and kv / inputs / weights can leave a part out.
+    Batches count from first_batch. If it raises (e.g. a bad weight), nothing of it stays
+    installed. moe_experts: "routed" or "all" (see the module docstring)."""
     installed: List[Handle] = []
     try:
         return _attach(model, session, kv, inputs, weights, first_batch, moe_experts, installed)
@@ -133,9 +128,8 @@ def _attach(model, session, kv, inputs, weights, first_batch, moe_experts, insta
     kv = kv and recipe.kv != pb.KV_OFF
     inputs = inputs and recipe.nvfp4_activations
     weights = weights and recipe.nvfp4_weights
-    handle = Handle()
+    handle = Handle(first_batch)
     installed.append(handle)
-    handle.batch = first_batch
     model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
 
     # One forward of the whole model = one batch.
@@ -157,7 +151,8 @@ def _attach(model, session, kv, inputs, weights, first_batch, moe_experts, insta
                 with _REGISTRY_LOCK:
                     _CAPTURES[id(module)] = (session, handle)
                 handle.kv_layers.append(module.layer_idx)
-                handle._removers.append(lambda key=id(module): _CAPTURES.pop(key, None))
+                module_id = id(module)
+                handle._removers.append(partial(_forget_capture, module_id))
         for config in configs.values():
             original = config._attn_implementation or "eager"
             if original.startswith("caliper_"):

@@ -24,35 +24,31 @@ is untested here (the CPU build runs one rank).
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 import torch
 
+from ._handle import Handle
+
+if TYPE_CHECKING:
+    import vllm
+
+    from .client import Session
+
 _FUSED = ("QKVParallelLinear", "MergedColumnParallelLinear", "ColumnParallelLinear",
           "RowParallelLinear", "ReplicatedLinear")
-
-
-class Handle:
-    def __init__(self):
-        self._removers = []
-        self.batch = 0
-        self.forwards = 0
-        self.enabled = True
-        self.kv_layers: List[int] = []
-        self.input_modules: List[str] = []   # checkpoint names
-        self.weight_modules: List[str] = []
-
-    def detach(self) -> None:
-        while self._removers:
-            self._removers.pop()()
 
 
 def _model(llm):
     executor = llm.llm_engine.model_executor
     worker = getattr(executor, "driver_worker", None)
     worker = getattr(worker, "worker", worker)
+    if worker is None:
+        raise RuntimeError("attach: the vllm.LLM has no in-process worker (set "
+                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating it)")
     return worker.model_runner.model
 
 
@@ -106,13 +102,18 @@ def _checkpoint_weights(model_dir: pathlib.Path, names: List[str]) -> Dict[str, 
     return out
 
 
-def attach(llm, session, *, first_batch: int = 0, kv: bool = True, inputs: bool = True,
-           weights: bool = True, weights_from=None) -> Handle:
-    """Installs the hooks on `llm` for `session` (see the module docstring); what is streamed
-    follows the session's recipe. weights_from: the checkpoint directory (default: the model
+def attach(model: vllm.LLM, session: Session, *, kv: bool = True, inputs: bool = True,
+           weights: bool = True, first_batch: int = 0,
+           weights_from: Optional[Union[str, os.PathLike]] = None) -> Handle:
+    """Installs the hooks on the vllm.LLM `model` for `session` (see the module docstring); what
+    is streamed follows the session's recipe, and kv / inputs / weights can leave a part out.
+    Batches count from first_batch. weights_from: the checkpoint directory (default: the model
     vLLM loaded, when it is a local directory)."""
-    from vllm.distributed import (get_tensor_model_parallel_rank,
-                                  get_tensor_model_parallel_world_size)
+    llm = model
+    from vllm.distributed import (
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+    )
     from vllm.model_executor.layers.attention.attention import Attention
 
     from ._pb import caliper_pb2 as pb
@@ -120,26 +121,25 @@ def attach(llm, session, *, first_batch: int = 0, kv: bool = True, inputs: bool 
     kv = kv and recipe.kv != pb.KV_OFF
     inputs = inputs and recipe.nvfp4_activations
     weights = weights and recipe.nvfp4_weights
-    model = _model(llm)
+    net = _model(llm)
     tp_rank = get_tensor_model_parallel_rank()
     tp_size = get_tensor_model_parallel_world_size()
-    handle = Handle()
-    handle.batch = first_batch
+    handle = Handle(first_batch)
 
     def after(_m, _a, _o):
         if handle.enabled:
             handle.forwards += 1
             handle.batch += 1
-    h = model.register_forward_hook(after)
+    h = net.register_forward_hook(after)
     handle._removers.append(h.remove)
     if inputs or weights:
         try:
-            _attach_linears(llm, model, session, handle, inputs, weights, tp_rank, tp_size,
+            _attach_linears(llm, net, session, handle, inputs, weights, tp_rank, tp_size,
                             weights_from)
         except BaseException:
             handle.detach()  # nothing of a refused attach stays installed
             raise
-    for name, module in model.named_modules():
+    for name, module in net.named_modules():
         if not kv or not isinstance(module, Attention):
             continue
         m = re.search(r"layers\.(\d+)\.", name)
@@ -195,7 +195,7 @@ def _attach_linears(llm, model, session, handle: Handle, inputs: bool, weights: 
             handle.weight_modules.append(name)
     if not inputs:
         return
-    for name, module, ckpt in targets:
+    for _name, module, ckpt in targets:
         def pre(_m, args, ckpt=ckpt):
             if not handle.enabled:
                 return

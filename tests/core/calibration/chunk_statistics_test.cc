@@ -263,7 +263,7 @@ TEST(ChunkStatisticsTest, HistogramErrorsNameTheField) {
   check(h, true, "histograms[0].counts: 2 entries for 3 slot_gaps");
   h = good();
   h[1].slot_gaps[0] = MagnitudeHistogram::kSlots;
-  check(h, true, "histograms[1].slot_gaps[0]: slot 1027 is past the last slot 1026");
+  check(h, true, "histograms[1].slot_gaps[0]: slot 8195 is past the last slot 8194");
   h = good();
   h[0].slot_gaps[2] = 0xffffffffu;  // no wrap-around back into range
   check(h, true, "histograms[0].slot_gaps[2]");

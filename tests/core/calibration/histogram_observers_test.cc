@@ -3,11 +3,13 @@
 #include "core/calibration/histogram_observers.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "core/tensor/dtype.h"
 
 namespace caliper {
 namespace {
@@ -65,11 +67,12 @@ TEST(HistogramObserversTest, PercentileClipsAtMostTheShare) {
     const double clipped =
         static_cast<double>(sorted.end() - std::upper_bound(sorted.begin(), sorted.end(), t));
     EXPECT_LE(clipped, (100.0 - p) / 100.0 * sorted.size() + 1e-9) << p;
-    // The exact quantile lies within one bin (1/16 octave) below the chosen edge.
+    // The exact quantile lies within one bin below the chosen edge (a bin is at most 1/128 of
+    // its lower edge: bins split each octave linearly).
     const double exact = sorted[std::min(sorted.size() - 1,
                                          static_cast<size_t>(std::ceil(p / 100.0 * sorted.size())) - 1)];
     EXPECT_GE(t, exact) << p;
-    EXPECT_LE(t, exact * std::exp2(1.0 / 16) * 1.0000001) << p;
+    EXPECT_LE(t, exact * (1 + 1.0 / 128) * 1.0000001) << p;
   }
   EXPECT_EQ(PercentileClip(d.hist, 100.0), d.hist.max);
   EXPECT_EQ(PercentileClip(MagnitudeHistogram(), 99.0), 0.0);
@@ -83,7 +86,7 @@ TEST(HistogramObserversTest, QualityMatchesTheData) {
       const double s = t / qmax;
       const Fp8Quality q = MeasureFp8Quality(d.hist, s, flavor);
       const double exact = ExactMse(d.values, s, flavor);
-      EXPECT_NEAR(q.mse, exact, 0.05 * exact) << t;  // the uniform-in-bin model costs < 5%
+      EXPECT_NEAR(q.mse, exact, 0.01 * exact) << t;  // the uniform-in-bin model costs < 1%
       double clipped = 0;
       for (double x : d.values) clipped += x > t;
       EXPECT_NEAR(q.fraction_clipped, clipped / d.values.size(), 2e-4) << t;
@@ -106,13 +109,134 @@ TEST(HistogramObserversTest, MseIsNearTheBestScaleOnTheData) {
   for (int k = 0; k <= 256; ++k) {
     best = std::min(best, ExactMse(d.values, d.hist.max * std::exp2(-k / 64.0) / 448.0, fn));
   }
-  EXPECT_LE(chosen, best * 1.05);
+  EXPECT_LE(chosen, best * 1.02);
   EXPECT_LE(chosen, ExactMse(d.values, d.hist.max / 448.0, fn) * 1.0001);
   // All zeros or nothing observed: no clip point (callers warn).
   MagnitudeHistogram zeros;
   zeros.Add(0.0f);
   EXPECT_EQ(MseClip(zeros, fn), 0.0);
   EXPECT_EQ(PercentileClip(zeros, 99.0), 0.0);
+}
+
+// ---- Property test: the observers against an exact search on the data, many seeds ----
+
+// FP8 rounding by table, independent of Fp8RoundMagnitude: every non-negative code's value in
+// code order (code parity = mantissa parity, so ties go to the even index), saturating at qmax.
+class Fp8Table {
+ public:
+  explicit Fp8Table(Fp8Flavor flavor) {
+    const int bias = flavor == Fp8Flavor::kE4M3FN ? 7 : 8;
+    const double qmax = Fp8Max(flavor);
+    for (int code = 0; code < 128; ++code) {
+      const int e = code >> 3, m = code & 7;
+      const double v = e == 0 ? std::ldexp(m / 8.0, 1 - bias) : std::ldexp(1.0 + m / 8.0, e - bias);
+      if (v > qmax) break;
+      values_.push_back(v);
+    }
+  }
+  double Round(double y) const {
+    if (y >= values_.back()) return values_.back();
+    const size_t hi = std::upper_bound(values_.begin(), values_.end(), y) - values_.begin();
+    const double a = values_[hi - 1], b = values_[hi];
+    if (y - a < b - y) return a;
+    if (y - a > b - y) return b;
+    return (hi - 1) % 2 == 0 ? a : b;
+  }
+
+ private:
+  std::vector<double> values_;
+};
+
+double TableMse(const std::vector<double>& v, double scale, const Fp8Table& fp8) {
+  double e = 0;
+  for (double x : v) {
+    const double d = x - scale * fp8.Round(x / scale);
+    e += d * d;
+  }
+  return e / static_cast<double>(v.size());
+}
+
+enum class Shape { kGaussian, kHeavyTailed, kOutlierHead };
+
+// |x| of 64 tokens x 128 channels; bf16-rounded (as K/V usually arrive) for odd seeds.
+Data MakeShaped(Shape shape, uint32_t seed) {
+  std::mt19937 rng(seed * 7919 + static_cast<uint32_t>(shape));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::chi_squared_distribution<double> chi2(3.0);
+  const double sigma = std::exp2(std::uniform_real_distribution<double>(-4, 4)(rng));
+  std::vector<double> channel_gain(128, 1.0);
+  if (shape == Shape::kOutlierHead) {
+    for (int c = 0; c < 4; ++c) channel_gain[rng() % 128] = 10.0 + rng() % 50;
+  }
+  Data d;
+  for (int i = 0; i < 64 * 128; ++i) {
+    double x = normal(rng) * sigma * channel_gain[i % 128];
+    if (shape == Shape::kHeavyTailed) x = x / std::sqrt(chi2(rng) / 3.0);  // Student t, 3 dof
+    float f = static_cast<float>(x);
+    if (seed % 2 == 1) f = BF16ToFloat(FloatToBF16(f));
+    d.values.push_back(std::fabs(static_cast<double>(f)));
+    d.hist.Add(f);
+  }
+  return d;
+}
+
+TEST(HistogramObserversPropertyTest, MseAndPercentileAgainstExactSearch) {
+  double worst_vs_max = 0, worst_vs_best = 0, worst_model = 0, worst_model_bf16 = 0;
+  for (Shape shape : {Shape::kGaussian, Shape::kHeavyTailed, Shape::kOutlierHead}) {
+    for (uint32_t seed = 1; seed <= 8; ++seed) {
+      const Data d = MakeShaped(shape, seed);
+      for (Fp8Flavor flavor : {Fp8Flavor::kE4M3FN, Fp8Flavor::kE4M3FNUZ}) {
+        SCOPED_TRACE(testing::Message() << "shape " << static_cast<int>(shape) << " seed " << seed
+                                        << " flavor " << static_cast<int>(flavor));
+        const Fp8Table fp8(flavor);
+        const double qmax = Fp8Max(flavor), max = d.hist.max;
+        auto exact_at = [&](int k) { return TableMse(d.values, max * std::exp2(-k / 1024.0) / qmax, fp8); };
+        // Exact search: 1/128 octave over 4 octaves, then 1/1024 around the best.
+        int best_k = 0;
+        double best = exact_at(0);
+        for (int k = 8; k <= 4096; k += 8) {
+          const double e = exact_at(k);
+          if (e < best) best = e, best_k = k;
+        }
+        for (int k = std::max(0, best_k - 7); k <= best_k + 7; ++k) best = std::min(best, exact_at(k));
+        const double at_max = exact_at(0);
+        const double t = MseClip(d.hist, flavor);
+        const double chosen = TableMse(d.values, t / qmax, fp8);
+        worst_vs_max = std::max(worst_vs_max, chosen / at_max - 1);
+        worst_vs_best = std::max(worst_vs_best, chosen / best - 1);
+        EXPECT_LE(chosen, at_max * 1.005);  // never worse than max, up to the model's resolution
+        EXPECT_LE(chosen, best * 1.02);
+        // The model's error on the data, at the max and at the chosen scale: within 5%. Dense
+        // f32 data does far better (< 1%, QualityMatchesTheData); sparse outlier channels (a
+        // value per bin) and bf16 values (at their bins' lower edges, which the uniform model
+        // spreads over the bin) cost more, a bias nearly common to every candidate.
+        const bool bf16 = seed % 2 == 1;
+        for (double scale : {max / qmax, t / qmax}) {
+          const double model = MeasureFp8Quality(d.hist, scale, flavor).mse;
+          const double exact = TableMse(d.values, scale, fp8);
+          double& worst = bf16 ? worst_model_bf16 : worst_model;
+          worst = std::max(worst, std::fabs(model / exact - 1));
+          EXPECT_NEAR(model, exact, 0.05 * exact);
+        }
+        // Percentile: the smallest edge at or above the exact quantile, within one bin of it.
+        std::vector<double> sorted = d.values;
+        std::sort(sorted.begin(), sorted.end());
+        for (double p : {99.0, 99.9, 99.99}) {
+          const double allowed = (100.0 - p) / 100.0 * sorted.size();
+          // The exact percentile: the smallest value v with count(|x| > v) <= allowed.
+          const size_t rank = sorted.size() - static_cast<size_t>(std::floor(allowed)) - 1;
+          const double exact = sorted[rank];
+          const double clip = PercentileClip(d.hist, p);
+          EXPECT_GE(clip, exact) << p;
+          EXPECT_LE(clip, MagnitudeHistogram::SlotUpper(MagnitudeHistogram::SlotOf(
+                              static_cast<float>(exact)))) << p;  // one bin
+        }
+      }
+    }
+  }
+  std::printf("mse vs max: worst %+.4f%%; vs best on the fine grid: worst %+.4f%%; model error: "
+              "worst %.4f%% (f32), %.4f%% (bf16)\n",
+              100 * worst_vs_max, 100 * worst_vs_best, 100 * worst_model, 100 * worst_model_bf16);
 }
 
 }  // namespace

@@ -240,7 +240,8 @@ TEST(SessionHistogramTest, AbsmaxRecipesKeepNoHistograms) {
   ASSERT_TRUE(h->Observe(Kv(ChunkKind::kKey, 0, d, kHeads), *backend).ok());
   // Histograms cost state only where asked for: at most ~12 bytes per occupied bin.
   EXPECT_LT(SnapshotSession(*s).bytes.size() + 4 * 2 * kLayers, SnapshotSession(*h).bytes.size());
-  EXPECT_LT(SnapshotSession(*h).bytes.size(), SnapshotSession(*s).bytes.size() + kHeads * 1027 * 12 + 200);
+  EXPECT_LT(SnapshotSession(*h).bytes.size(),
+            SnapshotSession(*s).bytes.size() + kHeads * MagnitudeHistogram::kSlots * 12 + 200);
 }
 
 // A producer in statistics mode: the chunk's statistics (and histograms) instead of its data.

@@ -220,6 +220,30 @@ TEST(ObserverCodecTest, BatchRangesRoundTripAndVersionOneStillDecodes) {
   EXPECT_FALSE(DecodeKvLayerObserver(EncodeKvLayerObserver(bad)).ok());
 }
 
+// Histograms round-trip exactly; one written with 16 bins per octave (present byte 1, by older
+// servers) is refused naming the field rather than read into the wrong bins.
+TEST(ObserverCodecTest, HistogramRoundTripAndCoarseOnesRefused) {
+  MagnitudeHistogram h;
+  for (float v : {0.0f, 1e-40f, 0.5f, 1.0f, 1.0f, 3.25f, -7.0f, 448.0f}) h.Add(v);
+  const std::string bytes = EncodeHistogram(h);
+  ASSERT_EQ(bytes[2], static_cast<char>(MagnitudeHistogram::kMantissaBits));  // tag, version, bins
+  absl::StatusOr<MagnitudeHistogram> back = DecodeHistogram(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->counts, h.counts);
+  EXPECT_EQ(back->max, h.max);
+  EXPECT_EQ(back->max_count, h.max_count);
+  std::string coarse = bytes;
+  coarse[2] = 1;
+  absl::StatusOr<MagnitudeHistogram> refused = DecodeHistogram(coarse);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("histogram: histogram of 16 bins per octave"),
+            std::string::npos)
+      << refused.status();
+  coarse[2] = 9;
+  EXPECT_FALSE(DecodeHistogram(coarse).ok());
+  EXPECT_TRUE(DecodeHistogram(EncodeHistogram(MagnitudeHistogram())).ok());  // absent: as before
+}
+
 TEST(ObserverCodecTest, HeaderAndTrailingBytesAreChecked) {
   std::string bytes = EncodeMinMaxObserver(MinMaxObserver{});
   std::string wrong_tag = bytes;

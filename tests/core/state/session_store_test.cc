@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/session/session_id.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/state/session_state.h"
 #include "absl/strings/str_cat.h"
@@ -263,10 +264,9 @@ class SessionStoreTest : public SessionStateTest {
 TEST_F(SessionStoreTest, CorruptFileIsReportedAndSetAsideOthersLoad) {
   absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path() + "/state");
   ASSERT_TRUE(store.ok()) << store.status();
-  SessionRegistry registry;
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
-    auto s = registry.CreateForTenant(Model(), EverythingOn(), "", "");
+    auto s = CalibrationSession::Create(Model(), EverythingOn(), NewSessionId());
     ASSERT_TRUE(s.ok());
     ids.push_back((*s)->id());
     ASSERT_TRUE((*store)->Write((*s)->id(), SnapshotSession(**s).bytes).ok());

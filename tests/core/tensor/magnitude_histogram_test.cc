@@ -31,25 +31,25 @@ class ReferenceBackend : public ReductionBackend {
 };
 
 TEST(MagnitudeHistogramTest, GoldenSlots) {
-  EXPECT_EQ(H::kSlots, 1027);
+  EXPECT_EQ(H::kSlots, 8195);
   EXPECT_EQ(H::SlotOf(0.0f), H::kZeroSlot);
   EXPECT_EQ(H::SlotOf(-0.0f), H::kZeroSlot);
-  EXPECT_EQ(H::SlotOf(1.0f), 514);
-  EXPECT_EQ(H::SlotOf(-1.0f), 514);
-  EXPECT_EQ(H::SlotOf(1.0624999f), 514);
-  EXPECT_EQ(H::SlotOf(1.0625f), 515);
-  EXPECT_EQ(H::SlotOf(1.9999999f), 529);
-  EXPECT_EQ(H::SlotOf(2.0f), 530);
-  EXPECT_EQ(H::SlotOf(448.0f), 514 + 8 * 16 + 12);  // 448 = 2^8 * 1.75
+  EXPECT_EQ(H::SlotOf(1.0f), 4098);
+  EXPECT_EQ(H::SlotOf(-1.0f), 4098);
+  EXPECT_EQ(H::SlotOf(1.0078124f), 4098);
+  EXPECT_EQ(H::SlotOf(1.0078125f), 4099);  // 1 + 1/128
+  EXPECT_EQ(H::SlotOf(1.9999999f), 4225);
+  EXPECT_EQ(H::SlotOf(2.0f), 4226);
+  EXPECT_EQ(H::SlotOf(448.0f), 4098 + 8 * 128 + 96);  // 448 = 2^8 * 1.75
   EXPECT_EQ(H::SlotOf(std::ldexp(1.0f, -32)), H::kFirstLogSlot);
   EXPECT_EQ(H::SlotOf(std::nextafter(std::ldexp(1.0f, -32), 0.0f)), H::kUnderflowSlot);
   EXPECT_EQ(H::SlotOf(1e-45f), H::kUnderflowSlot);  // f32 subnormal
   EXPECT_EQ(H::SlotOf(std::nextafter(std::ldexp(1.0f, 32), 0.0f)), H::kOverflowSlot - 1);
   EXPECT_EQ(H::SlotOf(std::ldexp(1.0f, 32)), H::kOverflowSlot);
   EXPECT_EQ(H::SlotOf(3e38f), H::kOverflowSlot);
-  EXPECT_DOUBLE_EQ(H::SlotLower(514), 1.0);
-  EXPECT_DOUBLE_EQ(H::SlotUpper(514), 1.0625);
-  EXPECT_DOUBLE_EQ(H::SlotUpper(529), 2.0);
+  EXPECT_DOUBLE_EQ(H::SlotLower(4098), 1.0);
+  EXPECT_DOUBLE_EQ(H::SlotUpper(4098), 1.0078125);
+  EXPECT_DOUBLE_EQ(H::SlotUpper(4225), 2.0);
   EXPECT_DOUBLE_EQ(H::SlotLower(H::kFirstLogSlot), std::ldexp(1.0, -32));
   EXPECT_DOUBLE_EQ(H::SlotUpper(H::kOverflowSlot - 1), std::ldexp(1.0, 32));
 }
@@ -92,13 +92,13 @@ TEST(MagnitudeHistogramTest, MergeIsExactAndOrderIndependent) {
 
 TEST(MagnitudeHistogramTest, CountAboveAndValidate) {
   H h;
-  for (int i = 0; i < 10; ++i) h.Add(1.0f);  // slot [1, 1.0625)
+  for (int i = 0; i < 10; ++i) h.Add(1.0f);  // slot [1, 1.0078125)
   h.Add(4.0f);
   EXPECT_DOUBLE_EQ(h.CountAbove(4.0), 0.0);
   EXPECT_DOUBLE_EQ(h.CountAbove(3.0), 1.0);
-  EXPECT_DOUBLE_EQ(h.CountAbove(1.0625), 1.0);
-  EXPECT_DOUBLE_EQ(h.CountAbove(1.0), 11.0);  // uniform inside [1, 1.0625): all above 1.0
-  EXPECT_NEAR(h.CountAbove(1.03125), 6.0, 1e-9);
+  EXPECT_DOUBLE_EQ(h.CountAbove(1.0078125), 1.0);
+  EXPECT_DOUBLE_EQ(h.CountAbove(1.0), 11.0);  // uniform inside [1, 1.0078125): all above 1.0
+  EXPECT_NEAR(h.CountAbove(1.00390625), 6.0, 1e-9);
   H bad = h;
   bad.counts.resize(3);
   EXPECT_NE(bad.Validate("k_hist[0]").message().find("k_hist[0]"), std::string::npos);

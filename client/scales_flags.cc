@@ -1,0 +1,42 @@
+#include "client/scales_flags.h"
+
+namespace caliper::cli {
+
+v1::KvMode KvModeFromFlag(const std::string& value) {
+  if (value == "per-tensor") return v1::KV_PER_TENSOR;
+  if (value == "off") return v1::KV_OFF;
+  return v1::KV_PER_HEAD;
+}
+
+std::string KvModeFlagValue(v1::KvMode mode) {
+  switch (mode) {
+    case v1::KV_PER_HEAD: return "per-head";
+    case v1::KV_PER_TENSOR: return "per-tensor";
+    default: return "off";
+  }
+}
+
+v1::Nvfp4Convention ConventionFromFlag(const std::string& value) {
+  return value == "modelopt" ? v1::MODELOPT : v1::COMPRESSED_TENSORS;
+}
+
+FlagSpec KvFlag() {
+  return {.name = "kv", .value_name = "MODE", .help = "FP8 KV-cache scales per head, per tensor, or none",
+          .default_value = "per-head", .choices = {"per-head", "per-tensor", "off"},
+          .value_aliases = {{"per_head", "per-head"}, {"per_tensor", "per-tensor"}}};
+}
+
+FlagSpec ConventionFlag() {
+  return {.name = "convention", .value_name = "NAME",
+          .help = "NVFP4 global-scale form: compressed-tensors (divisor) or modelopt (multiplier)",
+          .default_value = "compressed-tensors", .choices = {"compressed-tensors", "modelopt"},
+          .value_aliases = {{"compressed_tensors", "compressed-tensors"}}};
+}
+
+FlagSpec FormatFlag() {
+  return {.name = "format", .value_name = "NAME",
+          .help = "also write engine files: compressed-tensors, modelopt, vllm-legacy",
+          .repeated = true};
+}
+
+}  // namespace caliper::cli

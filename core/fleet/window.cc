@@ -1,0 +1,79 @@
+#include "core/fleet/window.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace caliper {
+
+void WindowTokens::Count(ChunkKind kind, int layer, int tp_rank, int64_t tokens) {
+  if (tp_rank != 0 || tokens <= 0 || layer < 0 || layer >= num_layers()) return;
+  if (kind == ChunkKind::kKey) {
+    k_[layer] += tokens;
+  } else if (kind == ChunkKind::kValue) {
+    v_[layer] += tokens;
+  }
+}
+
+void WindowTokens::Add(const WindowTokens& other) {
+  const size_t n = std::min(k_.size(), other.k_.size());
+  for (size_t l = 0; l < n; ++l) {
+    k_[l] += other.k_[l];
+    v_[l] += other.v_[l];
+  }
+}
+
+int64_t WindowTokens::Layer(int layer) const {
+  if (layer < 0 || layer >= num_layers()) return 0;
+  return std::min(k_[layer], v_[layer]);
+}
+
+int64_t WindowTokens::Count() const {
+  if (k_.empty()) return 0;
+  int64_t count = std::numeric_limits<int64_t>::max();
+  for (int l = 0; l < num_layers(); ++l) count = std::min(count, Layer(l));
+  return count;
+}
+
+bool WindowTokens::Empty() const {
+  for (size_t l = 0; l < k_.size(); ++l) {
+    if (k_[l] != 0 || v_[l] != 0) return false;
+  }
+  return true;
+}
+
+std::optional<WindowTokens> WindowTokens::FromCounts(std::vector<int64_t> k,
+                                                     std::vector<int64_t> v) {
+  if (k.size() != v.size()) return std::nullopt;
+  for (size_t l = 0; l < k.size(); ++l) {
+    if (k[l] < 0 || v[l] < 0) return std::nullopt;
+  }
+  WindowTokens out;
+  out.k_ = std::move(k);
+  out.v_ = std::move(v);
+  return out;
+}
+
+absl::string_view WindowCloseReasonName(WindowCloseReason reason) {
+  switch (reason) {
+    case WindowCloseReason::kTokens: return "tokens";
+    case WindowCloseReason::kSeconds: return "seconds";
+    case WindowCloseReason::kNewerWeightVersion: return "newer_weight_version";
+    case WindowCloseReason::kExplicit: return "close_window";
+  }
+  return "close_window";
+}
+
+std::optional<WindowCloseReason> CloseDue(const Window& window, const PublishPolicy& policy,
+                                          int64_t now_unix_ms) {
+  if (window.state != WindowState::kOpen) return std::nullopt;
+  if (policy.window_tokens > 0 && window.tokens.Count() >= policy.window_tokens) {
+    return WindowCloseReason::kTokens;
+  }
+  if (policy.window_seconds > 0 &&
+      now_unix_ms - window.opened_unix_ms >= policy.window_seconds * 1000) {
+    return WindowCloseReason::kSeconds;
+  }
+  return std::nullopt;
+}
+
+}  // namespace caliper

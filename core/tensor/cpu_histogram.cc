@@ -1,0 +1,200 @@
+// Slots come from the magnitude bits with integer arithmetic only (f16 subnormals through an exact
+// int -> float conversion), so the slot loop vectorises; the increments are scattered stores
+// into per-task uint32 counts, kept zero between calls and merged over the slots a call touched.
+#include "core/tensor/cpu_histogram.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "core/tensor/cpu_dtype_dispatch.h"
+#include "core/tensor/cpu_keys.h"
+
+namespace caliper {
+namespace {
+
+using H = MagnitudeHistogram;
+
+constexpr int kHistBlock = 64;
+
+// Slot of a finite magnitude key of dtype D; Inf / NaN keys land in the overflow slot.
+template <DType D>
+CALIPER_INLINE int32_t SlotOfKey(typename KeyOps<CpuBits<D>>::Key k) {
+  const uint32_t m = static_cast<uint32_t>(k);
+  uint32_t f32_bits;
+  if constexpr (D == DType::kF32) {
+    f32_bits = m;
+  } else if constexpr (D == DType::kBF16) {
+    f32_bits = m << 16;
+  } else {
+    // f16 normals: exponent rebased from 15 to 127; subnormals k * 2^-24 exactly, via float(k).
+    const uint32_t normal = (m << 13) + (112u << 23);
+    const uint32_t subnormal =
+        __builtin_bit_cast(uint32_t, static_cast<float>(static_cast<int32_t>(m))) - (24u << 23);
+    f32_bits = m < 0x400u ? subnormal : normal;
+    f32_bits = m >= 0x7c00u ? 0x7f800000u : f32_bits;
+  }
+  const int32_t t = static_cast<int32_t>(f32_bits >> H::kShift) - H::kBias + H::kFirstLogSlot;
+  const int32_t s = std::min(std::max(t, int32_t{H::kUnderflowSlot}), int32_t{H::kOverflowSlot});
+  return m == 0 ? int32_t{H::kZeroSlot} : s;
+}
+
+// Per-head running state of one task.
+template <typename Key>
+struct HeadState {
+  Key max_key = 0;
+  uint64_t max_count = 0;
+  int32_t lo = H::kSlots, hi = -1;  // slots touched since the last flush
+};
+
+// `rows` rows of num_heads segments of head_dim elements: counts[h * kSlots + slot] += ...
+template <DType D>
+CALIPER_INLINE void HistRowsBody(const uint8_t* data, int64_t rows, int64_t num_heads,
+                                 int64_t head_dim, uint32_t* __restrict__ counts,
+                                 HeadState<typename KeyOps<CpuBits<D>>::Key>* heads,
+                                 int64_t* bad) {
+  using Bits = CpuBits<D>;
+  using Ops = KeyOps<Bits>;
+  using Key = typename Ops::Key;
+  const auto* p = reinterpret_cast<const typename Ops::Loose*>(data);
+  const Key inf = static_cast<Key>(InfBits<Bits>(D));
+  int32_t slot[kHistBlock];
+  int64_t nonfinite = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const auto* seg = p + (r * num_heads + h) * head_dim;
+      uint32_t* c = counts + h * H::kSlots;
+      HeadState<Key>& state = heads[h];
+      for (int64_t base = 0; base < head_dim; base += kHistBlock) {
+        const int m = static_cast<int>(std::min<int64_t>(kHistBlock, head_dim - base));
+        Key bmax = 0;
+        int32_t lo = H::kSlots, hi = -1, bbad = 0;
+        for (int i = 0; i < m; ++i) {
+          const Key k = Ops::Abs(seg[base + i]);
+          const bool finite = k < inf;
+          const int32_t s = SlotOfKey<D>(k);
+          slot[i] = s;
+          lo = std::min(lo, s);
+          hi = std::max(hi, s);
+          bmax = std::max(bmax, finite ? k : Key{0});
+          bbad += finite ? 0 : 1;
+        }
+        for (int i = 0; i < m; ++i) ++c[slot[i]];
+        state.lo = std::min(state.lo, lo);
+        state.hi = std::max(state.hi, hi);
+        nonfinite += bbad;
+        if (bmax >= state.max_key) {
+          uint64_t eq = 0;
+          for (int i = 0; i < m; ++i) eq += Ops::Abs(seg[base + i]) == bmax;
+          if (bmax > state.max_key || state.max_count == 0) {
+            state.max_key = bmax;
+            state.max_count = eq;
+          } else {
+            state.max_count += eq;
+          }
+        }
+      }
+    }
+  }
+  *bad += nonfinite;
+}
+
+CALIPER_CLONES void HistRowsBF16(const uint8_t* d, int64_t rows, int64_t heads, int64_t dim,
+                                 uint32_t* counts, HeadState<int16_t>* state, int64_t* bad) {
+  HistRowsBody<DType::kBF16>(d, rows, heads, dim, counts, state, bad);
+}
+CALIPER_CLONES void HistRowsF16(const uint8_t* d, int64_t rows, int64_t heads, int64_t dim,
+                                uint32_t* counts, HeadState<int16_t>* state, int64_t* bad) {
+  HistRowsBody<DType::kF16>(d, rows, heads, dim, counts, state, bad);
+}
+CALIPER_CLONES void HistRowsF32(const uint8_t* d, int64_t rows, int64_t heads, int64_t dim,
+                                uint32_t* counts, HeadState<int32_t>* state, int64_t* bad) {
+  HistRowsBody<DType::kF32>(d, rows, heads, dim, counts, state, bad);
+}
+
+template <DType D>
+void HistRows(const uint8_t* d, int64_t rows, int64_t heads, int64_t dim, uint32_t* counts,
+              HeadState<typename KeyOps<CpuBits<D>>::Key>* state, int64_t* bad) {
+  if constexpr (D == DType::kBF16) HistRowsBF16(d, rows, heads, dim, counts, state, bad);
+  if constexpr (D == DType::kF16) HistRowsF16(d, rows, heads, dim, counts, state, bad);
+  if constexpr (D == DType::kF32) HistRowsF32(d, rows, heads, dim, counts, state, bad);
+}
+
+template <DType D>
+void HistImpl(ThreadPool& pool, int tasks, const TensorView& t, int64_t num_heads,
+              int64_t head_dim, absl::Span<float> absmax, absl::Span<MagnitudeHistogram> hists,
+              int64_t* nonfinite) {
+  using Key = typename KeyOps<CpuBits<D>>::Key;
+  const int64_t row_bytes = num_heads * head_dim * static_cast<int64_t>(sizeof(CpuBits<D>));
+  const int64_t rows = t.num_elements() / (num_heads * head_dim);
+  // uint32 counts hold any one slot's count as long as a flush comes every this many rows.
+  const int64_t rows_per_flush =
+      std::max<int64_t>(1, std::numeric_limits<uint32_t>::max() / std::max<int64_t>(1, head_dim));
+  for (int64_t h = 0; h < num_heads; ++h) {
+    hists[h] = MagnitudeHistogram();
+    hists[h].counts.assign(H::kSlots, 0);
+  }
+  std::vector<HeadState<Key>> merged(num_heads);
+  int64_t bad = 0;
+  std::mutex mu;  // guards hists, merged and bad
+  pool.ParallelFor(tasks, [&](int i) {
+    // Kept all-zero between uses: a call clears only the slots it touched.
+    thread_local std::vector<uint32_t> counts;
+    if (counts.size() < static_cast<size_t>(num_heads * H::kSlots)) {
+      counts.assign(num_heads * H::kSlots, 0);
+    }
+    std::vector<HeadState<Key>> state(num_heads);
+    int64_t task_bad = 0;
+    auto flush = [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      for (int64_t h = 0; h < num_heads; ++h) {
+        uint32_t* c = counts.data() + h * H::kSlots;
+        for (int32_t s = state[h].lo; s <= state[h].hi; ++s) {
+          hists[h].counts[s] += c[s];
+          c[s] = 0;
+        }
+        state[h].lo = H::kSlots;
+        state[h].hi = -1;
+      }
+    };
+    const int64_t r0 = rows * i / tasks, r1 = rows * (i + 1) / tasks;
+    for (int64_t r = r0; r < r1; r += rows_per_flush) {
+      const int64_t n = std::min(rows_per_flush, r1 - r);
+      HistRows<D>(t.bytes().data() + r * row_bytes, n, num_heads, head_dim, counts.data(),
+                  state.data(), &task_bad);
+      flush();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    bad += task_bad;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      HeadState<Key>& m = merged[h];
+      if (state[h].max_count == 0) continue;
+      if (state[h].max_key > m.max_key || m.max_count == 0) {
+        m.max_key = state[h].max_key;
+        m.max_count = state[h].max_count;
+      } else if (state[h].max_key == m.max_key) {
+        m.max_count += state[h].max_count;
+      }
+    }
+  });
+  for (int64_t h = 0; h < num_heads; ++h) {
+    hists[h].max = KeyBitsToFloat(D, static_cast<uint32_t>(merged[h].max_key));
+    hists[h].max_count = merged[h].max_count;
+    absmax[h] = hists[h].max;
+  }
+  *nonfinite = bad;
+}
+
+}  // namespace
+
+void CpuAbsMaxHistogramPerHead(ThreadPool& pool, int tasks, const TensorView& t,
+                               int64_t num_heads, int64_t head_dim, absl::Span<float> absmax,
+                               absl::Span<MagnitudeHistogram> hists, int64_t* nonfinite) {
+  DispatchDType(t.dtype(), [&](auto tag) {
+    HistImpl<decltype(tag)::value>(pool, tasks, t, num_heads, head_dim, absmax, hists, nonfinite);
+  });
+}
+
+}  // namespace caliper

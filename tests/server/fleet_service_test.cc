@@ -1,0 +1,573 @@
+// In-process gRPC tests of fleets: a real caliper-server on 127.0.0.1:0 (in memory, and with
+// --state_dir), real stubs. Every publish reason and refusal, window ordering and races,
+// pin/unpin with a watcher, retention, and a restart.
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/caliper.grpc.pb.h"
+#include "server/caliper_server.h"
+#include "tests/support/state_test_util.h"
+
+namespace caliper {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kLayers = 2;
+constexpr int kHeads = 2;
+constexpr int kHeadDim = 4;
+
+std::string Raw(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// K and V of every layer: `tokens` tokens whose |x| peaks at `peak` (head h: peak * (h + 1)).
+std::vector<v1::TensorChunk> Traffic(const std::string& session, int tokens, float peak,
+                                     int tp_rank = 0, int tp_size = 1) {
+  const int heads = kHeads / tp_size;
+  std::vector<v1::TensorChunk> out;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (v1::TargetKind kind : {v1::KEY, v1::VALUE}) {
+      std::vector<float> data(static_cast<size_t>(tokens) * heads * kHeadDim, 0.25f);
+      for (int h = 0; h < heads; ++h) data[h * kHeadDim] = peak * (tp_rank * heads + h + 1);
+      v1::TensorChunk c;
+      c.set_session_id(session);
+      c.set_kind(kind);
+      c.set_layer(layer);
+      c.set_dtype("F32");
+      c.add_shape(tokens);
+      c.add_shape(heads);
+      c.add_shape(kHeadDim);
+      c.set_tp_rank(tp_rank);
+      c.set_tp_size(tp_size);
+      c.set_data(Raw(data));
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+class FleetServiceTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { Start(); }
+
+  void Start() {
+    server_.reset();
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.metrics_listen = "";
+    if (GetParam()) options.state_dir = dir_.path();
+    options.service.fleet_sweep_interval = absl::Milliseconds(20);
+    options.service.fleet_clock_ms = [this] { return now_ms_.load(); };
+    absl::StatusOr<std::unique_ptr<CaliperServer>> server =
+        CaliperServer::Start(options, MakeCpuBackend(1), &log_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Calibration::NewStub(channel_);
+  }
+
+  v1::CreateFleetRequest FleetRequest(const std::string& name = "prod") {
+    v1::CreateFleetRequest req;
+    req.set_name(name);
+    v1::ModelDescription* m = req.mutable_model();
+    m->set_architecture("LlamaForCausalLM");
+    m->set_model_type("llama");
+    m->set_num_layers(kLayers);
+    m->set_num_attention_heads(4);
+    m->set_num_kv_heads(kHeads);
+    m->set_head_dim(kHeadDim);
+    m->set_hidden_size(16);
+    req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
+    req.set_engine(v1::ENGINE_KIND_VLLM);
+    req.mutable_policy()->set_min_tokens(8);
+    return req;
+  }
+
+  grpc::Status CreateFleet(const v1::CreateFleetRequest& req, v1::Fleet* out = nullptr) {
+    grpc::ClientContext ctx;
+    v1::Fleet fleet;
+    return stub_->CreateFleet(&ctx, req, out ? out : &fleet);
+  }
+
+  grpc::Status Open(const std::string& wv, v1::FleetWindow* window,
+                    const std::string& fleet = "prod") {
+    grpc::ClientContext ctx;
+    v1::OpenWindowRequest req;
+    req.set_fleet(fleet);
+    req.set_weight_version(wv);
+    return stub_->OpenWindow(&ctx, req, window);
+  }
+
+  std::string OpenOk(const std::string& wv) {
+    v1::FleetWindow window;
+    grpc::Status s = Open(wv, &window);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return window.session_id();
+  }
+
+  grpc::Status Stream(const std::vector<v1::TensorChunk>& chunks,
+                      v1::ObserveSummary* summary = nullptr) {
+    grpc::ClientContext ctx;
+    v1::ObserveSummary local;
+    std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer =
+        stub_->Observe(&ctx, summary ? summary : &local);
+    for (const v1::TensorChunk& c : chunks) {
+      if (!writer->Write(c)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  v1::FleetWindow Close(const std::string& session) {
+    grpc::ClientContext ctx;
+    v1::CloseWindowRequest req;
+    req.set_fleet("prod");
+    req.set_session_id(session);
+    v1::FleetWindow out;
+    grpc::Status s = stub_->CloseWindow(&ctx, req, &out);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return out;
+  }
+
+  // Opens (or joins) the window of `wv`, streams traffic into it and closes it.
+  v1::FleetWindow Window(const std::string& wv, int tokens, float peak) {
+    const std::string session = OpenOk(wv);
+    EXPECT_TRUE(Stream(Traffic(session, tokens, peak)).ok());
+    return Close(session);
+  }
+
+  v1::Fleet Get(const std::string& name = "prod") {
+    grpc::ClientContext ctx;
+    v1::GetFleetRequest req;
+    req.set_fleet(name);
+    v1::Fleet out;
+    EXPECT_TRUE(stub_->GetFleet(&ctx, req, &out).ok());
+    return out;
+  }
+
+  grpc::Status FleetScales(int64_t version, v1::ScalesResponse* out) {
+    grpc::ClientContext ctx;
+    v1::ScalesRequest req;
+    req.set_fleet("prod");
+    req.set_version(version);
+    req.mutable_deployment()->set_tp_size(1);
+    return stub_->GetScales(&ctx, req, out);
+  }
+
+  std::vector<int64_t> VersionIds() {
+    grpc::ClientContext ctx;
+    v1::ListVersionsRequest req;
+    req.set_fleet("prod");
+    v1::ListVersionsResponse out;
+    EXPECT_TRUE(stub_->ListVersions(&ctx, req, &out).ok());
+    std::vector<int64_t> ids;
+    for (const v1::FleetVersion& v : out.versions()) ids.push_back(v.id());
+    return ids;
+  }
+
+  grpc::Status Pin(int64_t version) {
+    grpc::ClientContext ctx;
+    v1::PinVersionRequest req;
+    req.set_fleet("prod");
+    req.set_version(version);
+    v1::Fleet out;
+    return stub_->PinVersion(&ctx, req, &out);
+  }
+
+  // Polls GetFleet until `done` holds (bounded).
+  template <typename Pred>
+  v1::Fleet WaitFor(Pred done) {
+    v1::Fleet fleet;
+    for (int i = 0; i < 250; ++i) {
+      fleet = Get();
+      if (done(fleet)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return fleet;
+  }
+
+  testing_util::TempDir dir_;
+  std::atomic<int64_t> now_ms_{1'000'000};
+  EventLog log_{LogFormat::kText, stderr};
+  std::unique_ptr<CaliperServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Calibration::Stub> stub_;
+};
+
+TEST_P(FleetServiceTest, FirstVersionPublishesAndServesTheWindowsScales) {
+  v1::Fleet created;
+  ASSERT_TRUE(CreateFleet(FleetRequest(), &created).ok());
+  EXPECT_EQ(created.policy().min_tokens(), 8);
+  EXPECT_DOUBLE_EQ(created.policy().drift(), 0.05);  // the default filled in
+  EXPECT_EQ(created.policy().retain(), 64);
+  v1::FleetWindow first;
+  ASSERT_TRUE(Open("step-1", &first).ok());
+  EXPECT_TRUE(first.created());
+  v1::FleetWindow again;
+  ASSERT_TRUE(Open("step-1", &again).ok());
+  EXPECT_FALSE(again.created());
+  EXPECT_EQ(again.session_id(), first.session_id());
+
+  ASSERT_TRUE(Stream(Traffic(first.session_id(), 8, 4.0f)).ok());
+  v1::FleetWindow closed = Close(first.session_id());
+  EXPECT_FALSE(closed.open());
+  EXPECT_EQ(closed.decision(), "first_version");
+  EXPECT_EQ(closed.close_reason(), "close_window");
+  EXPECT_EQ(closed.version(), 1);
+  EXPECT_EQ(closed.tokens(), 8);
+
+  v1::ScalesResponse fleet_scales, session_scales;
+  ASSERT_TRUE(FleetScales(0, &fleet_scales).ok());
+  {
+    grpc::ClientContext ctx;
+    v1::ScalesRequest req;
+    req.set_session_id(first.session_id());
+    req.mutable_deployment()->set_tp_size(1);
+    ASSERT_TRUE(stub_->GetScales(&ctx, req, &session_scales).ok());
+  }
+  ASSERT_EQ(fleet_scales.kv_layers_size(), kLayers);
+  EXPECT_FLOAT_EQ(fleet_scales.kv_layers(1).k_scale(1), 8.0f / 448.0f);
+  ASSERT_EQ(fleet_scales.kv_layers_size(), session_scales.kv_layers_size());
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(fleet_scales.kv_layers(l).SerializeAsString(),
+              session_scales.kv_layers(l).SerializeAsString());
+  }
+  // The same files as a session's (scales.json names the version's window).
+  ASSERT_EQ(fleet_scales.files_size(), session_scales.files_size());
+  ASSERT_FALSE(fleet_scales.files().empty());
+  for (int i = 0; i < fleet_scales.files_size(); ++i) {
+    EXPECT_EQ(fleet_scales.files(i).name(), session_scales.files(i).name());
+  }
+
+  const v1::Fleet fleet = Get();
+  EXPECT_EQ(fleet.current_version(), 1);
+  EXPECT_EQ(fleet.newest_weight_version(), "step-1");
+  EXPECT_EQ(fleet.engine(), v1::ENGINE_KIND_VLLM);
+}
+
+TEST_P(FleetServiceTest, RefusesBelowMinTokensAndKeepsNoVersion) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  v1::FleetWindow closed = Window("step-1", 4, 4.0f);
+  EXPECT_EQ(closed.decision(), "below_min_tokens");
+  EXPECT_THAT(closed.detail(), HasSubstr("min_tokens=8"));
+  EXPECT_EQ(closed.version(), 0);
+  v1::ScalesResponse scales;
+  EXPECT_EQ(FleetScales(0, &scales).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  grpc::ClientContext ctx;
+  v1::ListVersionsRequest req;
+  req.set_fleet("prod");
+  v1::ListVersionsResponse versions;
+  ASSERT_TRUE(stub_->ListVersions(&ctx, req, &versions).ok());
+  EXPECT_EQ(versions.versions_size(), 0);
+  ASSERT_EQ(versions.refused_size(), 1);
+  EXPECT_EQ(versions.refused(0).decision(), "below_min_tokens");
+}
+
+TEST_P(FleetServiceTest, CountsTokensFromTpRankZeroOnly) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  const std::string session = OpenOk("step-1");
+  // Rank 1 of a TP-2 replica: its tokens are rank 0's too, and rank 0 has not sent them.
+  ASSERT_TRUE(Stream(Traffic(session, 8, 4.0f, /*tp_rank=*/1, /*tp_size=*/2)).ok());
+  v1::FleetWindow closed = Close(session);
+  EXPECT_EQ(closed.tokens(), 0);
+  EXPECT_EQ(closed.decision(), "below_min_tokens");
+}
+
+TEST_P(FleetServiceTest, FirstVersionNeedsEveryLayer) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  const std::string session = OpenOk("step-1");
+  std::vector<v1::TensorChunk> traffic = Traffic(session, 8, 4.0f);
+  traffic.resize(2);  // layer 0 only
+  ASSERT_TRUE(Stream(traffic).ok());
+  v1::FleetWindow closed = Close(session);
+  EXPECT_EQ(closed.decision(), "layers_unseen");
+  EXPECT_THAT(closed.detail(), HasSubstr("did not see layers 1"));
+}
+
+TEST_P(FleetServiceTest, RefusesZeroScales) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  const std::string session = OpenOk("step-1");
+  std::vector<v1::TensorChunk> traffic = Traffic(session, 8, 4.0f);
+  std::vector<float> zeros(8 * kHeads * kHeadDim, 0.0f);
+  traffic[3].set_data(Raw(zeros));  // layer 1 V all zero
+  ASSERT_TRUE(Stream(traffic).ok());
+  v1::FleetWindow closed = Close(session);
+  EXPECT_EQ(closed.decision(), "rejected_scales");
+  EXPECT_THAT(closed.detail(), HasSubstr("layer 1 V head 0: absmax is 0"));
+}
+
+TEST_P(FleetServiceTest, PublishesOnNewWeightsAndDriftNotOnNoise) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  EXPECT_EQ(Window("step-1", 8, 4.0f).decision(), "first_version");
+  EXPECT_EQ(Window("step-1", 8, 4.1f).decision(), "no_change");  // 2.5% < drift 5%
+  v1::FleetWindow drift = Window("step-1", 8, 4.6f);
+  EXPECT_EQ(drift.decision(), "drift");
+  EXPECT_EQ(drift.version(), 2);
+  v1::FleetWindow fresh = Window("step-2", 8, 4.6f);
+  EXPECT_EQ(fresh.decision(), "new_weight_version");
+  EXPECT_EQ(fresh.version(), 3);
+  grpc::ClientContext ctx;
+  v1::GetVersionRequest req;
+  req.set_fleet("prod");
+  req.set_version(2);
+  v1::FleetVersion v2;
+  ASSERT_TRUE(stub_->GetVersion(&ctx, req, &v2).ok());
+  EXPECT_EQ(v2.parent(), 1);
+  EXPECT_EQ(v2.reason(), "drift");
+  ASSERT_EQ(v2.layers_size(), kLayers);
+  EXPECT_NEAR(v2.layers(0).k_ratio(), 4.6 / 4.0, 1e-5);
+}
+
+TEST_P(FleetServiceTest, PublishesOnSaturationReportedByEngines) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  Window("step-1", 8, 4.0f);
+  {
+    grpc::ClientContext ctx;
+    v1::ReportInUseRequest req;
+    req.set_fleet("prod");
+    req.set_producer_id("replica-0/tp0");
+    req.set_version(1);
+    req.set_saturation(0.01);
+    v1::ReportInUseResponse out;
+    ASSERT_TRUE(stub_->ReportInUse(&ctx, req, &out).ok());
+  }
+  const v1::Fleet fleet = Get();
+  ASSERT_EQ(fleet.in_use_size(), 1);
+  EXPECT_EQ(fleet.in_use(0).producer_id(), "replica-0/tp0");
+  EXPECT_FALSE(fleet.in_use(0).stale());
+  EXPECT_EQ(Window("step-1", 8, 4.0f).decision(), "saturation");
+  EXPECT_TRUE(Get().in_use(0).stale());  // it runs version 1, 2 is current
+}
+
+TEST_P(FleetServiceTest, OlderWeightVersionsAreRefusedAndNewerOnesCloseOlderWindows) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  const std::string w1 = OpenOk("step-1");
+  ASSERT_TRUE(Stream(Traffic(w1, 8, 4.0f)).ok());
+  OpenOk("step-2");
+  const v1::Fleet fleet = Get();
+  bool found = false;
+  for (const v1::FleetWindow& w : fleet.windows()) {
+    if (w.session_id() != w1) continue;
+    found = true;
+    EXPECT_FALSE(w.open());
+    EXPECT_EQ(w.close_reason(), "newer_weight_version");
+    EXPECT_EQ(w.decision(), "first_version");
+  }
+  EXPECT_TRUE(found);
+  v1::FleetWindow refused;
+  grpc::Status s = Open("step-1", &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("older than fleet prod's newest"));
+  // A stream into the closed window is refused as for a finalized session.
+  v1::ObserveSummary summary;
+  grpc::Status streamed = Stream(Traffic(w1, 8, 4.0f), &summary);
+  EXPECT_EQ(summary.accepted_chunks(), 0);
+  EXPECT_TRUE(!streamed.ok() || summary.rejected_chunks() > 0);
+}
+
+TEST_P(FleetServiceTest, RacingOpensGetTheSameWindow) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  std::vector<std::string> ids(6);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      v1::FleetWindow w;
+      grpc::Status s = Open("step-1", &w);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      ids[i] = w.session_id();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), 1u);
+  EXPECT_EQ(Get().windows_size(), 1);
+  // The losers' sessions were dropped: one session in all.
+  grpc::ClientContext ctx;
+  v1::ListSessionsResponse sessions;
+  ASSERT_TRUE(stub_->ListSessions(&ctx, {}, &sessions).ok());
+  ASSERT_EQ(sessions.sessions_size(), 1);
+  EXPECT_EQ(sessions.sessions(0).name(), "fleet/prod/step-1");
+}
+
+TEST_P(FleetServiceTest, ClosesOnTokensAndOnSeconds) {
+  v1::CreateFleetRequest req = FleetRequest();
+  req.mutable_policy()->set_window_tokens(16);
+  req.mutable_policy()->set_window_seconds(60);
+  ASSERT_TRUE(CreateFleet(req).ok());
+  const std::string a = OpenOk("step-1");
+  ASSERT_TRUE(Stream(Traffic(a, 10, 4.0f)).ok());
+  ASSERT_TRUE(Stream(Traffic(a, 6, 4.0f)).ok());
+  v1::Fleet fleet = WaitFor([](const v1::Fleet& f) { return f.current_version() == 1; });
+  ASSERT_EQ(fleet.windows_size(), 1);
+  EXPECT_EQ(fleet.windows(0).close_reason(), "tokens");
+  EXPECT_EQ(fleet.windows(0).tokens(), 16);
+
+  const std::string b = OpenOk("step-2");
+  ASSERT_TRUE(Stream(Traffic(b, 8, 4.0f)).ok());
+  now_ms_ += 59'000;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(Get().current_version(), 1);  // not yet
+  now_ms_ += 2'000;
+  fleet = WaitFor([](const v1::Fleet& f) { return f.current_version() == 2; });
+  EXPECT_EQ(fleet.current_version(), 2);
+  for (const v1::FleetWindow& w : fleet.windows()) {
+    if (w.session_id() == b) {
+      EXPECT_EQ(w.close_reason(), "seconds");
+    }
+  }
+}
+
+TEST_P(FleetServiceTest, WatchersGetEveryCurrentVersionAndResumeWithoutGaps) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  Window("step-1", 8, 4.0f);
+  grpc::ClientContext ctx;
+  v1::WatchScalesRequest req;
+  req.set_fleet("prod");
+  req.mutable_deployment()->set_tp_size(1);
+  std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> reader =
+      stub_->WatchScales(&ctx, req);
+  v1::WatchScalesResponse message;
+  ASSERT_TRUE(reader->Read(&message));
+  EXPECT_EQ(message.version(), 1);
+  EXPECT_FALSE(message.gap());
+  EXPECT_FLOAT_EQ(message.scales().kv_layers(0).k_scale(0), 4.0f / 448.0f);
+  Window("step-2", 8, 5.0f);
+  ASSERT_TRUE(reader->Read(&message));
+  EXPECT_EQ(message.version(), 2);
+  EXPECT_EQ(message.weight_version(), "step-2");
+  EXPECT_FLOAT_EQ(message.scales().kv_layers(0).k_scale(0), 5.0f / 448.0f);
+  ASSERT_TRUE(Pin(1).ok());  // rollback: watchers get 1
+  ASSERT_TRUE(reader->Read(&message));
+  EXPECT_EQ(message.version(), 1);
+  EXPECT_EQ(Get().current_version(), 1);
+  {
+    grpc::ClientContext unpin_ctx;
+    v1::UnpinVersionRequest unpin;
+    unpin.set_fleet("prod");
+    v1::Fleet out;
+    ASSERT_TRUE(stub_->UnpinVersion(&unpin_ctx, unpin, &out).ok());
+    EXPECT_EQ(out.current_version(), 2);
+  }
+  ctx.TryCancel();
+  while (reader->Read(&message)) {
+  }
+  reader->Finish();
+
+  // A subscriber that saw version 1 resumes and gets exactly 2.
+  grpc::ClientContext resume_ctx;
+  req.set_after_version(1);
+  std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> resumed =
+      stub_->WatchScales(&resume_ctx, req);
+  ASSERT_TRUE(resumed->Read(&message));
+  EXPECT_EQ(message.version(), 2);
+  EXPECT_FALSE(message.gap());
+  resume_ctx.TryCancel();
+  while (resumed->Read(&message)) {
+  }
+  resumed->Finish();
+}
+
+TEST_P(FleetServiceTest, RetentionDropsOldVersionsAndTheirWindowsButNotThePinnedOne) {
+  v1::CreateFleetRequest req = FleetRequest();
+  req.mutable_policy()->set_retain(2);
+  ASSERT_TRUE(CreateFleet(req).ok());
+  const std::string first = OpenOk("step-1");
+  ASSERT_TRUE(Stream(Traffic(first, 8, 4.0f)).ok());
+  Close(first);
+  ASSERT_TRUE(Pin(1).ok());
+  Window("step-2", 8, 4.0f);
+  const std::string third = Window("step-3", 8, 4.0f).session_id();
+  Window("step-4", 8, 4.0f);
+  EXPECT_THAT(VersionIds(), ElementsAre(1, 4));
+  v1::ScalesResponse scales;
+  EXPECT_EQ(FleetScales(3, &scales).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(FleetScales(1, &scales).ok());
+  grpc::ClientContext ctx;
+  v1::GetSessionRequest get;
+  get.set_session_id(third);
+  v1::Session session;
+  EXPECT_EQ(stub_->GetSession(&ctx, get, &session).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_P(FleetServiceTest, BadInputNamesTheField) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  EXPECT_EQ(CreateFleet(FleetRequest()).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  v1::CreateFleetRequest bad = FleetRequest("a/b");
+  grpc::Status s = CreateFleet(bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("name"));
+  bad = FleetRequest("other");
+  bad.mutable_policy()->set_drift(-1);
+  EXPECT_THAT(CreateFleet(bad).error_message(), HasSubstr("policy.drift"));
+  bad = FleetRequest("other");
+  bad.mutable_recipe()->set_kv(v1::KV_OFF);
+  bad.mutable_recipe()->set_nvfp4_activations(true);
+  EXPECT_THAT(CreateFleet(bad).error_message(), HasSubstr("recipe.kv"));
+  v1::FleetWindow w;
+  EXPECT_EQ(Open("step-1", &w, "missing").error_code(), grpc::StatusCode::NOT_FOUND);
+  s = Open(std::string(300, 'x'), &w);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_weight_version_bytes"));
+  // Invalid UTF-8 never reaches the service (proto3 strings are checked on parse); core's
+  // ValidateWeightVersion refuses it for every other path (tests/core/fleet/fleet_test.cc).
+  EXPECT_EQ(Pin(7).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_P(FleetServiceTest, DeleteRemovesTheFleetAndItsWindows) {
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  Window("step-1", 8, 4.0f);
+  OpenOk("step-2");
+  grpc::ClientContext ctx;
+  v1::DeleteFleetRequest req;
+  req.set_fleet("prod");
+  v1::DeleteFleetResponse out;
+  ASSERT_TRUE(stub_->DeleteFleet(&ctx, req, &out).ok());
+  grpc::ClientContext list_ctx;
+  v1::ListSessionsResponse sessions;
+  ASSERT_TRUE(stub_->ListSessions(&list_ctx, {}, &sessions).ok());
+  EXPECT_EQ(sessions.sessions_size(), 0);
+  grpc::ClientContext get_ctx;
+  v1::GetFleetRequest get;
+  get.set_fleet("prod");
+  v1::Fleet fleet;
+  EXPECT_EQ(stub_->GetFleet(&get_ctx, get, &fleet).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_P(FleetServiceTest, VersionsAndOpenWindowsSurviveARestart) {
+  if (!GetParam()) GTEST_SKIP() << "in memory: nothing outlives the process";
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  Window("step-1", 8, 4.0f);
+  const std::string open = OpenOk("step-2");
+  ASSERT_TRUE(Stream(Traffic(open, 8, 5.0f)).ok());
+  v1::ScalesResponse before;
+  ASSERT_TRUE(FleetScales(1, &before).ok());
+  Start();  // a new process over the same --state_dir
+  v1::Fleet fleet = Get();
+  EXPECT_EQ(fleet.current_version(), 1);
+  v1::ScalesResponse after;
+  ASSERT_TRUE(FleetScales(1, &after).ok());
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
+  // The open window is still the one of step-2 and closes into version 2.
+  EXPECT_EQ(OpenOk("step-2"), open);
+  v1::FleetWindow closed = Close(open);
+  EXPECT_EQ(closed.decision(), "new_weight_version");
+  EXPECT_EQ(closed.version(), 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, FleetServiceTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "StateDir" : "Memory";
+                         });
+
+}  // namespace
+}  // namespace caliper
