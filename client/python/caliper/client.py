@@ -271,7 +271,8 @@ class Client:
             recipe = Recipe()
         elif isinstance(recipe, dict):
             recipe = Recipe(**recipe)
-        recipe_proto = recipe.to_proto()
+        # A caliper.v1 Recipe message is taken as it is (tests and tools build them directly).
+        recipe_proto = recipe if isinstance(recipe, pb.Recipe) else recipe.to_proto()
         request = pb.CreateSessionRequest(
             model=pb.ModelDescription(hf_config_json=_config_json(model)), recipe=recipe_proto,
             name=name)
