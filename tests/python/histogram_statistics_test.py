@@ -128,11 +128,15 @@ def feed(session, seed, batches=2):
 
 
 def results(client, session):
-    """(GetScales responses for two deployments, report.json without the session's id/name)."""
+    """(GetScales answers for two deployments, report.json without the session's id/name)."""
     session.finalize()
-    scales = [session.scales(tp=tp, rank=rank, formats=["compressed-tensors", "vllm-legacy"],
-                             convention=conv).response.SerializeToString()
-              for tp, rank, conv in ((1, None, "compressed-tensors"), (2, 1, "modelopt"))]
+    scales = []
+    for tp, rank, conv in ((1, None, "compressed-tensors"), (2, 1, "modelopt")):
+        answer = vars(session.scales(tp=tp, rank=rank, formats=["compressed-tensors", "vllm-legacy"],
+                                     convention=conv))
+        # scales.json names its session: the one part that differs between raw and statistics.
+        answer["scales_json"] = answer["scales_json"].replace(session.id.encode(), b"ID")
+        scales.append(answer)
     report = json.loads(client.stub.GetReport(pb.ReportRequest(session_id=session.id)).report_json)
     report["session"].pop("id")
     report["session"].pop("name")

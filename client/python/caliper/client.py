@@ -269,8 +269,8 @@ class Client:
         """A new session for `model` (an HF config.json path, its directory, or its dict)."""
         if recipe is None:
             recipe = Recipe()
-        elif isinstance(recipe, dict):
-            recipe = Recipe(**recipe)
+        elif not isinstance(recipe, (Recipe, pb.Recipe)):
+            recipe = Recipe(**recipe)  # type: ignore[arg-type]
         # A caliper.v1 Recipe message is taken as it is (tests and tools build them directly).
         recipe_proto = recipe if isinstance(recipe, pb.Recipe) else recipe.to_proto()
         request = pb.CreateSessionRequest(
