@@ -165,6 +165,9 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       return;
     }
     service_->options_.flusher->WhenCommitted(partial_, [this, status](absl::Status committed) {
+      // A window's token counts are committed before the acknowledgement too, so a restart
+      // right after it decides on the tokens the stream delivered.
+      if (committed.ok() && window_ != nullptr) service_->CommitWindowTokens(session_id_);
       CompleteStream(status.ok() ? committed : status);
     });
   }

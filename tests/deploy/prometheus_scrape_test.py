@@ -155,8 +155,11 @@ def check_metrics_page(promtool, text):
     for name, kind in ours.items():
         if kind == "counter":
             check(name.endswith("_total"), f"counter {name} lacks _total")
-        if kind == "histogram":  # one unit style for durations
-            check(name.endswith("_duration_seconds"), f"histogram {name} is not *_duration_seconds")
+        if kind == "histogram":  # a histogram names its base unit; durations one way
+            check(name.endswith(("_duration_seconds", "_bytes", "_tokens")),
+                  f"histogram {name} names no unit (_duration_seconds, _bytes, _tokens)")
+            check("seconds" not in name or name.endswith("_duration_seconds"),
+                  f"histogram {name} is a duration not named *_duration_seconds")
     for m in re.finditer(r"^(caliper_\w+)\{([^}]*)\}", text, re.M):
         for key, value in re.findall(r'(\w+)="([^"]*)"', m.group(2)):
             check(key not in FORBIDDEN_LABELS, f"{m.group(1)} has unbounded label {key}")
