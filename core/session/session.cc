@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,20 @@
 
 namespace caliper {
 namespace {
+
+// The bytes of the tensor a chunk stands for: its data, or in statistics mode the tensor the
+// producer summarized, so a session's progress reads the same in either mode.
+int64_t TensorBytes(const ChunkRef& chunk) {
+  if (!chunk.statistics.has_value()) return static_cast<int64_t>(chunk.data.size());
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t bytes = static_cast<int64_t>(ItemSize(chunk.dtype));
+  for (int64_t dim : chunk.shape) {
+    if (dim <= 0) return 0;
+    if (bytes > kMax / dim) return kMax;
+    bytes *= dim;
+  }
+  return bytes;
+}
 
 // `caliper check`'s rules on a scale set the session finalized: a finding that breaks an engine
 // refuses it (naming the rule and tensor), a degrading one becomes a warning. Per-head K/V scales
@@ -481,7 +496,7 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
     }
   }
   ++accepted_chunks_;
-  accepted_bytes_ += static_cast<int64_t>(chunk.data.size());
+  accepted_bytes_ += TensorBytes(chunk);
   return ObserveOutcome::kAccepted;
 }
 

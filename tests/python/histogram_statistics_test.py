@@ -156,7 +156,7 @@ def test_statistics_equal_raw_scales_and_report(server, name):
     client = caliper.Client(server.address)
     out = {}
     for mode in ("raw", "statistics"):
-        session = client.create_session(CONFIG, recipe(**RECIPES[name]), name=mode, mode=mode)
+        session = client.create_session(CONFIG, recipe(**RECIPES[name]), name=name, mode=mode)
         feed(session, seed=5)
         out[mode] = results(client, session)
         if mode == "statistics":  # tiny chunks: 128 bins per octave make it ~1/10 here

@@ -311,6 +311,10 @@ TEST(SessionHistogramTest, StatisticsWithHistogramsEqualRawScalesAndReport) {
     auto ra = raw->Observations(), rb = stats->Observations();
     ASSERT_TRUE(ra.ok() && rb.ok());
     EXPECT_EQ(BuildSessionReportJson(*ra), BuildSessionReportJson(*rb));
+    // Progress counts the tensors' bytes in either mode, not the bytes on the wire.
+    EXPECT_EQ(stats->Status().accepted_bytes, raw->Status().accepted_bytes);
+    EXPECT_EQ(raw->Status().accepted_bytes,
+              static_cast<int64_t>((k.size() + v.size() + input.size()) * 4));
   }
 }
 
