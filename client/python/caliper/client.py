@@ -158,6 +158,14 @@ class Recipe:
 
 
 @dataclasses.dataclass(frozen=True)
+class LayerProgress:
+    """K/V tokens a layer has seen (per head, averaged over the model's KV heads)."""
+    layer: int
+    k_tokens: int
+    v_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
 class SessionInfo:
     """A session as the server reports it (Client.get_session, list_sessions, Session.refresh)."""
     id: str
@@ -172,13 +180,15 @@ class SessionInfo:
     modules_with_weights: int
     modules_with_inputs: int
     created_unix_ms: int
+    layers: tuple[LayerProgress, ...]  # one per layer when the recipe keeps K/V, else empty
 
     @classmethod
     def from_proto(cls, s: pb.Session) -> SessionInfo:
         return cls(s.id, s.name, _STATES.get(s.state, "open"), ModelInfo.from_proto(s.model),
                    Recipe.from_proto(s.recipe), s.accepted_chunks, s.accepted_bytes,
                    s.rejected_chunks, s.skipped_warmup_chunks, s.modules_with_weights,
-                   s.modules_with_inputs, s.created_unix_ms)
+                   s.modules_with_inputs, s.created_unix_ms,
+                   tuple(LayerProgress(p.layer, p.k_tokens, p.v_tokens) for p in s.layers))
 
 
 def token_from_environment() -> str:
