@@ -94,7 +94,7 @@ class CaliperServer {
   // Neither flag: sessions in this process's memory (core/state/memory_state_store.h).
   void UseMemoryStore(const ServerOptions& options, EventLog* log);
   void StartFlusher(const ServerOptions& options, EventLog* log);
-  // Fleets live in memory, or under --state_dir/fleets (core/fleet/fleet_store.h).
+  // Fleets live in memory, under --state_dir/fleets, or in --state_store (PostgreSQL).
   absl::Status OpenFleetStore(const ServerOptions& options, EventLog* log);
   // Readiness follows the store: service "caliper.v1.Calibration" is NOT_SERVING while it does
   // not answer; the overall service "" (liveness) stays SERVING.
@@ -104,7 +104,7 @@ class CaliperServer {
   std::unique_ptr<ServerMetrics> server_metrics_;
   std::unique_ptr<StateStore> state_store_;  // memory, --state_dir's files or --state_store
   std::unique_ptr<PartialFlusher> flusher_;  // over state_store_; stopped after the server
-  std::unique_ptr<FleetStore> fleet_store_;  // in memory, or under --state_dir; not with PostgreSQL
+  std::unique_ptr<FleetStore> fleet_store_;  // in memory, under --state_dir, or in --state_store
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<InflightBudget> inflight_;  // with max_inflight_bytes
   std::unique_ptr<CalibrationService> service_;

@@ -5,6 +5,7 @@
 // policy says so. Every decision (ordering, publish, retention) is core's.
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -28,9 +29,7 @@ std::string WindowSessionName(absl::string_view fleet, absl::string_view weight_
 }
 
 absl::Status Unavailable() {
-  return absl::UnimplementedError(
-      "fleets are not available with --state_store (PostgreSQL) yet; use --state_dir or an "
-      "in-memory server");
+  return absl::UnimplementedError("fleets: this server has no fleet store");
 }
 
 // What scales.json says a version's scales come from: its window's session, named after the
@@ -252,6 +251,8 @@ absl::StatusOr<Window> CalibrationService::CloseFleetWindow(const std::string& t
 void CalibrationService::FleetSweepLoop() {
   const auto period = absl::ToChronoMilliseconds(
       std::max(options_.fleet_sweep_interval, absl::Milliseconds(10)));
+  // Each fleet's current version at the last sweep: watchers are poked when it moves.
+  std::map<std::pair<std::string, std::string>, int64_t> current_seen;
   std::unique_lock<std::mutex> lock(fleet_mu_);
   while (!fleet_stopping_) {
     fleet_cv_.wait_for(lock, period);
@@ -261,9 +262,14 @@ void CalibrationService::FleetSweepLoop() {
     absl::StatusOr<std::vector<std::pair<std::string, std::string>>> fleets =
         options_.fleets->ListAll();
     if (!fleets.ok()) fleets.emplace();
+    std::map<std::pair<std::string, std::string>, int64_t> seen;
     for (const auto& [tenant, name] : *fleets) {
       absl::StatusOr<FleetState> state = options_.fleets->Get(tenant, name);
       if (!state.ok()) continue;
+      const std::pair<std::string, std::string> key(tenant, name);
+      auto last = current_seen.find(key);
+      const bool moved = last == current_seen.end() || last->second != state->current();
+      seen[key] = state->current();
       for (const Window& window : state->windows()) {
         std::optional<WindowCloseReason> due = CloseDue(window, state->fleet().policy, NowMs());
         if (!due.has_value()) continue;
@@ -275,9 +281,13 @@ void CalibrationService::FleetSweepLoop() {
                      {"message", std::string(closed.status().message())}});
         }
       }
-      // Versions another replica published reach this replica's watchers here.
-      NotifyWatchers(tenant, name);
+      // Versions another replica published (or pinned) reach this replica's watchers here,
+      // within one sweep: polling the store the sweep reads anyway, rather than LISTEN/NOTIFY,
+      // which would need a connection of its own and this poll still, for what a lost
+      // connection missed.
+      if (moved) NotifyWatchers(tenant, name);
     }
+    current_seen = std::move(seen);
     lock.lock();
   }
 }

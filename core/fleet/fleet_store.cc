@@ -78,22 +78,12 @@ class FleetStoreImpl final : public FleetStore {
     if (fleets_.count(key) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("fleet \"", fleet.name, "\" already exists"));
     }
+    int64_t held = 0;
+    for (const auto& [k, e] : fleets_) held += k.first == fleet.tenant;
     if (absl::Status s =
-            CheckLimit("fleets", static_cast<int64_t>(fleets_.size()) + 1, "--max_fleets",
-                       fleet_limits_.max_fleets, absl::StatusCode::kResourceExhausted);
+            CheckFleetRoom(fleet_limits_, static_cast<int64_t>(fleets_.size()), held);
         !s.ok()) {
       return s;
-    }
-    if (fleet_limits_.max_fleets_per_tenant > 0) {
-      int64_t held = 0;
-      for (const auto& [k, e] : fleets_) held += k.first == fleet.tenant;
-      if (absl::Status s = CheckLimit("fleets of this tenant", held + 1,
-                                      "--max_fleets_per_tenant",
-                                      fleet_limits_.max_fleets_per_tenant,
-                                      absl::StatusCode::kResourceExhausted);
-          !s.ok()) {
-        return s;
-      }
     }
     if (absl::Status s = Persist(state, {}); !s.ok()) return s;
     fleets_.emplace(key, Entry{state, {}});
@@ -215,6 +205,17 @@ class FleetStoreImpl final : public FleetStore {
 };
 
 }  // namespace
+
+absl::Status CheckFleetRoom(const FleetLimits& limits, int64_t fleets, int64_t tenant_fleets) {
+  if (absl::Status s = CheckLimit("fleets", fleets + 1, "--max_fleets", limits.max_fleets,
+                                  absl::StatusCode::kResourceExhausted);
+      !s.ok()) {
+    return s;
+  }
+  if (limits.max_fleets_per_tenant <= 0) return absl::OkStatus();
+  return CheckLimit("fleets of this tenant", tenant_fleets + 1, "--max_fleets_per_tenant",
+                    limits.max_fleets_per_tenant, absl::StatusCode::kResourceExhausted);
+}
 
 std::unique_ptr<FleetStore> NewMemoryFleetStore(const FleetLimits& limits) {
   return std::make_unique<FleetStoreImpl>(limits, Limits(), "", Env::Default());

@@ -50,6 +50,10 @@ class FleetStore {
                                                 int64_t version) = 0;
 };
 
+// Room for one more fleet when the store holds `fleets` in all and `tenant_fleets` of its
+// tenant: ResourceExhausted naming max_fleets or max_fleets_per_tenant otherwise.
+absl::Status CheckFleetRoom(const FleetLimits& limits, int64_t fleets, int64_t tenant_fleets);
+
 std::unique_ptr<FleetStore> NewMemoryFleetStore(const FleetLimits& limits);
 
 // "<dir>/<tenant hex>~<name>.fleet" and "...~<name>~<version>.scales", written atomically

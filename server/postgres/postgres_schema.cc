@@ -51,6 +51,22 @@ CREATE TABLE caliper_kv_batches (
   observer bytea NOT NULL,
   PRIMARY KEY (session_id, layer, batch));
 )sql",
+    // 3: fleets (core/fleet/fleet_store.h): a row per fleet holding its state's bytes
+    // (core/fleet/fleet_codec.h), and a row per retained version's scales.
+    R"sql(
+CREATE TABLE caliper_fleets (
+  tenant text NOT NULL,
+  name text NOT NULL,
+  state bytea NOT NULL,
+  PRIMARY KEY (tenant, name));
+CREATE TABLE caliper_fleet_scales (
+  tenant text NOT NULL,
+  name text NOT NULL,
+  version bigint NOT NULL,
+  scales bytea NOT NULL,
+  PRIMARY KEY (tenant, name, version),
+  FOREIGN KEY (tenant, name) REFERENCES caliper_fleets (tenant, name) ON DELETE CASCADE);
+)sql",
 };
 static_assert(sizeof(kPostgresMigrations) / sizeof(kPostgresMigrations[0]) ==
               kPostgresSchemaVersion);

@@ -12,7 +12,7 @@
 namespace caliper {
 
 // The schema version this build writes (a newer one in the database is refused at Open).
-inline constexpr int kPostgresSchemaVersion = 2;
+inline constexpr int kPostgresSchemaVersion = 3;
 // kPostgresMigrations[i] moves the schema from version i to i + 1.
 extern const char* const kPostgresMigrations[kPostgresSchemaVersion];
 // pg_advisory_xact_lock key of schema migrations ("caliper" in ASCII).

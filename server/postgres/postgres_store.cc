@@ -51,41 +51,6 @@ class PostgresStore final : public StateStore {
     return std::make_unique<Connection>(pool_.get(), *conn, &name_);
   }
 
-  absl::Status Migrate() {
-    absl::StatusOr<std::unique_ptr<Connection>> c = Connect();
-    if (!c.ok()) return c.status();
-    Connection& conn = **c;
-    if (absl::Status s = conn.Begin(); !s.ok()) return s;
-    for (const std::string& sql :
-         {absl::StrCat("SELECT pg_advisory_xact_lock(", kMigrationLockKey, ")"),
-          std::string("CREATE TABLE IF NOT EXISTS caliper_schema_migrations ("
-                      "version integer PRIMARY KEY, applied_at timestamptz NOT NULL "
-                      "DEFAULT now())")}) {
-      if (absl::StatusOr<Result> r = conn.Exec(sql); !r.ok()) return r.status();
-    }
-    absl::StatusOr<Result> current =
-        conn.Exec("SELECT coalesce(max(version), 0) FROM caliper_schema_migrations");
-    if (!current.ok()) return current.status();
-    const int64_t version = IntValue(current->get(), 0, 0);
-    if (version > kPostgresSchemaVersion) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "state store ", name_, ": schema version ", version, " is newer than this server's ",
-          kPostgresSchemaVersion, " (a newer release migrated it; run that release)"));
-    }
-    for (int64_t next = version + 1; next <= kPostgresSchemaVersion; ++next) {
-      if (absl::StatusOr<Result> r = conn.Exec(kPostgresMigrations[next - 1]); !r.ok()) {
-        return r.status();
-      }
-      if (absl::StatusOr<Result> r = conn.Exec(
-              "INSERT INTO caliper_schema_migrations (version) VALUES ($1)",
-              {Text(absl::StrCat(next))});
-          !r.ok()) {
-        return r.status();
-      }
-    }
-    return conn.Commit();
-  }
-
   absl::Status CreateSession(const CalibrationSession& session,
                              int max_sessions_per_tenant) override {
     absl::StatusOr<std::unique_ptr<Connection>> c = Connect();
@@ -813,7 +778,47 @@ std::string RedactedPostgresName(const std::string& uri) {
                       get("dbname", user.empty() ? "" : user.c_str()));
 }
 
-absl::StatusOr<std::unique_ptr<StateStore>> OpenPostgresStore(
+namespace {
+
+// Brings the schema to kPostgresSchemaVersion under an advisory lock (one migrator at a time).
+absl::Status MigratePostgresSchema(pg::ConnectionPool& pool, const std::string& name) {
+  absl::StatusOr<PGconn*> leased = pool.Acquire();
+  if (!leased.ok()) return leased.status();
+  Connection conn(&pool, *leased, &name);
+  if (absl::Status s = conn.Begin(); !s.ok()) return s;
+  for (const std::string& sql :
+       {absl::StrCat("SELECT pg_advisory_xact_lock(", kMigrationLockKey, ")"),
+        std::string("CREATE TABLE IF NOT EXISTS caliper_schema_migrations ("
+                    "version integer PRIMARY KEY, applied_at timestamptz NOT NULL "
+                    "DEFAULT now())")}) {
+    if (absl::StatusOr<Result> r = conn.Exec(sql); !r.ok()) return r.status();
+  }
+  absl::StatusOr<Result> current =
+      conn.Exec("SELECT coalesce(max(version), 0) FROM caliper_schema_migrations");
+  if (!current.ok()) return current.status();
+  const int64_t version = IntValue(current->get(), 0, 0);
+  if (version > kPostgresSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state store ", name, ": schema version ", version, " is newer than this server's ",
+        kPostgresSchemaVersion, " (a newer release migrated it; run that release)"));
+  }
+  for (int64_t next = version + 1; next <= kPostgresSchemaVersion; ++next) {
+    if (absl::StatusOr<Result> r = conn.Exec(kPostgresMigrations[next - 1]); !r.ok()) {
+      return r.status();
+    }
+    if (absl::StatusOr<Result> r = conn.Exec(
+            "INSERT INTO caliper_schema_migrations (version) VALUES ($1)",
+            {Text(absl::StrCat(next))});
+        !r.ok()) {
+      return r.status();
+    }
+  }
+  return conn.Commit();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<pg::ConnectionPool>> OpenPostgresPool(
     const PostgresStoreOptions& options) {
   if (options.uri.empty()) return absl::InvalidArgumentError("--state_store: empty");
   if (options.pool_size < 1) {
@@ -834,12 +839,18 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenPostgresStore(
                                    "keepalives_interval", "keepalives_count", "dbname"};
   std::vector<std::string> values = {absl::StrCat(options.connect_timeout_seconds),
                                      "caliper-server", "10", "5", "3", options.uri};
-  auto store = std::make_unique<PostgresStore>(
-      name, std::make_unique<ConnectionPool>(name, std::move(keys), std::move(values),
-                                             options.pool_size, options.acquire_timeout),
-      options.limits);
-  if (absl::Status s = store->Migrate(); !s.ok()) return s;
-  return std::unique_ptr<StateStore>(std::move(store));
+  auto pool = std::make_unique<ConnectionPool>(name, std::move(keys), std::move(values),
+                                               options.pool_size, options.acquire_timeout);
+  if (absl::Status s = MigratePostgresSchema(*pool, name); !s.ok()) return s;
+  return pool;
+}
+
+absl::StatusOr<std::unique_ptr<StateStore>> OpenPostgresStore(
+    const PostgresStoreOptions& options) {
+  absl::StatusOr<std::unique_ptr<ConnectionPool>> pool = OpenPostgresPool(options);
+  if (!pool.ok()) return pool.status();
+  return std::unique_ptr<StateStore>(std::make_unique<PostgresStore>(
+      RedactedPostgresName(options.uri), *std::move(pool), options.limits));
 }
 
 }  // namespace caliper

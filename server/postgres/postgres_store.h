@@ -16,6 +16,9 @@
 #include "server/postgres/postgres_schema.h"  // kPostgresSchemaVersion
 
 namespace caliper {
+namespace pg {
+class ConnectionPool;
+}  // namespace pg
 
 struct PostgresStoreOptions {
   std::string uri;  // libpq URI or key=value string, e.g. postgresql://u:p@db:5432/caliper
@@ -30,6 +33,11 @@ struct PostgresStoreOptions {
 // Opens the pool and brings the schema to kPostgresSchemaVersion. Unavailable naming the store
 // when it cannot be reached; FailedPrecondition when the database holds a newer schema.
 absl::StatusOr<std::unique_ptr<StateStore>> OpenPostgresStore(const PostgresStoreOptions& options);
+
+// The pool OpenPostgresStore uses, for other stores in the same database (the fleet store):
+// the same checks of `options` and the same migration.
+absl::StatusOr<std::unique_ptr<pg::ConnectionPool>> OpenPostgresPool(
+    const PostgresStoreOptions& options);
 
 // "postgresql://user@host:port/db" for a libpq URI or conninfo: what errors name (no password).
 std::string RedactedPostgresName(const std::string& uri);

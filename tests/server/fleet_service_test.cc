@@ -1,6 +1,7 @@
-// In-process gRPC tests of fleets: a real caliper-server on 127.0.0.1:0 (in memory, and with
-// --state_dir), real stubs. Every publish reason and refusal, window ordering and races,
-// pin/unpin with a watcher, retention, and a restart.
+// In-process gRPC tests of fleets: a real caliper-server on 127.0.0.1:0 (in memory, with
+// --state_dir, and with --state_store on a PostgreSQL the test starts), real stubs. Every publish
+// reason and refusal, window ordering and races, pin/unpin with a watcher, retention, a
+// restart, and replicas over one PostgreSQL.
 #include <atomic>
 #include <chrono>
 #include <set>
@@ -9,12 +10,15 @@
 #include <vector>
 
 #include <grpcpp/create_channel.h>
+#include <libpq-fe.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
+#include "tests/support/postgres_instance.h"
 #include "tests/support/state_test_util.h"
 
 namespace caliper {
@@ -57,22 +61,60 @@ std::vector<v1::TensorChunk> Traffic(const std::string& session, int tokens, flo
   return out;
 }
 
-class FleetServiceTest : public ::testing::TestWithParam<bool> {
- protected:
-  void SetUp() override { Start(); }
+enum class Store { kMemory, kStateDir, kPostgres };
+void PrintTo(Store store, std::ostream* os) {
+  *os << (store == Store::kMemory ? "memory" : store == Store::kStateDir ? "state_dir" : "postgres");
+}
 
-  void Start() {
-    server_.reset();
+class FleetServiceTest : public ::testing::TestWithParam<Store> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Store::kPostgres) {
+      absl::StatusOr<std::string> uri = NewDatabase();
+      if (!uri.ok() && absl::IsNotFound(uri.status())) GTEST_SKIP() << uri.status();
+      ASSERT_TRUE(uri.ok()) << uri.status();
+      state_store_ = *uri;
+    }
+    Start();
+  }
+
+  // A fresh database of the process's one PostgreSQL (started by the first test needing it).
+  static absl::StatusOr<std::string> NewDatabase() {
+    static absl::StatusOr<std::unique_ptr<testing::PostgresInstance>>* pg =
+        new absl::StatusOr<std::unique_ptr<testing::PostgresInstance>>(
+            testing::PostgresInstance::Start());
+    if (!pg->ok()) return pg->status();
+    static int databases = 0;
+    const std::string db = absl::StrCat("fleet_", ++databases);
+    PGconn* conn = PQconnectdb((**pg)->uri().c_str());
+    PGresult* r = PQexec(conn, absl::StrCat("CREATE DATABASE ", db).c_str());
+    const bool created = PQresultStatus(r) == PGRES_COMMAND_OK;
+    const std::string error = PQerrorMessage(conn);
+    PQclear(r);
+    PQfinish(conn);
+    if (!created) return absl::InternalError(absl::StrCat("CREATE DATABASE: ", error));
+    return absl::StrCat("postgresql://caliper@127.0.0.1:", (**pg)->port(), "/", db);
+  }
+
+  // A replica: a server over this test's state (in memory: a process of its own).
+  std::unique_ptr<CaliperServer> NewServer() {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     options.metrics_listen = "";
-    if (GetParam()) options.state_dir = dir_.path();
+    if (GetParam() == Store::kStateDir) options.state_dir = dir_.path();
+    options.state_store = state_store_;
     options.service.fleet_sweep_interval = absl::Milliseconds(20);
     options.service.fleet_clock_ms = [this] { return now_ms_.load(); };
     absl::StatusOr<std::unique_ptr<CaliperServer>> server =
         CaliperServer::Start(options, MakeCpuBackend(1), &log_);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  }
+
+  void Start() {
+    server_.reset();
+    server_ = NewServer();
+    ASSERT_NE(server_, nullptr);
     channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
     stub_ = v1::Calibration::NewStub(channel_);
   }
@@ -198,6 +240,7 @@ class FleetServiceTest : public ::testing::TestWithParam<bool> {
   }
 
   testing_util::TempDir dir_;
+  std::string state_store_;  // the PostgreSQL database's URI (Store::kPostgres)
   std::atomic<int64_t> now_ms_{1'000'000};
   EventLog log_{LogFormat::kText, stderr};
   std::unique_ptr<CaliperServer> server_;
@@ -544,7 +587,7 @@ TEST_P(FleetServiceTest, DeleteRemovesTheFleetAndItsWindows) {
 }
 
 TEST_P(FleetServiceTest, VersionsAndOpenWindowsSurviveARestart) {
-  if (!GetParam()) GTEST_SKIP() << "in memory: nothing outlives the process";
+  if (GetParam() == Store::kMemory) GTEST_SKIP() << "in memory: nothing outlives the process";
   ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
   Window("step-1", 8, 4.0f);
   const std::string open = OpenOk("step-2");
@@ -564,10 +607,78 @@ TEST_P(FleetServiceTest, VersionsAndOpenWindowsSurviveARestart) {
   EXPECT_EQ(closed.version(), 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, FleetServiceTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "StateDir" : "Memory";
+// Two replicas over one store: only PostgreSQL shares a fleet between processes.
+TEST_P(FleetServiceTest, ReplicasShareWindowsAndWatchersSeeEachOthersVersions) {
+  if (GetParam() != Store::kPostgres) GTEST_SKIP() << "replicas share state in PostgreSQL only";
+  std::unique_ptr<CaliperServer> other = NewServer();
+  ASSERT_NE(other, nullptr);
+  std::unique_ptr<v1::Calibration::Stub> other_stub = v1::Calibration::NewStub(
+      grpc::CreateChannel(other->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  // Producers racing on both replicas get one window.
+  std::vector<std::string> ids(6);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      v1::OpenWindowRequest req;
+      req.set_fleet("prod");
+      req.set_weight_version("step-1");
+      v1::FleetWindow w;
+      grpc::Status s = (i % 2 == 0 ? stub_ : other_stub)->OpenWindow(&ctx, req, &w);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      ids[i] = w.session_id();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), 1u);
+  // A watcher on the other replica; a producer streams here and the window closes here.
+  grpc::ClientContext watch_ctx;
+  v1::WatchScalesRequest watch;
+  watch.set_fleet("prod");
+  watch.mutable_deployment()->set_tp_size(1);
+  std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> reader =
+      other_stub->WatchScales(&watch_ctx, watch);
+  ASSERT_TRUE(Stream(Traffic(ids[0], 8, 4.0f)).ok());
+  EXPECT_EQ(Close(ids[0]).version(), 1);
+  v1::WatchScalesResponse message;
+  ASSERT_TRUE(reader->Read(&message));
+  EXPECT_EQ(message.version(), 1);
+  EXPECT_FLOAT_EQ(message.scales().kv_layers(0).k_scale(0), 4.0f / 448.0f);
+  // A pin here reaches the other replica's watcher too (its sweep sees the current move).
+  Window("step-2", 8, 5.0f);
+  ASSERT_TRUE(reader->Read(&message));
+  EXPECT_EQ(message.version(), 2);
+  ASSERT_TRUE(Pin(1).ok());
+  ASSERT_TRUE(reader->Read(&message));
+  EXPECT_EQ(message.version(), 1);
+  // This replica goes away; the other serves the same fleet, and a window opened there
+  // closes into the next version.
+  server_.reset();
+  grpc::ClientContext get_ctx;
+  v1::GetFleetRequest get;
+  get.set_fleet("prod");
+  v1::Fleet fleet;
+  ASSERT_TRUE(other_stub->GetFleet(&get_ctx, get, &fleet).ok());
+  EXPECT_EQ(fleet.current_version(), 1);
+  EXPECT_EQ(fleet.newest_weight_version(), "step-2");
+  watch_ctx.TryCancel();
+  while (reader->Read(&message)) {
+  }
+  reader->Finish();
+}
+
+// The PostgreSQL store's cases build into a test of their own (label `postgres`).
+#ifdef CALIPER_FLEET_TEST_POSTGRES
+INSTANTIATE_TEST_SUITE_P(Stores, FleetServiceTest, ::testing::Values(Store::kPostgres),
+                         [](const ::testing::TestParamInfo<Store>&) { return "Postgres"; });
+#else
+INSTANTIATE_TEST_SUITE_P(Stores, FleetServiceTest,
+                         ::testing::Values(Store::kMemory, Store::kStateDir),
+                         [](const ::testing::TestParamInfo<Store>& info) {
+                           return info.param == Store::kStateDir ? "StateDir" : "Memory";
                          });
+#endif
 
 }  // namespace
 }  // namespace caliper
