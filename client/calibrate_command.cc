@@ -408,7 +408,92 @@ absl::Status FinalizeSession(v1::Calibration::Stub& stub, const RetryPolicy& ret
   return status.ok() ? absl::OkStatus() : RpcError("Finalize", status);
 }
 
+// With --fleet: the dumps stream into the fleet's open window of --weight-version (opened
+// when there is none), under the fleet's model and recipe; the window closes on its policy,
+// or at once with --close. Nothing is written: `caliper scales --fleet` fetches a version.
+absl::Status RunCalibrateIntoFleet(const CliArgs& flags, std::ostream& out, std::ostream& err) {
+  const std::string fleet = *flags.Get("fleet");
+  if (!flags.Has("weight-version")) {
+    return UsageError("--fleet needs --weight-version (the weights the dumps were taken with)");
+  }
+  for (const char* name : {"model", "out", "tp", "format", "convention", "name", "weights", "kv",
+                           "fp8", "nvfp4", "observer", "kv-observer", "compat", "histograms",
+                           "warmup"}) {
+    if (flags.Has(name)) {
+      return UsageError(absl::StrCat("--", name, ": not with --fleet (the fleet's model and "
+                                     "recipe apply; `caliper scales --fleet` writes files)"));
+    }
+  }
+  if (flags.GetAll("tensors").empty()) return UsageError("--tensors is required");
+  auto streams = flags.GetInt("streams", 1, 256);
+  auto chunk_bytes = flags.GetInt("chunk-bytes", 1024, kMaxMessageBytes - (1 << 20));
+  for (const auto* st : {&streams.status(), &chunk_bytes.status()}) {
+    if (!st->ok()) return UsageError(st->message());
+  }
+  absl::StatusOr<ServerConnection> connection = Connect(*flags.Get("server"), flags);
+  if (!connection.ok()) return connection.status();
+  v1::Calibration::Stub* stub = connection->stub.get();
+  const RetryPolicy& retry = connection->retry;
+  v1::Fleet described;
+  {
+    v1::GetFleetRequest request;
+    request.set_fleet(fleet);
+    Backoff backoff(retry, &err, "caliper calibrate: GetFleet");
+    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+      return stub->GetFleet(&context, request, &described);
+    });
+    if (!status.ok()) return RpcError("GetFleet", status);
+  }
+  absl::StatusOr<StreamPlans> plans = PlanStreams(flags, described.recipe(), **chunk_bytes, err);
+  if (!plans.ok()) return plans.status();
+  v1::FleetWindow window;
+  {
+    v1::OpenWindowRequest request;
+    request.set_fleet(fleet);
+    request.set_weight_version(*flags.Get("weight-version"));
+    Backoff backoff(retry, &err, "caliper calibrate: OpenWindow");  // joins the open one
+    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+      return stub->OpenWindow(&context, request, &window);
+    });
+    if (!status.ok()) return RpcError("OpenWindow", status);
+  }
+  out << "window    " << window.session_id() << " of fleet " << fleet << ", weight version "
+      << window.weight_version() << (window.created() ? " (opened)" : " (joined)") << "\n"
+      << std::flush;
+  double seconds = 0;
+  const std::vector<StreamResult> results = StreamAll(
+      connection->channel, window.session_id(), *plans, static_cast<int>(**streams), retry, err,
+      &seconds);
+  if (absl::Status s = ReportStreams(plans->plans, results, seconds, flags.Has("allow-rejected"),
+                                     window.session_id(), out, err);
+      !s.ok()) {
+    return s;
+  }
+  if (!flags.Has("close")) return absl::OkStatus();
+  v1::CloseWindowRequest request;
+  request.set_fleet(fleet);
+  request.set_session_id(window.session_id());
+  v1::FleetWindow closed;
+  grpc::ClientContext context;  // once: a retry after a lost reply would find it closed
+  if (grpc::Status status = stub->CloseWindow(&context, request, &closed); !status.ok()) {
+    return RpcError("CloseWindow", status);
+  }
+  out << "closed    " << closed.tokens() << " K/V tokens; decision " << closed.decision();
+  if (!closed.detail().empty()) out << " (" << closed.detail() << ")";
+  out << (closed.version() != 0 ? absl::StrCat("; version ", closed.version())
+                                : std::string("; no new version"))
+      << "\n";
+  return absl::OkStatus();
+}
+
 absl::Status RunCalibrate(const CliArgs& flags, std::ostream& out, std::ostream& err) {
+  if (flags.Has("fleet")) return RunCalibrateIntoFleet(flags, out, err);
+  for (const char* name : {"weight-version", "close"}) {
+    if (flags.Has(name)) return UsageError(absl::StrCat("--", name, " needs --fleet"));
+  }
+  for (const char* name : {"model", "out"}) {
+    if (!flags.Has(name)) return UsageError(absl::StrCat("--", name, " is required (or --fleet)"));
+  }
   if (flags.GetAll("tensors").empty() && !flags.Has("weights")) {
     return UsageError("--tensors is required (or --weights with --nvfp4)");
   }
@@ -452,7 +537,10 @@ absl::Status RunCalibrate(const CliArgs& flags, std::ostream& out, std::ostream&
   if (absl::Status s = FinalizeSession(*stub, retry, &session, err); !s.ok()) return s;
   v1::Deployment deployment;
   deployment.set_tp_size(static_cast<int>(deploy_tp->value_or(plans->producer_tp)));
-  return FetchAndWriteScales(*stub, "calibrate", retry, session, deployment, convention,
+  v1::ScalesRequest request;
+  request.set_session_id(session.id());
+  return FetchAndWriteScales(*stub, "calibrate", retry, request, session.recipe(), deployment,
+                             convention,
                              flags.GetAll("format"), *flags.Get("out"), out, err);
 }
 
@@ -463,7 +551,8 @@ const CommandSpec& CalibrateCommand() {
       .name = "calibrate",
       .summary = "stream dumps to caliper-server, finalize, write LightLLM + scales.json",
       .synopsis = "--server ADDR --model CONFIG --tensors PATH... --out DIR [--kv MODE] "
-                  "[--nvfp4 [--weights DIR]] [--tp T]",
+                  "[--nvfp4 [--weights DIR]] [--tp T]  |  --server ADDR --fleet NAME "
+                  "--weight-version V --tensors PATH... [--close]",
       .description =
           "Creates a calibration session on caliper-server, streams every tensor of the given\n"
           "safetensors dumps (K/V as model.layers.{L}.self_attn.k|v [tokens, kv_heads_local, head_dim],\n"
@@ -477,17 +566,26 @@ const CommandSpec& CalibrateCommand() {
           "                       their fused group, warnings, session id, deployment\n"
           "Tensors are split along the token dimension into chunks; one stream per file, several at\n"
           "once. If the server rejects any chunk, each is reported (file, sequence, tensor, message),\n"
-          "the session is left open and nothing is written, unless --allow-rejected.",
+          "the session is left open and nothing is written, unless --allow-rejected.\n"
+          "With --fleet and --weight-version the dumps stream into the fleet's window of that weight\n"
+          "version instead (opened when none is), under the fleet's model and recipe; the window\n"
+          "closes on the fleet's policy, or at once with --close. `caliper scales --fleet` writes files.",
       .server = ServerUse::kAlways,
       .flags = WithConnectionFlags(WithRecipeFlags({
           {.name = "server", .value_name = "ADDR",
            .help = "caliper-server address, e.g. localhost:50051", .required = true},
-          {.name = "model", .value_name = "CONFIG", .help = "the model's Hugging Face config.json",
-           .required = true},
+          {.name = "model", .value_name = "CONFIG",
+           .help = "the model's Hugging Face config.json (required unless --fleet)"},
           {.name = "tensors", .value_name = "PATH...",
            .help = "dump files, or directories of *.safetensors (a glob works)", .repeated = true},
-          {.name = "out", .value_name = "DIR", .help = "output directory (created)",
-           .required = true},
+          {.name = "out", .value_name = "DIR",
+           .help = "output directory (created; required unless --fleet)"},
+          {.name = "fleet", .value_name = "NAME",
+           .help = "stream into this fleet's window instead of a new session (docs/fleets.md)"},
+          {.name = "weight-version", .value_name = "V",
+           .help = "with --fleet: the weight version the dumps were taken with"},
+          {.name = "close",
+           .help = "with --fleet: close the window after streaming and print the decision"},
           {.name = "weights", .value_name = "DIR",
            .help = "HF checkpoint for NVFP4 weight scales (needs --nvfp4)"},
           {.name = "tp", .value_name = "T",

@@ -1,4 +1,4 @@
-// caliper scales: the files of a finalized session for another deployment.
+// caliper scales: the files of a finalized session, or of a fleet's version, for a deployment.
 #include "absl/strings/str_cat.h"
 #include "client/cli_args.h"
 #include "client/command.h"
@@ -25,19 +25,46 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
   if (rank->has_value() && !tp->has_value()) return UsageError("--rank needs --tp");
   const v1::Nvfp4Convention convention = ConventionFromFlag(*flags.Get("convention"));
 
+  const bool fleet = flags.Has("fleet");
+  if (fleet == flags.Has("session")) return UsageError("give --session or --fleet (one)");
+  auto version = flags.GetInt("version", 1, int64_t{1} << 62);
+  if (!version.ok()) return UsageError(version.status().message());
+  if (version->has_value() && !fleet) return UsageError("--version needs --fleet");
+
   absl::StatusOr<ServerConnection> server = Connect(*flags.Get("server"), flags);
   if (!server.ok()) return server.status();
   v1::Calibration::Stub* stub = server->stub.get();
   const RetryPolicy& retry = server->retry;
-  v1::Session session;
-  {
-    v1::GetSessionRequest request;
-    request.set_session_id(*flags.Get("session"));
+  v1::ScalesRequest request;
+  v1::Recipe recipe;
+  if (fleet) {
+    v1::GetFleetRequest get;
+    get.set_fleet(*flags.Get("fleet"));
+    v1::Fleet described;
+    Backoff backoff(retry, &err, "caliper scales: GetFleet");
+    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+      return stub->GetFleet(&context, get, &described);
+    });
+    if (!status.ok()) return RpcError("GetFleet", status);
+    recipe = described.recipe();
+    request.set_fleet(described.name());
+    // The version named, else the current one as read here (so a publish meanwhile cannot mix
+    // the summary of one version with the files of another).
+    request.set_version(version->value_or(described.current_version()));
+    out << "fleet     " << described.name() << " version " << request.version()
+        << (version->has_value() ? "" : " (current)") << "\n";
+  } else {
+    v1::Session session;
+    v1::GetSessionRequest get;
+    get.set_session_id(*flags.Get("session"));
     Backoff backoff(retry, &err, "caliper scales: GetSession");
     grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-      return stub->GetSession(&context, request, &session);
+      return stub->GetSession(&context, get, &session);
     });
     if (!status.ok()) return RpcError("GetSession", status);
+    recipe = session.recipe();
+    request.set_session_id(session.id());
+    out << "session   " << session.id() << "\n";
   }
   v1::Deployment deployment;
   if (total_kv_heads->has_value()) {
@@ -46,8 +73,7 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
     deployment.set_tp_size(static_cast<int>(tp->value_or(1)));
   }
   if (rank->has_value()) deployment.set_rank(static_cast<int>(**rank));
-  out << "session   " << session.id() << "\n";
-  return FetchAndWriteScales(*stub, "scales", retry, session, deployment, convention,
+  return FetchAndWriteScales(*stub, "scales", retry, request, recipe, deployment, convention,
                              flags.GetAll("format"), *flags.Get("out"), out, err);
 }
 
@@ -56,20 +82,26 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
 const CommandSpec& ScalesCommand() {
   static const CommandSpec command{
       .name = "scales",
-      .summary = "write a finalized session's scale files for another deployment",
-      .synopsis = "--server ADDR --session ID --out DIR [--tp T | --total-kv-heads M] [--rank R]",
+      .summary = "write a finalized session's (or a fleet version's) scale files for a deployment",
+      .synopsis = "--server ADDR (--session ID | --fleet NAME [--version N]) --out DIR "
+                  "[--tp T | --total-kv-heads M] [--rank R]",
       .description =
           "Fetches the scales of a finalized session for one deployment and writes into DIR the same\n"
           "files as `caliper calibrate`: kv_cache_calib.json (LightLLM, full rows for the deployment's\n"
           "total KV heads; with T above the model's KV heads, heads are replicated) and scales.json.\n"
           "e4m3fnuz sessions get compressed-tensors files instead of kv_cache_calib.json.\n"
+          "With --fleet, the same files for a version of the fleet (default: its current one).\n"
           "The server refuses e.g. a session not finalized or head counts that do not divide.",
       .server = ServerUse::kAlways,
       .flags = WithConnectionFlags({
           {.name = "server", .value_name = "ADDR", .help = "caliper-server address",
            .required = true},
-          {.name = "session", .value_name = "ID", .help = "session id (see `caliper sessions`)",
-           .required = true},
+          {.name = "session", .value_name = "ID",
+           .help = "session id (see `caliper sessions`); or --fleet"},
+          {.name = "fleet", .value_name = "NAME",
+           .help = "instead of --session: a fleet's version (docs/fleets.md)"},
+          {.name = "version", .value_name = "N",
+           .help = "with --fleet: the version (absent: the current one)"},
           {.name = "out", .value_name = "DIR", .help = "output directory (created)",
            .required = true},
           {.name = "tp", .value_name = "T",

@@ -113,18 +113,17 @@ void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out) {
 
 absl::Status FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
                         const RetryPolicy& retry,
-                        const v1::Session& session, const v1::Deployment& deployment,
+                        v1::ScalesRequest request, const v1::Recipe& recipe,
+                        const v1::Deployment& deployment,
                         v1::Nvfp4Convention convention, const std::vector<std::string>& formats,
                         const std::string& out_dir, std::ostream& out, std::ostream& err) {
-  v1::ScalesRequest request;
-  request.set_session_id(session.id());
   *request.mutable_deployment() = deployment;
   request.set_convention(convention);
   // The session's default KV file first: LightLLM's, or compressed-tensors for e4m3fnuz.
   const std::string kv_format =
-      DefaultKvFormat(session.recipe().fp8_flavor() == v1::FP8_E4M3FNUZ ? Fp8Flavor::kE4M3FNUZ
-                                                                        : Fp8Flavor::kE4M3FN);
-  if (session.recipe().kv() != v1::KV_OFF) request.add_formats(kv_format);
+      DefaultKvFormat(recipe.fp8_flavor() == v1::FP8_E4M3FNUZ ? Fp8Flavor::kE4M3FNUZ
+                                                              : Fp8Flavor::kE4M3FN);
+  if (recipe.kv() != v1::KV_OFF) request.add_formats(kv_format);
   for (const std::string& format : formats) {
     if (format != kv_format) request.add_formats(format);
   }

@@ -29,11 +29,13 @@ absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
 // A few lines for a person: KV scale ranges, the first NVFP4 groups, warnings.
 void PrintScalesSummary(const v1::ScalesResponse& scales, std::ostream& out);
 
-// Asks GetScales for `deployment` (the session's KV file plus every --format; retried per
-// `retry`), writes the outputs into out_dir, prints the summary and the paths. Returns the error
-// to report (RpcError when the server said no).
+// Asks GetScales for what `request` names (a session, or a fleet's version) for `deployment`
+// (the recipe's KV file plus every --format; retried per `retry`), writes the outputs into
+// out_dir, prints the summary and the paths. Returns the error to report (RpcError when the
+// server said no).
 absl::Status FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view command,
-                                 const RetryPolicy& retry, const v1::Session& session,
+                                 const RetryPolicy& retry, v1::ScalesRequest request,
+                                 const v1::Recipe& recipe,
                                  const v1::Deployment& deployment, v1::Nvfp4Convention convention,
                                  const std::vector<std::string>& formats,
                                  const std::string& out_dir, std::ostream& out, std::ostream& err);

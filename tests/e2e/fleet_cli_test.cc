@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
+#include "core/formats/safetensors.h"
 #include "tests/e2e/e2e_support.h"
 
 namespace caliper {
@@ -208,6 +209,82 @@ TEST_F(FleetCliTest, Kill9WithAWindowOpenAndAWatcherLosesNothing) {
   while (reader->Read(&message)) {
   }
   reader->Finish();
+}
+
+// The CLI as a producer: `caliper calibrate --fleet` streams dumps into a window, `caliper
+// scales --fleet` writes a version's files.
+TEST_F(FleetCliTest, CalibrateStreamsDumpsIntoWindowsAndScalesFetchesVersions) {
+  ASSERT_EQ(Cli(absl::StrCat("fleets create prod --model ", dir_, "/config.json --min-tokens 8"))
+                .exit_code,
+            0);
+  auto dump = [&](const std::string& name, float peak) {
+    SafetensorsWriter writer;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      for (const char* kv : {"k", "v"}) {
+        std::vector<float> data(8 * kHeads * kHeadDim, 0.5f);
+        data[0] = peak;
+        EXPECT_TRUE(writer
+                        .Add(absl::StrCat("model.layers.", layer, ".self_attn.", kv), "F32",
+                             {8, kHeads, kHeadDim},
+                             std::string(reinterpret_cast<const char*>(data.data()),
+                                         data.size() * sizeof(float)))
+                        .ok());
+      }
+    }
+    const std::string path = absl::StrCat(dir_, "/", name, ".safetensors");
+    EXPECT_TRUE(writer.WriteFile(path).ok());
+    return path;
+  };
+  e2e::RunResult r = Cli(absl::StrCat("calibrate --fleet prod --weight-version step-1 --tensors ",
+                                      dump("a", 4.0f), " --close"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("weight version step-1 (opened)"));
+  EXPECT_THAT(r.output, HasSubstr("closed    8 K/V tokens; decision first_version ("));
+  EXPECT_THAT(r.output, HasSubstr("; version 1\n"));
+  // Two producers of step-2: the second joins the first's window and closes it.
+  r = Cli(absl::StrCat("calibrate --fleet prod --weight-version step-2 --tensors ",
+                       dump("b", 6.0f)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(opened)"));
+  r = Cli(absl::StrCat("calibrate --fleet prod --weight-version step-2 --tensors ",
+                       dump("c", 6.0f), " --close"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(joined)"));
+  EXPECT_THAT(r.output, HasSubstr("closed    16 K/V tokens; decision new_weight_version ("));
+  EXPECT_THAT(r.output, HasSubstr("; version 2\n"));
+
+  r = Cli(absl::StrCat("scales --fleet prod --out ", dir_, "/current"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("fleet     prod version 2 (current)"));
+  EXPECT_THAT(r.output, HasSubstr("k_scale 0.001116..0.01339"));  // 0.5 and 6 over 448
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/current/kv_cache_calib.json"));
+  EXPECT_THAT(e2e::ReadFile(dir_ + "/current/scales.json"), HasSubstr("fleet/prod/step-2"));
+  r = Cli(absl::StrCat("scales --fleet prod --version 1 --out ", dir_, "/first --tp 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("fleet     prod version 1\n"));
+  EXPECT_THAT(r.output, HasSubstr("k_scale 0.001116..0.008929"));  // 4 / 448
+  EXPECT_THAT(r.output, HasSubstr("(TP 2)"));
+
+  // Refusals: usage errors (2) before any RPC, the server's (1) named.
+  r = Cli(absl::StrCat("calibrate --fleet prod --weight-version step-1 --tensors ",
+                       dump("d", 4.0f)));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("FAILED_PRECONDITION"));
+  r = Cli(absl::StrCat("calibrate --fleet prod --tensors ", dump("e", 4.0f)));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--weight-version"));
+  r = Cli(absl::StrCat("calibrate --fleet prod --weight-version step-3 --model ", dir_,
+                       "/config.json --tensors ", dump("f", 4.0f)));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--model: not with --fleet"));
+  r = Cli(absl::StrCat("calibrate --weight-version step-3 --tensors ", dump("g", 4.0f)));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--weight-version needs --fleet"));
+  r = Cli(absl::StrCat("scales --fleet prod --session abc --out ", dir_, "/x"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = Cli(absl::StrCat("scales --fleet prod --version 9 --out ", dir_, "/x"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("NOT_FOUND"));
 }
 
 }  // namespace
