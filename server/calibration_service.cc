@@ -110,8 +110,7 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
                                    NewSessionId(), request->name(), call.tenant, options_.limits);
     if (!session.ok()) return session.status();
     // The id goes out only once it is committed: any replica then knows it.
-    if (absl::Status s =
-            options_.store->CreateSession(**session, options_.limits.max_sessions_per_tenant);
+    if (absl::Status s = options_.store->CreateSession(**session, SessionLimitFor(call.tenant));
         !s.ok()) {
       return s;
     }

@@ -191,6 +191,8 @@ class CalibrationService final
                                       absl::string_view method,
                                       std::function<absl::Status(const std::string& tenant)> call);
   int64_t NowMs() const;
+  // --max_sessions_per_tenant for a new session of `tenant`, closed fleet windows not counted.
+  int SessionLimitFor(const std::string& tenant);
   absl::StatusOr<std::string> CreateWindowSession(const Fleet& fleet,
                                                   absl::string_view weight_version);
   void DropSessions(const std::vector<std::string>& ids, absl::string_view tenant);

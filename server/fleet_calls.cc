@@ -5,6 +5,7 @@
 // policy says so. Every decision (ordering, publish, retention) is core's.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -126,12 +127,25 @@ absl::StatusOr<std::string> CalibrationService::CreateWindowSession(
                                  WindowSessionName(fleet.name, weight_version), fleet.tenant,
                                  options_.limits);
   if (!session.ok()) return session.status();
-  if (absl::Status s =
-          options_.store->CreateSession(**session, options_.limits.max_sessions_per_tenant);
+  if (absl::Status s = options_.store->CreateSession(**session, SessionLimitFor(fleet.tenant));
       !s.ok()) {
     return s;
   }
   return (*session)->id();
+}
+
+int CalibrationService::SessionLimitFor(const std::string& tenant) {
+  const int limit = options_.limits.max_sessions_per_tenant;
+  if (limit <= 0 || options_.fleets == nullptr) return limit;
+  // Closed windows are the fleets' (bounded by retain and max_refusals_kept per fleet), not
+  // the tenant's sessions at work: they do not count.
+  absl::StatusOr<std::vector<FleetState>> fleets = options_.fleets->List(tenant);
+  if (!fleets.ok()) return limit;
+  int64_t closed = 0;
+  for (const FleetState& fleet : *fleets) {
+    for (const Window& w : fleet.windows()) closed += w.state == WindowState::kClosed;
+  }
+  return static_cast<int>(std::min<int64_t>(limit + closed, std::numeric_limits<int>::max()));
 }
 
 void CalibrationService::DropSessions(const std::vector<std::string>& ids,

@@ -103,6 +103,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     options.metrics_listen = "";
     if (GetParam() == Store::kStateDir) options.state_dir = dir_.path();
     options.state_store = state_store_;
+    options.service.limits.max_sessions_per_tenant = max_sessions_per_tenant_;
     options.service.fleet_sweep_interval = absl::Milliseconds(20);
     options.service.fleet_clock_ms = [this] { return now_ms_.load(); };
     absl::StatusOr<std::unique_ptr<CaliperServer>> server =
@@ -241,6 +242,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
 
   testing_util::TempDir dir_;
   std::string state_store_;  // the PostgreSQL database's URI (Store::kPostgres)
+  int max_sessions_per_tenant_ = 0;
   std::atomic<int64_t> now_ms_{1'000'000};
   EventLog log_{LogFormat::kText, stderr};
   std::unique_ptr<CaliperServer> server_;
@@ -605,6 +607,27 @@ TEST_P(FleetServiceTest, VersionsAndOpenWindowsSurviveARestart) {
   v1::FleetWindow closed = Close(open);
   EXPECT_EQ(closed.decision(), "new_weight_version");
   EXPECT_EQ(closed.version(), 2);
+}
+
+TEST_P(FleetServiceTest, ClosedWindowsDoNotCountAgainstTheTenantsSessions) {
+  max_sessions_per_tenant_ = 2;
+  Start();
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  EXPECT_EQ(Window("step-1", 8, 4.0f).version(), 1);
+  EXPECT_EQ(Window("step-2", 8, 4.0f).version(), 2);
+  OpenOk("step-3");  // the tenant's first session at work: two closed windows do not count
+  auto create = [&] {
+    grpc::ClientContext ctx;
+    v1::CreateSessionRequest req;
+    const v1::CreateFleetRequest fleet = FleetRequest();
+    *req.mutable_model() = fleet.model();
+    *req.mutable_recipe() = fleet.recipe();
+    v1::Session out;
+    return stub_->CreateSession(&ctx, req, &out);
+  };
+  EXPECT_TRUE(create().ok());
+  grpc::Status full = create();  // an open window and a session: the limit
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.error_message();
 }
 
 // Two replicas over one store: only PostgreSQL shares a fleet between processes.
