@@ -265,6 +265,18 @@ TEST_F(FleetCliTest, CalibrateStreamsDumpsIntoWindowsAndScalesFetchesVersions) {
   EXPECT_THAT(r.output, HasSubstr("k_scale 0.001116..0.008929"));  // 4 / 448
   EXPECT_THAT(r.output, HasSubstr("(TP 2)"));
 
+  // A version's report is its window's; two versions side by side.
+  r = Cli(absl::StrCat("report --fleet prod --compare-version 1 --out ", dir_, "/report"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("version   2 of fleet prod: window "));
+  EXPECT_THAT(r.output, HasSubstr("version   1 of fleet prod: window "));
+  const std::string report = e2e::ReadFile(dir_ + "/report/report.json");
+  EXPECT_THAT(report, HasSubstr("fleet/prod/step-2"));
+  EXPECT_THAT(report, HasSubstr("fleet/prod/step-1"));
+  r = Cli(absl::StrCat("report --fleet prod --version 9 --out ", dir_, "/report"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("NOT_FOUND"));
+
   // Refusals: usage errors (2) before any RPC, the server's (1) named.
   r = Cli(absl::StrCat("calibrate --fleet prod --weight-version step-1 --tensors ",
                        dump("d", 4.0f)));
