@@ -205,6 +205,10 @@ class CalibrationService final
                                           const std::string& session_id,
                                           WindowCloseReason reason);
   void FleetSweepLoop();
+  // Pin or unpin (`change`): commits it, exports and announces the current version, and
+  // answers the fleet.
+  absl::Status MoveCurrent(const std::string& tenant, const std::string& fleet,
+                           FleetStore::Change change, v1::Fleet* response);
   void NotifyWatchers(absl::string_view tenant, absl::string_view fleet);
   // GetScales of a fleet version (request.fleet set).
   absl::Status FleetScalesResponse(const std::string& tenant, const v1::ScalesRequest& request,

@@ -51,6 +51,22 @@ absl::Status CheckFleet(absl::string_view name, const FleetLimits& limits) {
   return ValidateFleetName("fleet", name, limits);
 }
 
+// The tenant's fleet a request names, its name checked first.
+absl::StatusOr<FleetState> LoadFleet(FleetStore& fleets, const FleetLimits& limits,
+                                     const std::string& tenant, absl::string_view name) {
+  if (absl::Status s = CheckFleet(name, limits); !s.ok()) return s;
+  return fleets.Get(tenant, name);
+}
+
+// FleetStore::Update of the fleet a request names, its name checked first.
+absl::StatusOr<FleetStore::Updated> UpdateFleet(FleetStore& fleets, const FleetLimits& limits,
+                                                const std::string& tenant,
+                                                absl::string_view name,
+                                                FleetStore::Change change) {
+  if (absl::Status s = CheckFleet(name, limits); !s.ok()) return s;
+  return fleets.Update(tenant, name, change);
+}
+
 }  // namespace
 
 // --- window accounting -------------------------------------------------------------------
@@ -431,11 +447,12 @@ grpc::ServerWriteReactor<v1::WatchScalesResponse>* CalibrationService::WatchScal
   absl::StatusOr<std::string> tenant = TenantOf(*context);
   absl::Status status = tenant.status();
   if (status.ok() && options_.fleets == nullptr) status = Unavailable();
-  if (status.ok()) status = CheckFleet(request->fleet(), options_.fleet_limits);
   if (status.ok() && request->after_version() < 0) {
     status = absl::InvalidArgumentError("after_version: must not be negative");
   }
-  if (status.ok()) status = options_.fleets->Get(*tenant, request->fleet()).status();
+  if (status.ok()) {
+    status = LoadFleet(*options_.fleets, options_.fleet_limits, *tenant, request->fleet()).status();
+  }
   if (status.ok()) {
     status = DeploymentFromProto(request->deployment(), options_.limits).status();
   }
@@ -490,12 +507,8 @@ grpc::ServerUnaryReactor* CalibrationService::GetFleet(grpc::CallbackServerConte
                                                        v1::Fleet* response) {
   return FleetCall(context, "GetFleet",
                    [this, request, response](const std::string& tenant) -> absl::Status {
-                     if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
-                         !s.ok()) {
-                       return s;
-                     }
-                     absl::StatusOr<FleetState> state =
-                         options_.fleets->Get(tenant, request->fleet());
+                     absl::StatusOr<FleetState> state = LoadFleet(
+                         *options_.fleets, options_.fleet_limits, tenant, request->fleet());
                      if (!state.ok()) return state.status();
                      *response = FleetToProto(*state);
                      return absl::OkStatus();
@@ -542,13 +555,13 @@ grpc::ServerUnaryReactor* CalibrationService::OpenWindow(grpc::CallbackServerCon
       [this, request, response](const std::string& tenant) -> absl::Status {
         const std::string& name = request->fleet();
         const std::string& weight_version = request->weight_version();
-        if (absl::Status s = CheckFleet(name, options_.fleet_limits); !s.ok()) return s;
         if (absl::Status s =
                 ValidateWeightVersion("weight_version", weight_version, options_.fleet_limits);
             !s.ok()) {
           return s;
         }
-        absl::StatusOr<FleetState> state = options_.fleets->Get(tenant, name);
+        absl::StatusOr<FleetState> state =
+            LoadFleet(*options_.fleets, options_.fleet_limits, tenant, name);
         if (!state.ok()) return state.status();
         if (const Window* open = state->OpenWindowFor(weight_version); open != nullptr) {
           *response = WindowToProto(*open);
@@ -643,12 +656,8 @@ grpc::ServerUnaryReactor* CalibrationService::ListVersions(
     v1::ListVersionsResponse* response) {
   return FleetCall(context, "ListVersions",
                    [this, request, response](const std::string& tenant) -> absl::Status {
-                     if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
-                         !s.ok()) {
-                       return s;
-                     }
-                     absl::StatusOr<FleetState> state =
-                         options_.fleets->Get(tenant, request->fleet());
+                     absl::StatusOr<FleetState> state = LoadFleet(
+                         *options_.fleets, options_.fleet_limits, tenant, request->fleet());
                      if (!state.ok()) return state.status();
                      for (const FleetVersion& v : state->versions()) {
                        *response->add_versions() = VersionToProto(*state, v);
@@ -667,12 +676,8 @@ grpc::ServerUnaryReactor* CalibrationService::GetVersion(grpc::CallbackServerCon
                                                          v1::FleetVersion* response) {
   return FleetCall(context, "GetVersion",
                    [this, request, response](const std::string& tenant) -> absl::Status {
-                     if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
-                         !s.ok()) {
-                       return s;
-                     }
-                     absl::StatusOr<FleetState> state =
-                         options_.fleets->Get(tenant, request->fleet());
+                     absl::StatusOr<FleetState> state = LoadFleet(
+                         *options_.fleets, options_.fleet_limits, tenant, request->fleet());
                      if (!state.ok()) return state.status();
                      const int64_t id =
                          request->version() != 0 ? request->version() : state->current();
@@ -689,24 +694,28 @@ grpc::ServerUnaryReactor* CalibrationService::GetVersion(grpc::CallbackServerCon
                    });
 }
 
+absl::Status CalibrationService::MoveCurrent(const std::string& tenant,
+                                             const std::string& fleet,
+                                             FleetStore::Change change, v1::Fleet* response) {
+  absl::StatusOr<FleetStore::Updated> updated =
+      UpdateFleet(*options_.fleets, options_.fleet_limits, tenant, fleet, change);
+  if (!updated.ok()) return updated.status();
+  fleet_metrics_->CurrentVersion(fleet, updated->state.current());
+  NotifyWatchers(tenant, fleet);
+  *response = FleetToProto(updated->state);
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* CalibrationService::PinVersion(grpc::CallbackServerContext* context,
                                                          const v1::PinVersionRequest* request,
                                                          v1::Fleet* response) {
   return FleetCall(context, "PinVersion",
                    [this, request, response](const std::string& tenant) -> absl::Status {
-                     if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
-                         !s.ok()) {
-                       return s;
-                     }
-                     absl::StatusOr<FleetStore::Updated> updated = options_.fleets->Update(
-                         tenant, request->fleet(), [&](FleetState& s, VersionWrites&) {
-                           return s.Pin(request->version());
-                         });
-                     if (!updated.ok()) return updated.status();
-                     fleet_metrics_->CurrentVersion(request->fleet(), updated->state.current());
-                     NotifyWatchers(tenant, request->fleet());
-                     *response = FleetToProto(updated->state);
-                     return absl::OkStatus();
+                     return MoveCurrent(tenant, request->fleet(),
+                                        [&](FleetState& s, VersionWrites&) {
+                                          return s.Pin(request->version());
+                                        },
+                                        response);
                    });
 }
 
@@ -715,20 +724,12 @@ grpc::ServerUnaryReactor* CalibrationService::UnpinVersion(
     v1::Fleet* response) {
   return FleetCall(context, "UnpinVersion",
                    [this, request, response](const std::string& tenant) -> absl::Status {
-                     if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits);
-                         !s.ok()) {
-                       return s;
-                     }
-                     absl::StatusOr<FleetStore::Updated> updated = options_.fleets->Update(
-                         tenant, request->fleet(), [](FleetState& s, VersionWrites&) {
-                           s.Unpin();
-                           return absl::OkStatus();
-                         });
-                     if (!updated.ok()) return updated.status();
-                     fleet_metrics_->CurrentVersion(request->fleet(), updated->state.current());
-                     NotifyWatchers(tenant, request->fleet());
-                     *response = FleetToProto(updated->state);
-                     return absl::OkStatus();
+                     return MoveCurrent(tenant, request->fleet(),
+                                        [](FleetState& s, VersionWrites&) {
+                                          s.Unpin();
+                                          return absl::OkStatus();
+                                        },
+                                        response);
                    });
 }
 
@@ -738,12 +739,10 @@ grpc::ServerUnaryReactor* CalibrationService::ReportInUse(
   return FleetCall(
       context, "ReportInUse",
       [this, request](const std::string& tenant) -> absl::Status {
-        if (absl::Status s = CheckFleet(request->fleet(), options_.fleet_limits); !s.ok()) {
-          return s;
-        }
         double saturation = 0;
-        absl::StatusOr<FleetStore::Updated> updated = options_.fleets->Update(
-            tenant, request->fleet(), [&](FleetState& s, VersionWrites&) -> absl::Status {
+        absl::StatusOr<FleetStore::Updated> updated = UpdateFleet(
+            *options_.fleets, options_.fleet_limits, tenant, request->fleet(),
+            [&](FleetState& s, VersionWrites&) -> absl::Status {
               if (absl::Status st = s.ReportInUse({request->producer_id(), request->version(),
                                                    request->saturation(), NowMs()},
                                                   options_.fleet_limits);
@@ -762,11 +761,11 @@ grpc::ServerUnaryReactor* CalibrationService::ReportInUse(
 absl::Status CalibrationService::FleetScalesResponse(const std::string& tenant,
                                                      const v1::ScalesRequest& request,
                                                      v1::ScalesResponse* response) {
-  if (absl::Status s = CheckFleet(request.fleet(), options_.fleet_limits); !s.ok()) return s;
   if (!request.session_id().empty()) {
     return absl::InvalidArgumentError("session_id and fleet: give one");
   }
-  absl::StatusOr<FleetState> state = options_.fleets->Get(tenant, request.fleet());
+  absl::StatusOr<FleetState> state =
+      LoadFleet(*options_.fleets, options_.fleet_limits, tenant, request.fleet());
   if (!state.ok()) return state.status();
   const int64_t id = request.version() != 0 ? request.version() : state->current();
   if (id == 0) {
