@@ -438,11 +438,11 @@ absl::Status RunCalibrateIntoFleet(const CliArgs& flags, std::ostream& out, std:
   {
     v1::GetFleetRequest request;
     request.set_fleet(fleet);
-    Backoff backoff(retry, &err, "caliper calibrate: GetFleet");
-    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-      return stub->GetFleet(&context, request, &described);
-    });
-    if (!status.ok()) return RpcError("GetFleet", status);
+    if (absl::Status s = UnaryWithRetry(*stub, &v1::Calibration::Stub::GetFleet, "calibrate",
+                                        "GetFleet", request, &described, retry, err);
+        !s.ok()) {
+      return s;
+    }
   }
   absl::StatusOr<StreamPlans> plans = PlanStreams(flags, described.recipe(), **chunk_bytes, err);
   if (!plans.ok()) return plans.status();
@@ -451,11 +451,12 @@ absl::Status RunCalibrateIntoFleet(const CliArgs& flags, std::ostream& out, std:
     v1::OpenWindowRequest request;
     request.set_fleet(fleet);
     request.set_weight_version(*flags.Get("weight-version"));
-    Backoff backoff(retry, &err, "caliper calibrate: OpenWindow");  // joins the open one
-    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-      return stub->OpenWindow(&context, request, &window);
-    });
-    if (!status.ok()) return RpcError("OpenWindow", status);
+    // Idempotent: a retry joins the window the lost reply named.
+    if (absl::Status s = UnaryWithRetry(*stub, &v1::Calibration::Stub::OpenWindow, "calibrate",
+                                        "OpenWindow", request, &window, retry, err);
+        !s.ok()) {
+      return s;
+    }
   }
   out << "window    " << window.session_id() << " of fleet " << fleet << ", weight version "
       << window.weight_version() << (window.created() ? " (opened)" : " (joined)") << "\n"

@@ -23,11 +23,11 @@ absl::StatusOr<std::string> VersionSession(ServerConnection& server, const std::
   request.set_fleet(fleet);
   request.set_version(version);
   v1::FleetVersion response;
-  Backoff backoff(server.retry, &err, "caliper report: GetVersion");
-  grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-    return server.stub->GetVersion(&context, request, &response);
-  });
-  if (!status.ok()) return RpcError("GetVersion", status);
+  if (absl::Status s = UnaryWithRetry(*server.stub, &v1::Calibration::Stub::GetVersion, "report",
+                                      "GetVersion", request, &response, server.retry, err);
+      !s.ok()) {
+    return s;
+  }
   if (response.windows().empty()) {
     return ServerError(absl::StrCat("version ", response.id(), " of fleet ", fleet,
                                     " names no window"));

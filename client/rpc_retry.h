@@ -21,7 +21,10 @@
 #include <string>
 
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "client/rpc_error.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/caliper.grpc.pb.h"
 
@@ -76,6 +79,23 @@ grpc::Status CreateSessionWithRetry(grpc::Channel& channel, v1::Calibration::Stu
                                     const v1::CreateSessionRequest& request,
                                     v1::Session* session, const RetryPolicy& policy,
                                     std::ostream* log, absl::string_view command);
+
+// One idempotent unary call `method` (e.g. &v1::Calibration::Stub::GetFleet) under `policy`,
+// retry lines as "caliper <command>: <name>"; RpcError naming `name` when it fails.
+template <typename Request, typename Response>
+absl::Status UnaryWithRetry(v1::Calibration::Stub& stub,
+                            grpc::Status (v1::Calibration::Stub::*method)(grpc::ClientContext*,
+                                                                          const Request&,
+                                                                          Response*),
+                            absl::string_view command, absl::string_view name,
+                            const Request& request, Response* response, const RetryPolicy& policy,
+                            std::ostream& log) {
+  Backoff backoff(policy, &log, absl::StrCat("caliper ", command, ": ", name));
+  grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
+    return (stub.*method)(&context, request, response);
+  });
+  return status.ok() ? absl::OkStatus() : RpcError(name, status);
+}
 
 }  // namespace caliper::cli
 

@@ -41,11 +41,11 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
     v1::GetFleetRequest get;
     get.set_fleet(*flags.Get("fleet"));
     v1::Fleet described;
-    Backoff backoff(retry, &err, "caliper scales: GetFleet");
-    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-      return stub->GetFleet(&context, get, &described);
-    });
-    if (!status.ok()) return RpcError("GetFleet", status);
+    if (absl::Status s = UnaryWithRetry(*stub, &v1::Calibration::Stub::GetFleet, "scales",
+                                        "GetFleet", get, &described, retry, err);
+        !s.ok()) {
+      return s;
+    }
     recipe = described.recipe();
     request.set_fleet(described.name());
     // The version named, else the current one as read here (so a publish meanwhile cannot mix
@@ -57,11 +57,11 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
     v1::Session session;
     v1::GetSessionRequest get;
     get.set_session_id(*flags.Get("session"));
-    Backoff backoff(retry, &err, "caliper scales: GetSession");
-    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-      return stub->GetSession(&context, get, &session);
-    });
-    if (!status.ok()) return RpcError("GetSession", status);
+    if (absl::Status s = UnaryWithRetry(*stub, &v1::Calibration::Stub::GetSession, "scales",
+                                        "GetSession", get, &session, retry, err);
+        !s.ok()) {
+      return s;
+    }
     recipe = session.recipe();
     request.set_session_id(session.id());
     out << "session   " << session.id() << "\n";

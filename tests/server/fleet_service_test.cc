@@ -144,12 +144,28 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
   }
 
   grpc::Status Open(const std::string& wv, v1::FleetWindow* window,
-                    const std::string& fleet = "prod") {
+                    const std::string& fleet = "prod", v1::Calibration::Stub* stub = nullptr) {
     grpc::ClientContext ctx;
     v1::OpenWindowRequest req;
     req.set_fleet(fleet);
     req.set_weight_version(wv);
-    return stub_->OpenWindow(&ctx, req, window);
+    return (stub != nullptr ? stub : stub_.get())->OpenWindow(&ctx, req, window);
+  }
+
+  // The session ids six producers racing to open step-1's window get, spread over `stubs`.
+  std::vector<std::string> RacingOpens(const std::vector<v1::Calibration::Stub*>& stubs) {
+    std::vector<std::string> ids(6);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      threads.emplace_back([&, i] {
+        v1::FleetWindow w;
+        grpc::Status s = Open("step-1", &w, "prod", stubs[i % stubs.size()]);
+        EXPECT_TRUE(s.ok()) << s.error_message();
+        ids[i] = w.session_id();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return ids;
   }
 
   std::string OpenOk(const std::string& wv) {
@@ -423,17 +439,7 @@ TEST_P(FleetServiceTest, OlderWeightVersionsAreRefusedAndNewerOnesCloseOlderWind
 
 TEST_P(FleetServiceTest, RacingOpensGetTheSameWindow) {
   ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
-  std::vector<std::string> ids(6);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 6; ++i) {
-    threads.emplace_back([&, i] {
-      v1::FleetWindow w;
-      grpc::Status s = Open("step-1", &w);
-      EXPECT_TRUE(s.ok()) << s.error_message();
-      ids[i] = w.session_id();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<std::string> ids = RacingOpens({stub_.get()});
   EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), 1u);
   EXPECT_EQ(Get().windows_size(), 1);
   // The losers' sessions were dropped: one session in all.
@@ -639,21 +645,7 @@ TEST_P(FleetServiceTest, ReplicasShareWindowsAndWatchersSeeEachOthersVersions) {
       grpc::CreateChannel(other->address(), grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
   // Producers racing on both replicas get one window.
-  std::vector<std::string> ids(6);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 6; ++i) {
-    threads.emplace_back([&, i] {
-      grpc::ClientContext ctx;
-      v1::OpenWindowRequest req;
-      req.set_fleet("prod");
-      req.set_weight_version("step-1");
-      v1::FleetWindow w;
-      grpc::Status s = (i % 2 == 0 ? stub_ : other_stub)->OpenWindow(&ctx, req, &w);
-      EXPECT_TRUE(s.ok()) << s.error_message();
-      ids[i] = w.session_id();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<std::string> ids = RacingOpens({stub_.get(), other_stub.get()});
   ASSERT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), 1u);
   // A watcher on the other replica; a producer streams here and the window closes here.
   grpc::ClientContext watch_ctx;
