@@ -152,6 +152,16 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     return (stub != nullptr ? stub : stub_.get())->OpenWindow(&ctx, req, window);
   }
 
+  // WatchScales for a TP-1 deployment, resuming after `after`.
+  std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> Watch(
+      grpc::ClientContext* ctx, v1::Calibration::Stub* stub, int64_t after = 0) {
+    v1::WatchScalesRequest req;
+    req.set_fleet("prod");
+    req.set_after_version(after);
+    req.mutable_deployment()->set_tp_size(1);
+    return stub->WatchScales(ctx, req);
+  }
+
   // The session ids six producers racing to open step-1's window get, spread over `stubs`.
   std::vector<std::string> RacingOpens(const std::vector<v1::Calibration::Stub*>& stubs) {
     std::vector<std::string> ids(6);
@@ -482,11 +492,7 @@ TEST_P(FleetServiceTest, WatchersGetEveryCurrentVersionAndResumeWithoutGaps) {
   ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
   Window("step-1", 8, 4.0f);
   grpc::ClientContext ctx;
-  v1::WatchScalesRequest req;
-  req.set_fleet("prod");
-  req.mutable_deployment()->set_tp_size(1);
-  std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> reader =
-      stub_->WatchScales(&ctx, req);
+  std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> reader = Watch(&ctx, stub_.get());
   v1::WatchScalesResponse message;
   ASSERT_TRUE(reader->Read(&message));
   EXPECT_EQ(message.version(), 1);
@@ -516,9 +522,8 @@ TEST_P(FleetServiceTest, WatchersGetEveryCurrentVersionAndResumeWithoutGaps) {
 
   // A subscriber that saw version 1 resumes and gets exactly 2.
   grpc::ClientContext resume_ctx;
-  req.set_after_version(1);
   std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> resumed =
-      stub_->WatchScales(&resume_ctx, req);
+      Watch(&resume_ctx, stub_.get(), /*after=*/1);
   ASSERT_TRUE(resumed->Read(&message));
   EXPECT_EQ(message.version(), 2);
   EXPECT_FALSE(message.gap());
@@ -649,11 +654,8 @@ TEST_P(FleetServiceTest, ReplicasShareWindowsAndWatchersSeeEachOthersVersions) {
   ASSERT_EQ(std::set<std::string>(ids.begin(), ids.end()).size(), 1u);
   // A watcher on the other replica; a producer streams here and the window closes here.
   grpc::ClientContext watch_ctx;
-  v1::WatchScalesRequest watch;
-  watch.set_fleet("prod");
-  watch.mutable_deployment()->set_tp_size(1);
   std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> reader =
-      other_stub->WatchScales(&watch_ctx, watch);
+      Watch(&watch_ctx, other_stub.get());
   ASSERT_TRUE(Stream(Traffic(ids[0], 8, 4.0f)).ok());
   EXPECT_EQ(Close(ids[0]).version(), 1);
   v1::WatchScalesResponse message;
