@@ -1,0 +1,275 @@
+// Fleet latency: how long a closed window takes to become a version, and a published version to
+// reach WatchScales subscribers, each as a ratio to a plain GetScales round trip of a fleet
+// version measured in the same run against the same server.
+//   a. One in-memory server: W watchers; per window, CloseWindow's round trip (it returns once
+//      the version is committed: close to publish) and close-to-receive at every watcher.
+//   b. Two replicas over a PostgreSQL this program starts (tests/support/postgres_instance.h),
+//      W watchers on replica B, windows closed on replica A: B's watchers learn of the version
+//      from B's sweep (every 0.5 s), so this is the polling delay.
+//   fleet_bench [--windows=20] [--watchers=10] [--layers=32] [--baseline=200] [--skip_postgres]
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/caliper.grpc.pb.h"
+#include "server/caliper_server.h"
+#include "tests/support/postgres_instance.h"
+
+namespace caliper {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kHeads = 8, kHeadDim = 128, kTokens = 16;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+int64_t FlagInt(int argc, char** argv, const std::string& name, int64_t fallback) {
+  const std::string prefix = "--" + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]).rfind(prefix, 0) == 0) return std::atoll(argv[i] + prefix.size());
+  }
+  return fallback;
+}
+bool FlagSet(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--" + name) return true;
+  }
+  return false;
+}
+
+struct Stats {
+  double p50 = 0, p99 = 0;
+};
+Stats Percentiles(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+  return {at(0.5), at(0.99)};
+}
+
+std::unique_ptr<CaliperServer> StartServer(const std::string& state_store, EventLog* log) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_listen = "";
+  options.state_store = state_store;
+  absl::StatusOr<std::unique_ptr<CaliperServer>> server =
+      CaliperServer::Start(options, MakeCpuBackend(1), log);
+  if (!server.ok()) {
+    std::fprintf(stderr, "server: %s\n", std::string(server.status().message()).c_str());
+    std::exit(1);
+  }
+  return *std::move(server);
+}
+
+std::unique_ptr<v1::Calibration::Stub> StubOf(const CaliperServer& server) {
+  return v1::Calibration::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+}
+
+void Check(const grpc::Status& status, const char* what) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "%s: %s\n", what, status.error_message().c_str());
+  std::exit(1);
+}
+
+// Subscribers of one fleet: each thread records when it received which version.
+class Watchers {
+ public:
+  Watchers(v1::Calibration::Stub* stub, int count) {
+    for (int i = 0; i < count; ++i) {
+      contexts_.push_back(std::make_unique<grpc::ClientContext>());
+      threads_.emplace_back([this, stub, ctx = contexts_.back().get()] {
+        v1::WatchScalesRequest req;
+        req.set_fleet("bench");
+        req.mutable_deployment()->set_tp_size(1);
+        auto reader = stub->WatchScales(ctx, req);
+        v1::WatchScalesResponse message;
+        while (reader->Read(&message)) {
+          std::lock_guard<std::mutex> lock(mu_);
+          received_[message.version()].push_back(Clock::now());
+          cv_.notify_all();
+        }
+        reader->Finish();
+      });
+    }
+    count_ = count;
+  }
+  ~Watchers() {
+    for (auto& ctx : contexts_) ctx->TryCancel();
+    for (std::thread& t : threads_) t.join();
+  }
+  // The times every watcher received `version` (waits up to 10 s).
+  std::vector<Clock::time_point> Await(int64_t version) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10),
+                 [&] { return static_cast<int>(received_[version].size()) >= count_; });
+    return received_[version];
+  }
+
+ private:
+  int count_ = 0;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int64_t, std::vector<Clock::time_point>> received_;
+};
+
+void CreateFleet(v1::Calibration::Stub& stub, int layers) {
+  v1::CreateFleetRequest req;
+  req.set_name("bench");
+  v1::ModelDescription* m = req.mutable_model();
+  m->set_architecture("LlamaForCausalLM");
+  m->set_model_type("llama");
+  m->set_num_layers(layers);
+  m->set_num_attention_heads(4 * kHeads);
+  m->set_num_kv_heads(kHeads);
+  m->set_head_dim(kHeadDim);
+  m->set_hidden_size(4 * kHeads * kHeadDim);
+  req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
+  req.mutable_policy()->set_min_tokens(kTokens);
+  req.mutable_policy()->set_retain(1024);
+  grpc::ClientContext ctx;
+  v1::Fleet out;
+  Check(stub.CreateFleet(&ctx, req, &out), "CreateFleet");
+}
+
+// Opens the window of weight version `wv` and streams one chunk of K and V per layer into it.
+std::string FillWindow(v1::Calibration::Stub& stub, const std::string& wv, int layers,
+                       float peak) {
+  v1::FleetWindow window;
+  {
+    grpc::ClientContext ctx;
+    v1::OpenWindowRequest req;
+    req.set_fleet("bench");
+    req.set_weight_version(wv);
+    Check(stub.OpenWindow(&ctx, req, &window), "OpenWindow");
+  }
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  auto writer = stub.Observe(&ctx, &summary);
+  std::vector<float> data(static_cast<size_t>(kTokens) * kHeads * kHeadDim, 0.25f);
+  data[0] = peak;
+  for (int layer = 0; layer < layers; ++layer) {
+    for (v1::TargetKind kind : {v1::KEY, v1::VALUE}) {
+      v1::TensorChunk c;
+      c.set_session_id(window.session_id());
+      c.set_kind(kind);
+      c.set_layer(layer);
+      c.set_dtype("F32");
+      c.add_shape(kTokens);
+      c.add_shape(kHeads);
+      c.add_shape(kHeadDim);
+      c.set_data(std::string(reinterpret_cast<const char*>(data.data()),
+                             data.size() * sizeof(float)));
+      writer->Write(c);
+    }
+  }
+  writer->WritesDone();
+  Check(writer->Finish(), "Observe");
+  return window.session_id();
+}
+
+Stats GetScalesBaseline(v1::Calibration::Stub& stub, int count) {
+  std::vector<double> ms;
+  for (int i = 0; i < count; ++i) {
+    grpc::ClientContext ctx;
+    v1::ScalesRequest req;
+    req.set_fleet("bench");
+    req.mutable_deployment()->set_tp_size(1);
+    v1::ScalesResponse out;
+    const Clock::time_point start = Clock::now();
+    Check(stub.GetScales(&ctx, req, &out), "GetScales");
+    ms.push_back(Ms(Clock::now() - start));
+  }
+  return Percentiles(ms);
+}
+
+// Windows filled and closed through `producer`, watched through `watched`; prints one block.
+void Run(const char* title, v1::Calibration::Stub& producer, v1::Calibration::Stub& watched,
+         int layers, int windows, int watchers, int baseline) {
+  CreateFleet(producer, layers);
+  const std::string first = FillWindow(producer, "w-0", layers, 4.0f);
+  {
+    grpc::ClientContext ctx;
+    v1::CloseWindowRequest req;
+    req.set_fleet("bench");
+    req.set_session_id(first);
+    v1::FleetWindow out;
+    Check(producer.CloseWindow(&ctx, req, &out), "CloseWindow");
+  }
+  const Stats get = GetScalesBaseline(watched, baseline);
+  Watchers subscribers(&watched, watchers);
+  subscribers.Await(1);  // every watcher has the current version
+  std::vector<double> close_ms, receive_ms;
+  int missed = 0;
+  for (int w = 1; w <= windows; ++w) {
+    const std::string session = FillWindow(producer, absl::StrCat("w-", w), layers, 4.0f + w);
+    grpc::ClientContext ctx;
+    v1::CloseWindowRequest req;
+    req.set_fleet("bench");
+    req.set_session_id(session);
+    v1::FleetWindow closed;
+    const Clock::time_point start = Clock::now();
+    Check(producer.CloseWindow(&ctx, req, &closed), "CloseWindow");
+    close_ms.push_back(Ms(Clock::now() - start));
+    const std::vector<Clock::time_point> got = subscribers.Await(closed.version());
+    missed += watchers - static_cast<int>(got.size());
+    for (const Clock::time_point& t : got) receive_ms.push_back(Ms(t - start));
+  }
+  const Stats close = Percentiles(close_ms), receive = Percentiles(receive_ms);
+  std::printf("%s (%d layers, %d windows, %d watchers)\n", title, layers, windows, watchers);
+  std::printf("  baseline GetScales round trip      p50 %8.2f ms  p99 %8.2f ms\n", get.p50,
+              get.p99);
+  std::printf("  close to publish (CloseWindow)     p50 %8.2f ms  p99 %8.2f ms  (%.1fx, %.1fx)\n",
+              close.p50, close.p99, close.p50 / get.p50, close.p99 / get.p99);
+  std::printf("  close to watcher receive           p50 %8.2f ms  p99 %8.2f ms  (%.1fx, %.1fx)\n",
+              receive.p50, receive.p99, receive.p50 / get.p50, receive.p99 / get.p99);
+  if (missed > 0) std::printf("  MISSED: %d deliveries did not arrive within 10 s\n", missed);
+}
+
+}  // namespace
+}  // namespace caliper
+
+int main(int argc, char** argv) {
+  using namespace caliper;
+  const int windows = static_cast<int>(FlagInt(argc, argv, "windows", 20));
+  const int watchers = static_cast<int>(FlagInt(argc, argv, "watchers", 10));
+  const int layers = static_cast<int>(FlagInt(argc, argv, "layers", 32));
+  const int baseline = static_cast<int>(FlagInt(argc, argv, "baseline", 200));
+  FILE* devnull = std::fopen("/dev/null", "w");
+  EventLog log(LogFormat::kText, devnull);
+  {
+    std::unique_ptr<CaliperServer> server = StartServer("", &log);
+    std::unique_ptr<v1::Calibration::Stub> stub = StubOf(*server);
+    Run("a. one in-memory server", *stub, *stub, layers, windows, watchers, baseline);
+  }
+  if (FlagSet(argc, argv, "skip_postgres")) return 0;
+  absl::StatusOr<std::unique_ptr<testing::PostgresInstance>> pg =
+      testing::PostgresInstance::Start();
+  if (!pg.ok()) {
+    std::printf("b. skipped: %s\n", std::string(pg.status().message()).c_str());
+    return 0;
+  }
+  std::unique_ptr<CaliperServer> a = StartServer((*pg)->uri(), &log);
+  std::unique_ptr<CaliperServer> b = StartServer((*pg)->uri(), &log);
+  std::unique_ptr<v1::Calibration::Stub> stub_a = StubOf(*a), stub_b = StubOf(*b);
+  Run("b. two replicas over PostgreSQL, watchers on the other replica (sweep 0.5 s)", *stub_a,
+      *stub_b, layers, windows, watchers, baseline);
+  return 0;
+}
