@@ -1,4 +1,5 @@
-// Fleets end to end: caliper-server as a process with --state_dir, the `caliper fleets` and
+// Fleets end to end: caliper-server as a process with --state_dir (or --state_store on a
+// PostgreSQL the test starts), the `caliper fleets`, `caliper calibrate --fleet` and
 // `caliper versions` commands, producers over gRPC; then kill -9 with a window open and a
 // subscriber watching: after the restart nothing committed is lost and the subscriber resumes
 // with no gap and no duplicate.
@@ -20,6 +21,7 @@
 #include "proto/caliper.grpc.pb.h"
 #include "core/formats/safetensors.h"
 #include "tests/e2e/e2e_support.h"
+#include "tests/support/postgres_instance.h"
 
 namespace caliper {
 namespace {
@@ -50,9 +52,19 @@ std::vector<v1::TensorChunk> Traffic(const std::string& session, int tokens, flo
   return out;
 }
 
-class FleetCliTest : public ::testing::Test {
+// The server's store: --state_dir, or (true) --state_store on a PostgreSQL the test starts.
+class FleetCliTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
+    std::string store = "--state_dir=";
+    if (GetParam()) {
+      absl::StatusOr<testing::PostgresInstance*> pg = testing::PostgresInstance::Shared();
+      if (!pg.ok() && absl::IsNotFound(pg.status())) GTEST_SKIP() << pg.status();
+      ASSERT_TRUE(pg.ok()) << pg.status();
+      absl::StatusOr<std::string> db = (*pg)->NewDatabase();
+      ASSERT_TRUE(db.ok()) << db.status();
+      store = "--state_store=" + *db;
+    }
     std::string pattern = (std::filesystem::temp_directory_path() / "caliper-fleet-XXXXXX").string();
     dir_ = ::mkdtemp(pattern.data());
     std::ofstream(dir_ + "/config.json")
@@ -61,7 +73,7 @@ class FleetCliTest : public ::testing::Test {
               "head_dim": 4, "hidden_size": 16})";
     server_ = std::make_unique<e2e::ServerProcess>(
         std::vector<std::string>{"--listen=127.0.0.1:0", "--metrics_listen=",
-                                 "--state_dir=" + dir_ + "/state"},
+                                 GetParam() ? store : store + dir_ + "/state"},
         dir_ + "/server.log");
     ASSERT_TRUE(server_->Start()) << e2e::ReadFile(dir_ + "/server.log");
     Connect();
@@ -111,7 +123,7 @@ class FleetCliTest : public ::testing::Test {
   std::unique_ptr<v1::Calibration::Stub> stub_;
 };
 
-TEST_F(FleetCliTest, LifecycleThroughTheCli) {
+TEST_P(FleetCliTest, LifecycleThroughTheCli) {
   e2e::RunResult r = Cli(absl::StrCat("fleets create prod --model ", dir_,
                                       "/config.json --engine vllm --min-tokens 8 --drift 0.1"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -160,7 +172,7 @@ TEST_F(FleetCliTest, LifecycleThroughTheCli) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
 }
 
-TEST_F(FleetCliTest, Kill9WithAWindowOpenAndAWatcherLosesNothing) {
+TEST_P(FleetCliTest, Kill9WithAWindowOpenAndAWatcherLosesNothing) {
   ASSERT_EQ(Cli(absl::StrCat("fleets create prod --model ", dir_, "/config.json --min-tokens 8"))
                 .exit_code,
             0);
@@ -168,7 +180,7 @@ TEST_F(FleetCliTest, Kill9WithAWindowOpenAndAWatcherLosesNothing) {
   Stream(first, 8, 4.0f);
   Close(first);
   const std::string open = Open("step-2");
-  Stream(open, 8, 5.0f);  // acknowledged: durable with --state_dir
+  Stream(open, 8, 5.0f);  // acknowledged: durable in either store
   // Token counts reach the fleet's record on the next sweep (every 0.5 s).
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
 
@@ -213,7 +225,7 @@ TEST_F(FleetCliTest, Kill9WithAWindowOpenAndAWatcherLosesNothing) {
 
 // The CLI as a producer: `caliper calibrate --fleet` streams dumps into a window, `caliper
 // scales --fleet` writes a version's files.
-TEST_F(FleetCliTest, CalibrateStreamsDumpsIntoWindowsAndScalesFetchesVersions) {
+TEST_P(FleetCliTest, CalibrateStreamsDumpsIntoWindowsAndScalesFetchesVersions) {
   ASSERT_EQ(Cli(absl::StrCat("fleets create prod --model ", dir_, "/config.json --min-tokens 8"))
                 .exit_code,
             0);
@@ -298,6 +310,15 @@ TEST_F(FleetCliTest, CalibrateStreamsDumpsIntoWindowsAndScalesFetchesVersions) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("NOT_FOUND"));
 }
+
+// The PostgreSQL cases build into a test of their own (label `postgres`).
+#ifdef CALIPER_FLEET_TEST_POSTGRES
+INSTANTIATE_TEST_SUITE_P(Stores, FleetCliTest, ::testing::Values(true),
+                         [](const ::testing::TestParamInfo<bool>&) { return "Postgres"; });
+#else
+INSTANTIATE_TEST_SUITE_P(Stores, FleetCliTest, ::testing::Values(false),
+                         [](const ::testing::TestParamInfo<bool>&) { return "StateDir"; });
+#endif
 
 }  // namespace
 }  // namespace caliper

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include <grpcpp/create_channel.h>
-#include <libpq-fe.h>
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/str_cat.h"
@@ -78,22 +77,11 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     Start();
   }
 
-  // A fresh database of the process's one PostgreSQL (started by the first test needing it).
+  // A fresh database of the process's one PostgreSQL.
   static absl::StatusOr<std::string> NewDatabase() {
-    static absl::StatusOr<std::unique_ptr<testing::PostgresInstance>>* pg =
-        new absl::StatusOr<std::unique_ptr<testing::PostgresInstance>>(
-            testing::PostgresInstance::Start());
-    if (!pg->ok()) return pg->status();
-    static int databases = 0;
-    const std::string db = absl::StrCat("fleet_", ++databases);
-    PGconn* conn = PQconnectdb((**pg)->uri().c_str());
-    PGresult* r = PQexec(conn, absl::StrCat("CREATE DATABASE ", db).c_str());
-    const bool created = PQresultStatus(r) == PGRES_COMMAND_OK;
-    const std::string error = PQerrorMessage(conn);
-    PQclear(r);
-    PQfinish(conn);
-    if (!created) return absl::InternalError(absl::StrCat("CREATE DATABASE: ", error));
-    return absl::StrCat("postgresql://caliper@127.0.0.1:", (**pg)->port(), "/", db);
+    absl::StatusOr<testing::PostgresInstance*> pg = testing::PostgresInstance::Shared();
+    if (!pg.ok()) return pg.status();
+    return (*pg)->NewDatabase();
   }
 
   // A replica: a server over this test's state (in memory: a process of its own).

@@ -125,6 +125,24 @@ absl::Status PostgresInstance::Launch() {
   return absl::DeadlineExceededError(absl::StrCat("postgres did not start: ", Tail(log)));
 }
 
+absl::StatusOr<PostgresInstance*> PostgresInstance::Shared() {
+  static auto* shared = new absl::StatusOr<std::unique_ptr<PostgresInstance>>(Start());
+  if (!shared->ok()) return shared->status();
+  return shared->value().get();
+}
+
+absl::StatusOr<std::string> PostgresInstance::NewDatabase() {
+  const std::string db = absl::StrCat("db_", ++databases_);
+  PGconn* conn = PQconnectdb(uri().c_str());
+  PGresult* r = PQexec(conn, absl::StrCat("CREATE DATABASE ", db).c_str());
+  const bool created = PQresultStatus(r) == PGRES_COMMAND_OK;
+  const std::string error = PQerrorMessage(conn);
+  PQclear(r);
+  PQfinish(conn);
+  if (!created) return absl::InternalError(absl::StrCat("CREATE DATABASE ", db, ": ", error));
+  return absl::StrCat("postgresql://caliper@127.0.0.1:", port_, "/", db);
+}
+
 std::string PostgresInstance::uri() const {
   return absl::StrCat("postgresql://caliper@127.0.0.1:", port_, "/postgres");
 }

@@ -20,8 +20,14 @@ class PostgresInstance {
   static absl::StatusOr<std::unique_ptr<PostgresInstance>> Start();
   ~PostgresInstance();
 
+  // The process's one instance, started by the first call and never stopped before exit
+  // (Start's error, e.g. NotFound, on every call when it cannot start).
+  static absl::StatusOr<PostgresInstance*> Shared();
+
   // libpq URI of the `caliper` superuser's `postgres` database.
   std::string uri() const;
+  // A new empty database ("db_<n>") and its URI: a test's own state in a shared instance.
+  absl::StatusOr<std::string> NewDatabase();
   int port() const { return port_; }
 
   // Fast shutdown (SIGINT) and wait; Start again on the same port and data.
@@ -38,6 +44,7 @@ class PostgresInstance {
   std::string bin_, dir_;
   int port_ = 0;
   pid_t child_ = -1;  // runuser (or postgres) we forked
+  int databases_ = 0;
 };
 
 }  // namespace caliper::testing
