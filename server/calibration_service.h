@@ -23,7 +23,7 @@
 #include "core/fleet/fleet_store.h"
 #include "core/fleet/window.h"
 #include "core/tensor/reduction_backend.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "server/inflight_budget.h"
 #include "core/session/session.h"
 #include "core/state/partial_flusher.h"
@@ -43,7 +43,7 @@ struct ServiceOptions {
   int max_errors_per_stream = 64;                  // ObserveSummary.errors cap
   // Null: one anonymous tenant (""). Else every call is tenant-scoped by its bearer token.
   std::shared_ptr<const TokenAuthenticator> authenticator;
-  Limits limits;                                   // core/session/limits.h
+  Limits limits;                                   // core/limits/limits.h
   // Observe reads wait for room here (server/inflight_budget.h); null: unbounded.
   InflightBudget* inflight = nullptr;
   // HTTP/2 window of every stream before the server reads (the budget then opens it per read):
