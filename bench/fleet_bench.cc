@@ -26,6 +26,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/str_cat.h"
+#include "bench/bench_flags.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
 #include "tests/support/postgres_instance.h"
@@ -38,19 +39,6 @@ constexpr int kHeads = 8, kHeadDim = 128, kTokens = 16;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-int64_t FlagInt(int argc, char** argv, const std::string& name, int64_t fallback) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]).rfind(prefix, 0) == 0) return std::atoll(argv[i] + prefix.size());
-  }
-  return fallback;
-}
-bool FlagSet(int argc, char** argv, const std::string& name) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--" + name) return true;
-  }
-  return false;
-}
 
 struct Stats {
   double p50 = 0, p99 = 0;

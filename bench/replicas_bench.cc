@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/bench_flags.h"
 #include "client/demo/demo_data.h"
 #include "core/state/state_file.h"
 #include "core/state/session_state.h"
@@ -54,19 +55,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-int64_t FlagInt(int argc, char** argv, const std::string& name, int64_t fallback) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]).rfind(prefix, 0) == 0) return std::atoll(argv[i] + prefix.size());
-  }
-  return fallback;
-}
-bool FlagSet(int argc, char** argv, const std::string& name) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--" + name) return true;
-  }
-  return false;
-}
 
 // utime + stime of a process, seconds.
 double CpuSeconds(pid_t pid) {
