@@ -359,3 +359,76 @@ def window_tokens_safe(window) -> int:
         return window().tokens
     except StopIteration:
         return 0
+
+
+def fp8_kv_cache_missing() -> str:
+    """Why vLLM's CPU build cannot run an FP8 KV cache here ("" when it can)."""
+    if torch.cuda.is_available():
+        return ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line.split(":", 1)[1].split() for line in f
+                              if line.startswith("flags")), []))
+    except OSError as e:
+        return f"cannot read /proc/cpuinfo ({e})"
+    if flags & {"avx512f", "amx_tile"}:
+        return ""
+    return ("this CPU has neither AVX-512 (avx512f) nor AMX (amx_tile), which vLLM's CPU FP8 KV "
+            "cache needs")
+
+
+FP8_SCRIPT = r"""
+import json, sys, time
+import vllm
+import caliper, caliper.vllm as plugin
+from caliper import fleets
+mode, model_dir, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, kv_cache_dtype="fp8",
+               **json.loads(sys.argv[4]))
+params = vllm.SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=2)
+run = lambda: [[list(o.outputs[0].token_ids),
+                [{str(k): v.logprob for k, v in d.items()} for d in o.prompt_logprobs[1:]]]
+               for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                     use_tqdm=False)]
+out = {}
+if mode == "live":
+    client = caliper.Client(sys.argv[5])
+    run()
+    time.sleep(3)
+    window = fleets.close_window(client, "f", weight_version="initial")
+    out["window"] = window.session_id
+    deadline = time.time() + 60
+    while plugin.engine_versions["pending"] != 1:
+        assert time.time() < deadline
+        time.sleep(0.2)
+out["outputs"] = run()
+def scales(model):
+    from vllm.model_executor.layers.attention.attention import Attention
+    return {n: [float(m._k_scale), float(m._v_scale), m._k_scale_float, m._v_scale_float]
+            for n, m in model.named_modules() if isinstance(m, Attention)}
+out["scales"] = llm.apply_model(scales)[0]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(bool(fp8_kv_cache_missing()), reason=fp8_kv_cache_missing() or "runs")
+def test_hot_reload_equals_a_fresh_process_on_the_merged_checkpoint(server, tmp_path):
+    """With an FP8 KV cache: after the switch, the scales and the prompt logprobs and greedy
+    tokens are bit-identical to a fresh vLLM process started from the checkpoint holding the
+    same scales (`caliper merge`)."""
+    from conftest import run_cli
+    config = tiny_llama(tmp_path / "model")
+    client = caliper.Client(server.address)
+    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
+    ps = json.dumps(prompts(3, 32, seed=4))
+    live = run_script(FP8_SCRIPT, clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
+                                            CALIPER_SAMPLE_FRACTION="1"),
+                      "live", tmp_path / "model", ps, json.dumps(ENGINE), server.address)
+    client.session(live["window"]).scales(formats=["compressed-tensors"], out=tmp_path / "s")
+    run_cli("merge", "--checkpoint", tmp_path / "model", "--scales",
+            tmp_path / "s" / "compressed_tensors_scales.safetensors", "--out",
+            tmp_path / "merged", "--kv-only")
+    fresh = run_script(FP8_SCRIPT, clean_env(), "fresh", tmp_path / "merged", ps,
+                       json.dumps(ENGINE))
+    assert live["scales"] == fresh["scales"]
+    assert live["outputs"] == fresh["outputs"]

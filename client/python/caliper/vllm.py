@@ -507,6 +507,7 @@ class _WorkerState:
                 "sampled_steps": self.sampled_steps, "sampled_tokens": self.sampled_tokens,
                 "total_sampled_tokens": self.total_sampled_tokens, "dropped": self.dropped,
                 "errors": self.errors, "sent": self.sender.sent,
+                "wire_bytes": self.sender.wire_bytes(),
                 "window": self.sender.window_id, "producer": self.sender.producer_id,
                 "resets_repaired": self.resets_repaired, "saturation": worst,
                 "saturation_per_layer": per_layer, "scales": scales,
@@ -581,6 +582,11 @@ class _Sender:
         self._thread = threading.Thread(target=self._run, name="caliper-vllm-sender",
                                         daemon=True)
         self._thread.start()
+
+    def wire_bytes(self) -> int:
+        """Bytes of the messages written to the open window's stream."""
+        session = self._session
+        return session.wire_bytes if session is not None else 0
 
     def report_soon(self) -> None:
         self._report.set()
