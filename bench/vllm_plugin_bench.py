@@ -11,12 +11,13 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import statistics as stats
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from histogram_wire_bench import start_server  # noqa: E402 - the benches' one server start
 
 LOOP = r"""
 import json, os, sys, time
@@ -53,19 +54,6 @@ if os.environ.get("CALIPER_FLEET"):
                                    "wire_bytes", "sent")}
 print(json.dumps({"throughput": throughput, "p99": p99, "served": served, "state": state}))
 """
-
-
-def start_server(build: pathlib.Path, tmp: pathlib.Path):
-    log = tmp / "server.log"
-    proc = subprocess.Popen([str(build / "server" / "caliper-server"), "--listen=127.0.0.1:0",
-                             "--metrics_listen=127.0.0.1:0", "--device=cpu"],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    for _ in range(400):
-        m = re.search(r"listening on (\S+) \(metrics", log.read_text())
-        if m:
-            return proc, m.group(1)
-        time.sleep(0.05)
-    raise RuntimeError(log.read_text())
 
 
 def tiny_llama(directory: pathlib.Path) -> dict:

@@ -152,6 +152,8 @@ offline.finalize()
 s = state()
 out["sampled"] = s["total_sampled_tokens"]
 out["first_window"] = s["window"]
+# Every statistic acknowledged (its stream closed with a summary) before the window closes.
+wait(lambda: state()["unacknowledged"] == 0, "statistics not acknowledged")
 wait(lambda: window_tokens("f", "initial") >= s["total_sampled_tokens"], "window tokens")
 window = fleets.close_window(client, "f", weight_version="initial")
 out["closed"] = [window.decision, window.version, window.tokens]
@@ -202,6 +204,7 @@ s = state()
 out["after_reload"] = {str(k): v for k, v in s["scales"].items()}
 out["resets_repaired"] = s["resets_repaired"]
 out["weight_version"] = s["weight_version"]
+wait(lambda: state()["unacknowledged"] == 0, "statistics not acknowledged")
 wait(lambda: window_tokens("f", "step-2") >= s["sampled_tokens"] > 0, "step-2 tokens")
 engine_tokens = window_tokens("f", "step-2")
 

@@ -508,6 +508,7 @@ class _WorkerState:
                 "total_sampled_tokens": self.total_sampled_tokens, "dropped": self.dropped,
                 "errors": self.errors, "sent": self.sender.sent,
                 "wire_bytes": self.sender.wire_bytes(),
+                "unacknowledged": self._queue.qsize() + self.sender.unacknowledged(),
                 "window": self.sender.window_id, "producer": self.sender.producer_id,
                 "resets_repaired": self.resets_repaired, "saturation": worst,
                 "saturation_per_layer": per_layer, "scales": scales,
@@ -587,6 +588,16 @@ class _Sender:
         """Bytes of the messages written to the open window's stream."""
         session = self._session
         return session.wire_bytes if session is not None else 0
+
+    def unacknowledged(self) -> int:
+        """Statistics the server has not yet acknowledged as durable (merged, queued, sent)."""
+        session = self._session
+        if session is None:
+            return 0
+        count = session._merger.pending
+        for p in list(session._producers.values()):
+            count += len(p._pending) + len(p._retained) + int(p._in_flight)
+        return count
 
     def report_soon(self) -> None:
         self._report.set()
