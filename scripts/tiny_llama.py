@@ -39,7 +39,7 @@ import torch
 SIZES = {
     "test": dict(layers=4, hidden=256, heads=8, kv_heads=2, intermediate=512, steps=400,
                  batch=8, seq=128, lr=3e-3),
-    "bench": dict(layers=6, hidden=320, heads=10, kv_heads=2, intermediate=768, steps=500,
+    "bench": dict(layers=6, hidden=320, heads=10, kv_heads=2, intermediate=640, steps=400,
                   batch=8, seq=128, lr=2e-3),
 }
 THREADS = 1  # part of the cache key (float sums depend on the split); on a shared machine
@@ -264,6 +264,27 @@ def unit_scales(model):
     heads = model.config.num_key_value_heads
     return {i: (torch.ones(heads), torch.ones(heads))
             for i in range(model.config.num_hidden_layers)}
+
+
+def rescale_kv(model, k_factors, v_factors):
+    """A copy of model whose K (V) of KV head h is k_factors[h] (v_factors[h]) times larger and
+    which computes the same function: the query heads reading head h get q_proj / k_factor (RoPE
+    is a rotation, so q.k is unchanged) and their o_proj columns / v_factor. Powers of two keep
+    it exact. For the magnitudes trained models show (K absmax in the hundreds or thousands)."""
+    import copy
+    model = copy.deepcopy(model)
+    cfg = model.config
+    group, d = cfg.num_attention_heads // cfg.num_key_value_heads, cfg.head_dim
+    with torch.no_grad():
+        for layer in model.model.layers:
+            att = layer.self_attn
+            for h, (kf, vf) in enumerate(zip(k_factors, v_factors)):
+                att.k_proj.weight[h * d:(h + 1) * d] *= kf
+                att.v_proj.weight[h * d:(h + 1) * d] *= vf
+                q_rows = slice(h * group * d, (h + 1) * group * d)
+                att.q_proj.weight[q_rows] /= kf
+                att.o_proj.weight[:, q_rows] /= vf
+    return model
 
 
 def _per_head(values, heads: int) -> torch.Tensor:
