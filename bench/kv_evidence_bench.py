@@ -17,7 +17,7 @@ Each seed draws its own calibration windows (training split) and evaluation wind
 files); the table gives mean and standard deviation over seeds.
 
 usage: build/python-env/bin/python bench/kv_evidence_bench.py --build build [--size test|bench]
-       [--seeds 0,1,2] [--model-seed 0] [--model DIR]
+       [--seeds 0,1,2] [--model-seed 0] [--model DIR] [--rescale]
 """
 import argparse
 import contextlib
@@ -189,6 +189,9 @@ def main():
     ap.add_argument("--model-seed", type=int, default=0)
     ap.add_argument("--seeds", default="0,1,2", help="calibration/evaluation sample seeds")
     ap.add_argument("--model", help="a model directory instead of the cached --size/--model-seed")
+    ap.add_argument("--rescale", action="store_true",
+                    help="the same function reparametrised (tiny_llama.rescale_kv): K x64, V of "
+                         "even KV heads x64 and of odd ones / 4096, as trained models' K/V reach")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -198,6 +201,15 @@ def main():
     with open(os.path.join(model_dir, "training.json")) as f:
         info = json.load(f)
     work = tempfile.mkdtemp(prefix="kv-evidence-")
+    if args.rescale:
+        heads = model.config.num_key_value_heads
+        model = tiny_llama.rescale_kv(model, [64.0] * heads,
+                                      [64.0 if h % 2 == 0 else 1 / 4096 for h in range(heads)])
+        model_dir = os.path.join(work, "rescaled")  # for llm-compressor, which loads a directory
+        model.config._attn_implementation_internal = "sdpa"
+        model.save_pretrained(model_dir)
+        model.config._attn_implementation_internal = "fp8_kv"
+        tiny_llama.save_tokenizer(model_dir)
     server, address = start_server(args.build)
     per_seed = []
     try:
@@ -211,7 +223,8 @@ def main():
     names = list(dict.fromkeys(name for name, _ in per_seed[0][0]))
     print(f"model {os.path.basename(model_dir)}: {info['parameters']} parameters, held-out "
           f"perplexity {info['held_out_perplexity']:.2f} (uniform 256); {CALIBRATION} calibration "
-          f"x {SEQ} bytes, {EVALUATION} evaluation x {SEQ} bytes, seeds {args.seeds}")
+          f"x {SEQ} bytes, {EVALUATION} evaluation x {SEQ} bytes, seeds {args.seeds}"
+          + ("; rescaled (K x64, V x64 / x1/4096)" if args.rescale else ""))
     print(f"unquantised perplexity on the evaluation windows: "
           f"{fmt([p for _, p, _ in per_seed], '.4f')}\n")
     print("| scales | per tensor: perplexity | per tensor: KL (nats/token) "
