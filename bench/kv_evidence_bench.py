@@ -243,7 +243,7 @@ def main():
               f"per tensor {extra['per_tensor'] or 'none'}, per head {extra['per_head'] or 'none'}"
               f"\n  outlier heads (report): {', '.join(heads) or 'none'}"
               f"\n  outlier channels (>= 4x the layer's median channel absmax): "
-              f"{', '.join(channels) or 'none'}")
+              f"{len(channels)}" + (f", e.g. {', '.join(channels[:4])}" if channels else ""))
     print(f"\nwork dir {work}")
 
 
