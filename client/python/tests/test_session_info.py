@@ -13,12 +13,15 @@ def test_session_info_from_the_message():
                                                    model_type="llama", num_layers=2,
                                                    num_attention_heads=4, num_kv_heads=2,
                                                    head_dim=8, hidden_size=32, dtype="BF16"),
-                         recipe=caliper.Recipe(kv="off", nvfp4_weights=True).to_proto())
+                         recipe=caliper.Recipe(kv="off", nvfp4_weights=True).to_proto(),
+                         layers=[pb.LayerProgress(layer=0, k_tokens=40, v_tokens=40),
+                                 pb.LayerProgress(layer=1, k_tokens=40, v_tokens=32)])
     info = caliper.SessionInfo.from_proto(message)
     assert info == caliper.SessionInfo(
         "abc", "demo", "finalized",
         caliper.ModelInfo("LlamaForCausalLM", "llama", 2, 4, 2, 8, 32, "BF16"),
-        caliper.Recipe(kv="off", nvfp4_weights=True), 3, 4096, 1, 2, 5, 6, 7)
+        caliper.Recipe(kv="off", nvfp4_weights=True), 3, 4096, 1, 2, 5, 6, 7,
+        (caliper.LayerProgress(0, 40, 40), caliper.LayerProgress(1, 40, 32)))
     assert caliper.SessionInfo.from_proto(pb.Session(id="x")).state == "open"
 
 
