@@ -11,6 +11,7 @@ them (tiny_llama.fake_quant), with the scales of each row:
   - llm-compressor's defaults through its real oneshot (a KV-cache-only recipe, strategy tensor and
     attn_head), scales read from the checkpoint it writes;
   - Caliper's observers from a real caliper-server, fed by the transformers hooks (caliper.hooks);
+  - a fleet window (per head, static_minmax) fed by the hooks, closed by CloseWindow;
   - the report's recommendation: per layer and K/V, mse's scale where `caliper report` recommends
     mse, else static_minmax's.
 Each seed draws its own calibration windows (training split) and evaluation windows (held-out
@@ -98,6 +99,40 @@ def llmc_oneshot(model_dir, calibration, strategy, work):
     return scales
 
 
+def fleet_window(model, address, model_dir, calibration, name):
+    """A fleet's window (per head, static_minmax) fed by the hooks with the calibration windows as
+    its traffic, closed by CloseWindow; its scales and the publish policy's decision."""
+    import caliper
+    import caliper.hooks
+    from caliper._pb import caliper_pb2 as pb
+    client = caliper.Client(address)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        model_description = pb.ModelDescription(hf_config_json=f.read())
+    client.stub.CreateFleet(pb.CreateFleetRequest(
+        name=name, model=model_description, recipe=caliper.Recipe(kv="per_head").to_proto(),
+        engine=pb.ENGINE_KIND_VLLM, policy=pb.PublishPolicy(min_tokens=1)), timeout=30)
+    window = client.stub.OpenWindow(pb.OpenWindowRequest(fleet=name, weight_version="step-0"),
+                                    timeout=30)
+    session = client.session(window.session_id)
+    saved = model.config._attn_implementation_internal
+    model.config._attn_implementation_internal = "sdpa"
+    try:
+        with torch.no_grad(), caliper.hooks.attach(model, session, inputs=False, weights=False):
+            for x in calibration:
+                model(x[None], use_cache=False)
+    finally:
+        model.config._attn_implementation_internal = saved
+    session.flush()
+    closed = client.stub.CloseWindow(pb.CloseWindowRequest(fleet=name,
+                                                           session_id=window.session_id),
+                                     timeout=30)
+    heads = model.config.num_key_value_heads
+    scales = {layer.layer: (tiny_llama._per_head(layer.k_scale, heads),
+                            tiny_llama._per_head(layer.v_scale, heads))
+              for layer in client.session(window.session_id).scales(tp=1).kv_layers}
+    return scales, f"{closed.decision} (version {closed.version})"
+
+
 def report(build, address, session, work):
     out = os.path.join(work, f"report-{session.id}")
     subprocess.run([f"{build}/client/caliper", "report", f"--server={address}",
@@ -160,6 +195,9 @@ def one_seed(args, model, model_dir, address, seed, work, train, held):
             rows[(f"Caliper {observer}", kv)] = scales
             if observer == "static_minmax":
                 rep = report(args.build, address, session, work)
+        if kv == "per_head":
+            rows[("fleet window fed by the hooks", kv)], extra["fleet"] = fleet_window(
+                model, address, model_dir, calibration, f"evidence-seed{seed}")
         rows[("report's recommendation", kv)], extra[kv] = recommended(
             rep, rows[("Caliper static_minmax", kv)], rows[("Caliper mse", kv)])
         if kv == "per_head":
@@ -239,7 +277,8 @@ def main():
         print(f"| {name} | " + " | ".join(cells) + " |")
     for seed, (_, _, extra) in zip(seeds, per_seed):
         heads, channels = extra["outliers"]
-        print(f"\nseed {seed}: K/V absmax {extra['absmax']}; report recommends mse on "
+        print(f"\nseed {seed}: fleet window: {extra['fleet']}")
+        print(f"seed {seed}: K/V absmax {extra['absmax']}; report recommends mse on "
               f"per tensor {extra['per_tensor'] or 'none'}, per head {extra['per_head'] or 'none'}"
               f"\n  outlier heads (report): {', '.join(heads) or 'none'}"
               f"\n  outlier channels (>= 4x the layer's median channel absmax): "
