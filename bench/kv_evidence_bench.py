@@ -103,7 +103,6 @@ def fleet_window(model, address, model_dir, calibration, name):
     """A fleet's window (per head, static_minmax) fed by the hooks with the calibration windows as
     its traffic, closed by CloseWindow; its scales and the publish policy's decision."""
     import caliper
-    import caliper.hooks
     from caliper._pb import caliper_pb2 as pb
     client = caliper.Client(address)
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -114,14 +113,7 @@ def fleet_window(model, address, model_dir, calibration, name):
     window = client.stub.OpenWindow(pb.OpenWindowRequest(fleet=name, weight_version="step-0"),
                                     timeout=30)
     session = client.session(window.session_id)
-    saved = model.config._attn_implementation_internal
-    model.config._attn_implementation_internal = "sdpa"
-    try:
-        with torch.no_grad(), caliper.hooks.attach(model, session, inputs=False, weights=False):
-            for x in calibration:
-                model(x[None], use_cache=False)
-    finally:
-        model.config._attn_implementation_internal = saved
+    tiny_llama.feed(model, session, calibration)
     session.flush()
     closed = client.stub.CloseWindow(pb.CloseWindowRequest(fleet=name,
                                                            session_id=window.session_id),

@@ -292,16 +292,9 @@ def _per_head(values, heads: int) -> torch.Tensor:
     return t.expand(heads).clone() if t.numel() == 1 else t
 
 
-def caliper_session(model, address: str, model_path: str, calibration: torch.Tensor, *,
-                    kv: str = "per_head", observer: str = "static_minmax",
-                    histograms: bool = False, name: str = ""):
-    """A finalized Caliper session fed by the transformers hooks (caliper.hooks) with one forward
-    per calibration sequence, and its scales {layer: (k [heads], v [heads])}."""
-    import caliper
+def feed(model, session, calibration: torch.Tensor) -> None:
+    """One forward per calibration sequence with caliper.hooks streaming K/V into session."""
     import caliper.hooks
-    client = caliper.Client(address)
-    recipe = caliper.Recipe(kv=kv, kv_observer=observer, histograms=histograms)
-    session = client.create_session(model_path, recipe, name=name or f"{kv} {observer}")
     saved = model.config._attn_implementation_internal
     model.config._attn_implementation_internal = "sdpa"  # the hooks wrap the model's own
     try:
@@ -310,6 +303,18 @@ def caliper_session(model, address: str, model_path: str, calibration: torch.Ten
                 model(x[None], use_cache=False)
     finally:
         model.config._attn_implementation_internal = saved
+
+
+def caliper_session(model, address: str, model_path: str, calibration: torch.Tensor, *,
+                    kv: str = "per_head", observer: str = "static_minmax",
+                    histograms: bool = False, name: str = ""):
+    """A finalized Caliper session fed by the transformers hooks (caliper.hooks) with one forward
+    per calibration sequence, and its scales {layer: (k [heads], v [heads])}."""
+    import caliper
+    client = caliper.Client(address)
+    recipe = caliper.Recipe(kv=kv, kv_observer=observer, histograms=histograms)
+    session = client.create_session(model_path, recipe, name=name or f"{kv} {observer}")
+    feed(model, session, calibration)
     session.finalize()
     heads = model.config.num_key_value_heads
     scales = {layer.layer: (_per_head(layer.k_scale, heads), _per_head(layer.v_scale, heads))
