@@ -40,6 +40,7 @@
 #include "absl/strings/str_join.h"
 #include "client/demo/demo_data.h"
 #include "core/state/state_file.h"
+#include "core/state/session_state.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/postgres/postgres_store.h"
 #include "tests/e2e/e2e_support.h"
@@ -528,7 +529,7 @@ void FlushBench(const std::string& dir, int modules, int batches, int groups,
     db_bytes = QueryInt(conn, "SELECT pg_total_relation_size('caliper_module_rows')");
     PQfinish(conn);
   }
-  const SessionSnapshot snapshot = (*loaded)->Snapshot();
+  const SessionSnapshot snapshot = SnapshotSession(**loaded);
   const std::string path = dir + "/flush-bench.session";
   double file_s = 1e9;
   for (int i = 0; i < 3; ++i) {

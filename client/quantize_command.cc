@@ -72,6 +72,7 @@ absl::Status RunQuantize(const CliArgs& flags, std::ostream& out, std::ostream& 
   std::unique_ptr<ReductionBackend> backend =
       MakeCpuBackend(static_cast<int>(threads->value_or(0)));
   options.backend = backend.get();
+  options.env = CliEnv();
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   int last_percent = -1;
   if (!flags.Has("quiet")) {

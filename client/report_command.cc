@@ -37,9 +37,7 @@ absl::Status RunReport(const CliArgs& flags, std::ostream& out, std::ostream& er
   absl::StatusOr<std::string> json = CombineReportJson(reports);
   if (!json.ok()) return json.status();
   const std::string dir = *flags.Get("out");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("--out: cannot create ", dir, ": ", ec.message()));
+  if (absl::Status s = CliEnv()->CreateDirs(dir); !s.ok()) return Annotate(s, "--out ");
   for (const auto& [name, contents] : {std::pair<std::string, const std::string*>{"report.json", &*json},
                                        {"report.html", &*html}}) {
     const std::string path = (std::filesystem::path(dir) / name).string();

@@ -107,7 +107,8 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
     if (!args.ok()) return args.status();
     absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
         CalibrationSession::Create(std::move(args->model), std::move(args->recipe),
-                                   NewSessionId(), request->name(), call.tenant, options_.limits);
+                                   NewSessionId(), request->name(), call.tenant, options_.limits,
+                                   options_.env);
     if (!session.ok()) return session.status();
     // The id goes out only once it is committed: any replica then knows it.
     if (absl::Status s =

@@ -20,21 +20,22 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "core/env/env.h"
 #include "core/fleet/fleet_store.h"
 #include "core/fleet/window.h"
-#include "core/tensor/reduction_backend.h"
-#include "core/session/limits.h"
-#include "server/inflight_budget.h"
+#include "core/limits/limits.h"
 #include "core/session/session.h"
 #include "core/state/partial_flusher.h"
 #include "core/state/session_store.h"
 #include "core/state/state_store.h"
+#include "core/tensor/reduction_backend.h"
+#include "core/tensor/thread_pool.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
 #include "server/fleet_metrics.h"
+#include "server/inflight_budget.h"
 #include "server/metrics.h"
 #include "server/security.h"
-#include "core/tensor/thread_pool.h"
 
 namespace caliper {
 
@@ -43,7 +44,7 @@ struct ServiceOptions {
   int max_errors_per_stream = 64;                  // ObserveSummary.errors cap
   // Null: one anonymous tenant (""). Else every call is tenant-scoped by its bearer token.
   std::shared_ptr<const TokenAuthenticator> authenticator;
-  Limits limits;                                   // core/session/limits.h
+  Limits limits;                                   // core/limits/limits.h
   // Observe reads wait for room here (server/inflight_budget.h); null: unbounded.
   InflightBudget* inflight = nullptr;
   // HTTP/2 window of every stream before the server reads (the budget then opens it per read):
@@ -53,6 +54,9 @@ struct ServiceOptions {
   // An Observe stream without a whole chunk for this long ends (silent, stalled or trickling
   // senders); 0: never. The clients' streams send continuously or close within seconds.
   absl::Duration stream_idle_timeout = absl::Seconds(60);
+  // The clock sessions are created on and streams' idle time and read holds are measured on
+  // (a test advances a fake one); the server's file store and flusher use it too.
+  Env* env = Env::Default();
   // Where sessions live (required): a MemoryStateStore, --state_dir's FileStateStore or
   // --state_store's PostgreSQL store. Streams fold into partials that `flusher` (over `store`)
   // merges; every answer comes from the store.

@@ -280,7 +280,7 @@ absl::Status CaliperServer::RestoreState(const ServerOptions& options, EventLog*
   };
   std::vector<absl::Status> errors;
   absl::StatusOr<std::unique_ptr<FileStateStore>> store = FileStateStore::Open(
-      options.state_dir, options.service.limits, Env::Default(), &errors, std::move(hooks));
+      options.state_dir, options.service.limits, options.service.env, &errors, std::move(hooks));
   if (!store.ok()) {
     return absl::Status(store.status().code(),
                         absl::StrCat("--state_dir=", options.state_dir, ": ",
@@ -326,7 +326,8 @@ void CaliperServer::StartFlusher(const ServerOptions& options, EventLog* log) {
           log->Log(Severity::kError, "state_merge_failed",
                    {{"session", event.session_id}, {"error", std::string(event.status.message())}});
         }
-      });
+      },
+      options.service.env);
 }
 
 CaliperServer::~CaliperServer() { Shutdown(absl::ZeroDuration()); }

@@ -6,7 +6,7 @@
 #include "absl/status/statusor.h"
 #include "core/fleet/fleet.h"
 #include "core/fleet/fleet_state.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "proto/caliper.pb.h"
 
 namespace caliper {

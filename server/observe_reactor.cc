@@ -4,7 +4,6 @@
 // gap, fenced producer) ends the stream. Also the idle watcher that ends silent and slow streams.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -47,7 +46,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         context_(context),
         response_(response),
         start_ns_(absl::GetCurrentTimeNanos()),
-        last_read_ns_(start_ns_) {
+        last_read_ns_(NowNs()) {
     absl::StatusOr<std::string> tenant = service_->TenantOf(*context);
     const int open = ++service_->open_streams_;
     const int limit = service_->options_.max_concurrent_streams;
@@ -99,7 +98,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
 
   void OnReadDone(bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
-    last_read_ns_.store(absl::GetCurrentTimeNanos());
+    last_read_ns_.store(NowNs());
     if (idle_finished_ || finished_.load() || !ok) ReleaseReservation();
     if (idle_finished_ || finished_.load()) return;  // already finished with its reason
     if (!ok) {
@@ -197,13 +196,13 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
                                   ? std::max(last_message_bytes_,
                                              service_->options_.stream_lookahead_bytes)
                                   : service_->options_.max_message_bytes);
-    wait_started_ns_ = absl::GetCurrentTimeNanos();
+    wait_started_ns_ = NowNs();
     waiting_.store(true);
     if (budget->Acquire(reserved_, [this] { GrantedRead(); }, &ticket_)) GrantedRead();
   }
 
   void GrantedRead() {
-    last_read_ns_.store(absl::GetCurrentTimeNanos());
+    last_read_ns_.store(NowNs());
     waiting_.store(false);
     StartRead(&request_);
   }
@@ -410,6 +409,9 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;  // summary_ serialized, when the stream finishes
   v1::ObserveSummary summary_;
+  // The service's Env clock, for idle time and read holds (start_ns_ times the RPC for metrics).
+  int64_t NowNs() const { return absl::ToUnixNanos(service_->options_.env->Now()); }
+
   const int64_t start_ns_;
   std::atomic<int64_t> last_read_ns_;
   std::atomic<bool> settled_{false};
@@ -436,12 +438,13 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
 void CalibrationService::IdleWatchLoop() {
   const int64_t timeout_ns = absl::ToInt64Nanoseconds(options_.stream_idle_timeout);
   // Often enough for the reservation holds, and to end a stream within ~1.25x the timeout.
-  const auto period = std::chrono::nanoseconds(
+  const absl::Duration period = absl::Nanoseconds(
       timeout_ns > 0 ? std::clamp<int64_t>(timeout_ns / 4, 1'000'000, 100'000'000) : 100'000'000);
+  Env* env = options_.env;
   std::unique_lock<std::mutex> lock(streams_mu_);
   while (!stopping_) {
-    streams_cv_.wait_for(lock, period);
-    const int64_t now = absl::GetCurrentTimeNanos();
+    if (env->WaitUntil(streams_cv_, lock, env->Now() + period, [this] { return stopping_; })) break;
+    const int64_t now = absl::ToUnixNanos(env->Now());
     for (ObserveReactor* stream : live_streams_) stream->CheckIdle(now, timeout_ns);
   }
 }

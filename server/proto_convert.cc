@@ -7,10 +7,84 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/formats/lightllm_format.h"
-#include "core/formats/utf8.h"
+#include "core/limits/utf8.h"
 #include "core/session/scales_outputs.h"
 
 namespace caliper {
+namespace {
+
+// One table per enum, read in both directions, so a new value is mapped once. Several proto
+// values may name one core value (an UNSPECIFIED default): ToProto answers the first listed.
+template <typename Core, typename Proto>
+struct EnumPair {
+  Core core;
+  Proto proto;
+};
+
+constexpr EnumPair<KvMode, v1::KvMode> kKvModes[] = {
+    {KvMode::kOff, v1::KV_OFF},
+    {KvMode::kPerTensor, v1::KV_PER_TENSOR},
+    {KvMode::kPerHead, v1::KV_PER_HEAD},
+};
+constexpr EnumPair<Fp8Flavor, v1::Fp8Flavor> kFp8Flavors[] = {
+    {Fp8Flavor::kE4M3FN, v1::FP8_E4M3FN},
+    {Fp8Flavor::kE4M3FNUZ, v1::FP8_E4M3FNUZ},
+};
+constexpr EnumPair<ActivationObserverKind, v1::ActivationObserver> kActivationObservers[] = {
+    {ActivationObserverKind::kStaticMinMax, v1::STATIC_MINMAX},
+    {ActivationObserverKind::kMinMax, v1::MINMAX},
+    {ActivationObserverKind::kPercentile, v1::PERCENTILE},
+    {ActivationObserverKind::kMse, v1::MSE},
+};
+constexpr EnumPair<KvObserverKind, v1::KvObserver> kKvObservers[] = {
+    {KvObserverKind::kStaticMinMax, v1::KV_OBSERVER_STATIC_MINMAX},
+    {KvObserverKind::kStaticMinMax, v1::KV_OBSERVER_UNSPECIFIED},
+    {KvObserverKind::kMinMax, v1::KV_OBSERVER_MINMAX},
+    {KvObserverKind::kPercentile, v1::KV_OBSERVER_PERCENTILE},
+    {KvObserverKind::kMse, v1::KV_OBSERVER_MSE},
+};
+constexpr EnumPair<Compat, v1::Compat> kCompats[] = {
+    {Compat::kCaliper, v1::COMPAT_UNSPECIFIED},
+    {Compat::kLlmCompressor, v1::COMPAT_LLM_COMPRESSOR},
+};
+constexpr EnumPair<ChunkKind, v1::TargetKind> kChunkKinds[] = {
+    {ChunkKind::kKey, v1::KEY},
+    {ChunkKind::kValue, v1::VALUE},
+    {ChunkKind::kWeight, v1::WEIGHT},
+    {ChunkKind::kInput, v1::INPUT_ACTIVATION},
+};
+constexpr EnumPair<SessionState, v1::SessionState> kSessionStates[] = {
+    {SessionState::kOpen, v1::OPEN},
+    {SessionState::kFinalized, v1::FINALIZED},
+};
+constexpr EnumPair<Nvfp4Convention, v1::Nvfp4Convention> kConventions[] = {
+    {Nvfp4Convention::kCompressedTensors, v1::COMPRESSED_TENSORS},
+    {Nvfp4Convention::kModelOpt, v1::MODELOPT},
+};
+
+// InvalidArgument "FIELD: must be one of A, B, got N" for a value the table lacks.
+template <typename Core, typename Proto, size_t N>
+absl::StatusOr<Core> FromProto(const EnumPair<Core, Proto> (&table)[N], int value,
+                               absl::string_view field) {
+  std::vector<std::string> names;
+  for (const EnumPair<Core, Proto>& pair : table) {
+    if (pair.proto == value) return pair.core;
+    names.emplace_back(
+        google::protobuf::GetEnumDescriptor<Proto>()->FindValueByNumber(pair.proto)->name());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be one of ", absl::StrJoin(names, ", "), ", got ", value));
+}
+
+template <typename Core, typename Proto, size_t N>
+Proto ToProto(const EnumPair<Core, Proto> (&table)[N], Core value) {
+  for (const EnumPair<Core, Proto>& pair : table) {
+    if (pair.core == value) return pair.proto;
+  }
+  return table[0].proto;  // unreachable while every table lists every core value (tested)
+}
+
+}  // namespace
 
 absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto,
                                            const ModelLimits& limits) {
@@ -63,49 +137,19 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto, const Limits& li
       !s.ok()) {
     return s;
   }
-  switch (proto.kv()) {
-    case v1::KV_OFF:
-      recipe.kv = KvMode::kOff;
-      break;
-    case v1::KV_PER_TENSOR:
-      recipe.kv = KvMode::kPerTensor;
-      break;
-    case v1::KV_PER_HEAD:
-      recipe.kv = KvMode::kPerHead;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("recipe.kv: unknown value ", proto.kv()));
-  }
-  switch (proto.fp8_flavor()) {
-    case v1::FP8_E4M3FN:
-      recipe.fp8_flavor = Fp8Flavor::kE4M3FN;
-      break;
-    case v1::FP8_E4M3FNUZ:
-      recipe.fp8_flavor = Fp8Flavor::kE4M3FNUZ;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("recipe.fp8_flavor: unknown value ", proto.fp8_flavor()));
-  }
+  absl::StatusOr<KvMode> kv = FromProto(kKvModes, proto.kv(), "recipe.kv");
+  if (!kv.ok()) return kv.status();
+  recipe.kv = *kv;
+  absl::StatusOr<Fp8Flavor> flavor =
+      FromProto(kFp8Flavors, proto.fp8_flavor(), "recipe.fp8_flavor");
+  if (!flavor.ok()) return flavor.status();
+  recipe.fp8_flavor = *flavor;
   recipe.nvfp4_weights = proto.nvfp4_weights();
   recipe.nvfp4_activations = proto.nvfp4_activations();
-  switch (proto.activation_observer()) {
-    case v1::STATIC_MINMAX:
-      recipe.activation_observer = ActivationObserverKind::kStaticMinMax;
-      break;
-    case v1::MINMAX:
-      recipe.activation_observer = ActivationObserverKind::kMinMax;
-      break;
-    case v1::PERCENTILE:
-      recipe.activation_observer = ActivationObserverKind::kPercentile;
-      break;
-    case v1::MSE:
-      recipe.activation_observer = ActivationObserverKind::kMse;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("recipe.activation_observer: unknown value ",
-                                                     proto.activation_observer()));
-  }
+  absl::StatusOr<ActivationObserverKind> activation_observer = FromProto(
+      kActivationObservers, proto.activation_observer(), "recipe.activation_observer");
+  if (!activation_observer.ok()) return activation_observer.status();
+  recipe.activation_observer = *activation_observer;
   if (proto.averaging_constant() != 0.0) recipe.averaging_constant = proto.averaging_constant();
   if (!proto.fused_groups().empty()) {
     absl::StatusOr<FusedGroupTable> groups = FusedGroupTable::Parse(proto.fused_groups());
@@ -116,93 +160,33 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto, const Limits& li
     recipe.fused_groups = *std::move(groups);
   }
   recipe.warmup_batches = proto.warmup_batches();
-  switch (proto.kv_observer()) {
-    case v1::KV_OBSERVER_UNSPECIFIED:
-    case v1::KV_OBSERVER_STATIC_MINMAX:
-      recipe.kv_observer = KvObserverKind::kStaticMinMax;
-      break;
-    case v1::KV_OBSERVER_MINMAX:
-      recipe.kv_observer = KvObserverKind::kMinMax;
-      break;
-    case v1::KV_OBSERVER_PERCENTILE:
-      recipe.kv_observer = KvObserverKind::kPercentile;
-      break;
-    case v1::KV_OBSERVER_MSE:
-      recipe.kv_observer = KvObserverKind::kMse;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("recipe.kv_observer: unknown value ", proto.kv_observer()));
-  }
+  absl::StatusOr<KvObserverKind> kv_observer =
+      FromProto(kKvObservers, proto.kv_observer(), "recipe.kv_observer");
+  if (!kv_observer.ok()) return kv_observer.status();
+  recipe.kv_observer = *kv_observer;
   if (proto.kv_percentile() != 0.0) recipe.kv_percentile = proto.kv_percentile();
   if (proto.activation_percentile() != 0.0) {
     recipe.activation_percentile = proto.activation_percentile();
   }
   recipe.histograms = proto.histograms();
-  switch (proto.compat()) {
-    case v1::COMPAT_UNSPECIFIED:
-      recipe.compat = Compat::kCaliper;
-      break;
-    case v1::COMPAT_LLM_COMPRESSOR:
-      recipe.compat = Compat::kLlmCompressor;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("recipe.compat: unknown value ", proto.compat()));
-  }
+  absl::StatusOr<Compat> compat = FromProto(kCompats, proto.compat(), "recipe.compat");
+  if (!compat.ok()) return compat.status();
+  recipe.compat = *compat;
   return recipe;
 }
 
 v1::Recipe RecipeToProto(const Recipe& recipe) {
   v1::Recipe proto;
-  switch (recipe.kv) {
-    case KvMode::kOff:
-      proto.set_kv(v1::KV_OFF);
-      break;
-    case KvMode::kPerTensor:
-      proto.set_kv(v1::KV_PER_TENSOR);
-      break;
-    case KvMode::kPerHead:
-      proto.set_kv(v1::KV_PER_HEAD);
-      break;
-  }
-  proto.set_fp8_flavor(recipe.fp8_flavor == Fp8Flavor::kE4M3FNUZ ? v1::FP8_E4M3FNUZ
-                                                                 : v1::FP8_E4M3FN);
+  proto.set_kv(ToProto(kKvModes, recipe.kv));
+  proto.set_fp8_flavor(ToProto(kFp8Flavors, recipe.fp8_flavor));
   proto.set_nvfp4_weights(recipe.nvfp4_weights);
   proto.set_nvfp4_activations(recipe.nvfp4_activations);
-  switch (recipe.activation_observer) {
-    case ActivationObserverKind::kStaticMinMax:
-      proto.set_activation_observer(v1::STATIC_MINMAX);
-      break;
-    case ActivationObserverKind::kMinMax:
-      proto.set_activation_observer(v1::MINMAX);
-      break;
-    case ActivationObserverKind::kPercentile:
-      proto.set_activation_observer(v1::PERCENTILE);
-      break;
-    case ActivationObserverKind::kMse:
-      proto.set_activation_observer(v1::MSE);
-      break;
-  }
-  switch (recipe.kv_observer) {
-    case KvObserverKind::kStaticMinMax:
-      proto.set_kv_observer(v1::KV_OBSERVER_STATIC_MINMAX);
-      break;
-    case KvObserverKind::kMinMax:
-      proto.set_kv_observer(v1::KV_OBSERVER_MINMAX);
-      break;
-    case KvObserverKind::kPercentile:
-      proto.set_kv_observer(v1::KV_OBSERVER_PERCENTILE);
-      break;
-    case KvObserverKind::kMse:
-      proto.set_kv_observer(v1::KV_OBSERVER_MSE);
-      break;
-  }
+  proto.set_activation_observer(ToProto(kActivationObservers, recipe.activation_observer));
+  proto.set_kv_observer(ToProto(kKvObservers, recipe.kv_observer));
   proto.set_kv_percentile(recipe.kv_percentile);
   proto.set_activation_percentile(recipe.activation_percentile);
   proto.set_histograms(recipe.histograms);
-  proto.set_compat(recipe.compat == Compat::kLlmCompressor ? v1::COMPAT_LLM_COMPRESSOR
-                                                           : v1::COMPAT_UNSPECIFIED);
+  proto.set_compat(ToProto(kCompats, recipe.compat));
   proto.set_averaging_constant(recipe.averaging_constant);
   std::vector<std::string> groups;
   for (const std::vector<std::string>& group : recipe.fused_groups.groups) {
@@ -217,7 +201,7 @@ v1::Session SessionToProto(const SessionStatus& status) {
   v1::Session proto;
   proto.set_id(status.id);
   proto.set_name(status.name);
-  proto.set_state(status.state == SessionState::kFinalized ? v1::FINALIZED : v1::OPEN);
+  proto.set_state(ToProto(kSessionStates, status.state));
   *proto.mutable_model() = ModelToProto(status.model);
   *proto.mutable_recipe() = RecipeToProto(status.recipe);
   proto.set_accepted_chunks(status.accepted_chunks);
@@ -258,23 +242,9 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto, const Limi
     return absl::InvalidArgumentError(absl::StrCat("chunk.shape: ", proto.shape_size(),
                                                    " dimensions, more than ", kMaxShapeRank));
   }
-  switch (proto.kind()) {
-    case v1::KEY:
-      chunk.kind = ChunkKind::kKey;
-      break;
-    case v1::VALUE:
-      chunk.kind = ChunkKind::kValue;
-      break;
-    case v1::WEIGHT:
-      chunk.kind = ChunkKind::kWeight;
-      break;
-    case v1::INPUT_ACTIVATION:
-      chunk.kind = ChunkKind::kInput;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk.kind: must be KEY, VALUE, WEIGHT or INPUT_ACTIVATION, got ", proto.kind()));
-  }
+  absl::StatusOr<ChunkKind> kind = FromProto(kChunkKinds, proto.kind(), "chunk.kind");
+  if (!kind.ok()) return kind.status();
+  chunk.kind = *kind;
   absl::StatusOr<DType> dtype = ParseDType(proto.dtype(), "chunk.dtype");
   if (!dtype.ok()) return dtype.status();
   chunk.dtype = *dtype;
@@ -410,27 +380,17 @@ absl::StatusOr<AdaptArgs> AdaptFromProto(const v1::AdaptRequest& proto, const Li
 }
 
 Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto) {
-  return proto == v1::MODELOPT ? Nvfp4Convention::kModelOpt
-                               : Nvfp4Convention::kCompressedTensors;
+  // Open enum: a value this build does not know is the default convention.
+  return FromProto(kConventions, proto, "convention")
+      .value_or(Nvfp4Convention::kCompressedTensors);
 }
 
 absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
                                                  const std::vector<std::string>& formats,
                                                  const SessionStatus& status) {
   v1::ScalesResponse out;
-  switch (scales.kv) {
-    case KvMode::kOff:
-      out.set_kv(v1::KV_OFF);
-      break;
-    case KvMode::kPerTensor:
-      out.set_kv(v1::KV_PER_TENSOR);
-      break;
-    case KvMode::kPerHead:
-      out.set_kv(v1::KV_PER_HEAD);
-      break;
-  }
-  out.set_fp8_flavor(scales.fp8_flavor == Fp8Flavor::kE4M3FNUZ ? v1::FP8_E4M3FNUZ
-                                                               : v1::FP8_E4M3FN);
+  out.set_kv(ToProto(kKvModes, scales.kv));
+  out.set_fp8_flavor(ToProto(kFp8Flavors, scales.fp8_flavor));
   out.set_num_kv_heads(scales.num_kv_heads);
   out.set_deployed_total_kv_heads(scales.deployed_total_kv_heads);
   out.set_tp_size(scales.tp_size);
@@ -453,8 +413,7 @@ absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
     slice->mutable_v_scale()->Add(scales.rank_slices[layer].v.begin(),
                                   scales.rank_slices[layer].v.end());
   }
-  out.set_convention(scales.convention == Nvfp4Convention::kModelOpt ? v1::MODELOPT
-                                                                     : v1::COMPRESSED_TENSORS);
+  out.set_convention(ToProto(kConventions, scales.convention));
   for (const auto& [name, module] : scales.nvfp4.modules) {
     v1::ModuleScales* row = out.add_modules();
     row->set_module(name);

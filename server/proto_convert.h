@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "core/calibration/model_config.h"
 #include "core/formats/lightllm_format.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/session/session.h"
 #include "proto/caliper.pb.h"
 

@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/tensor/reduction_backend.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "server/caliper_server.h"
 #include "server/postgres/postgres_store.h"
 #include "server/device.h"
@@ -38,7 +38,7 @@ ABSL_FLAG(int64_t, max_inflight_bytes, caliper::ServerOptions().max_inflight_byt
           "half of it is taken. About a quarter of the pod's memory limit; 0: unbounded");
 ABSL_FLAG(int64_t, stream_lookahead_bytes, caliper::ServiceOptions().stream_lookahead_bytes,
           "HTTP/2 window per Observe stream (bytes a client may send ahead of the server)");
-// Limits (core/session/limits.h has the defaults and why).
+// Limits (core/limits/limits.h has the defaults and why).
 ABSL_FLAG(int, max_layers, caliper::ModelLimits().max_layers, "Most layers a model may declare");
 ABSL_FLAG(int, max_attention_heads, caliper::ModelLimits().max_attention_heads,
           "Most attention heads a model may declare");

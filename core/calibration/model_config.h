@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/tensor/dtype.h"
 
 namespace caliper {

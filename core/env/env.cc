@@ -135,6 +135,66 @@ class PosixEnv final : public Env {
     }
     return absl::OkStatus();
   }
+
+  absl::Status RemoveDir(const std::string& dir) override {
+    if (::rmdir(dir.c_str()) != 0) return IoErrorFromErrno("remove directory", dir, errno);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override {
+    struct stat link;
+    if (::lstat(path.c_str(), &link) != 0) return IoErrorFromErrno("stat", path, errno);
+    FileInfo info;
+    info.symlink = S_ISLNK(link.st_mode);
+    struct stat st = link;
+    if (info.symlink && ::stat(path.c_str(), &st) != 0) {
+      return info;  // a dangling link: neither a file nor a directory
+    }
+    info.directory = S_ISDIR(st.st_mode);
+    info.regular = S_ISREG(st.st_mode);
+    info.size = info.regular ? static_cast<uint64_t>(st.st_size) : 0;
+    return info;
+  }
+
+  absl::Status LinkFile(const std::string& from, const std::string& to) override {
+    if (::link(from.c_str(), to.c_str()) != 0) {
+      return IoErrorFromErrno("hard-link", absl::StrCat(from, " -> ", to), errno);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SymlinkFile(const std::string& target, const std::string& link) override {
+    if (::symlink(target.c_str(), link.c_str()) != 0) {
+      return IoErrorFromErrno("symlink", absl::StrCat(link, " -> ", target), errno);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyFile(const std::string& from, const std::string& to) override {
+    int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) return IoErrorFromErrno("open", from, errno);
+    absl::StatusOr<std::unique_ptr<WritableFile>> out = NewWritableFile(to);
+    if (!out.ok()) {
+      ::close(in);
+      return out.status();
+    }
+    absl::Status status;
+    std::string buffer(1 << 20, '\0');
+    while (status.ok()) {
+      ssize_t n = ::read(in, buffer.data(), buffer.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        status = IoErrorFromErrno("read", from, errno);
+        break;
+      }
+      if (n == 0) break;
+      status = (*out)->Append(absl::string_view(buffer.data(), static_cast<size_t>(n)));
+    }
+    ::close(in);
+    if (status.ok()) status = (*out)->Sync();
+    absl::Status closed = (*out)->Close();
+    return status.ok() ? closed : status;
+  }
 };
 
 std::string TempPathFor(const std::string& path) {
@@ -147,6 +207,20 @@ std::string TempPathFor(const std::string& path) {
 Env* Env::Default() {
   static Env* env = new PosixEnv;
   return env;
+}
+
+bool Env::WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                    absl::Time deadline, absl::FunctionRef<bool()> done) {
+  while (!done()) {
+    if (deadline == absl::InfiniteFuture()) {
+      cv.wait(lock);
+      continue;
+    }
+    const absl::Time now = Now();
+    if (now >= deadline) return false;
+    cv.wait_for(lock, absl::ToChronoNanoseconds(deadline - now));
+  }
+  return true;
 }
 
 absl::Status MarkIoError(absl::Status status) {
@@ -186,6 +260,24 @@ std::string DirName(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+std::string JoinPath(absl::string_view dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+absl::Status RemoveTree(const std::string& path, Env* env) {
+  absl::StatusOr<FileInfo> info = env->Stat(path);
+  if (!info.ok()) return absl::IsNotFound(info.status()) ? absl::OkStatus() : info.status();
+  if (info->symlink || !info->directory) return env->RemoveFile(path);
+  absl::StatusOr<std::vector<std::string>> names = env->ListDir(path);
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    if (absl::Status s = RemoveTree(JoinPath(path, name), env); !s.ok()) return s;
+  }
+  return env->RemoveDir(path);
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view content, Env* env) {

@@ -1,18 +1,23 @@
 // Env: every filesystem call core and the CLI make (read, atomic write, directory sync, list,
-// remove), behind one interface as in LevelDB, so tests swap in an Env that fails at a chosen
-// step. Errors an Env returns are marked I/O errors (IsIoError) and name the path; the POSIX
+// remove) and the wall clock they read or wait on, behind one interface as in LevelDB, so tests
+// swap in an Env that fails at a chosen step or runs on a clock they advance. Errors an Env returns are marked I/O errors (IsIoError) and name the path; the POSIX
 // Env maps ENOENT to NotFound, ENOSPC/EDQUOT to ResourceExhausted, EACCES/EPERM to
 // PermissionDenied. Default() is thread-safe; one writer per path at a time.
 #ifndef CALIPER_CORE_ENV_ENV_H_
 #define CALIPER_CORE_ENV_ENV_H_
 
+#include <condition_variable>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace caliper {
 
@@ -23,6 +28,14 @@ class WritableFile {
   virtual absl::Status Append(absl::string_view data) = 0;
   virtual absl::Status Sync() = 0;  // data on stable storage (fsync)
   virtual absl::Status Close() = 0;
+};
+
+// What Stat says of a path (symlinks followed, except `symlink`).
+struct FileInfo {
+  bool directory = false;
+  bool regular = false;  // a regular file (directory and regular both false: a device, ...)
+  bool symlink = false;  // the path itself is a symbolic link
+  uint64_t size = 0;     // bytes of a regular file
 };
 
 class Env {
@@ -45,6 +58,68 @@ class Env {
   virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
   // mkdir -p; OK when it already exists.
   virtual absl::Status CreateDirs(const std::string& dir) = 0;
+  // Removes an empty directory.
+  virtual absl::Status RemoveDir(const std::string& dir) = 0;
+  // NotFound when `path` does not exist.
+  virtual absl::StatusOr<FileInfo> Stat(const std::string& path) = 0;
+  // A hard link `to` of the file `from` (same filesystem only).
+  virtual absl::Status LinkFile(const std::string& from, const std::string& to) = 0;
+  // A symbolic link `link` that points to `target`.
+  virtual absl::Status SymlinkFile(const std::string& target, const std::string& link) = 0;
+  // Copies the file `from` to a new `to` in pieces (any size) and fsyncs it.
+  virtual absl::Status CopyFile(const std::string& from, const std::string& to) = 0;
+
+  // The wall clock: what core reads for creation times, durations, timeouts and retention.
+  virtual absl::Time Now() { return absl::Now(); }
+  // Waits on `cv` (whose mutex `lock` holds) until `done()` or until Now() reaches `deadline`;
+  // returns done(). Whoever makes done() true notifies `cv`. A test clock returns once it is
+  // advanced past the deadline, so a timeout is tested without sleeping through it.
+  virtual bool WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                         absl::Time deadline, absl::FunctionRef<bool()> done);
+};
+
+// Forwards every call to `target` (LevelDB's EnvWrapper): a test Env overrides only the calls
+// it changes.
+class EnvWrapper : public Env {
+ public:
+  explicit EnvWrapper(Env* target) : target_(target) {}
+  Env* target() const { return target_; }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) override {
+    return target_->NewWritableFile(path);
+  }
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+    return target_->ReadFile(path);
+  }
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    return target_->RenameFile(from, to);
+  }
+  absl::Status SyncDir(const std::string& dir) override { return target_->SyncDir(dir); }
+  absl::Status RemoveFile(const std::string& path) override { return target_->RemoveFile(path); }
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    return target_->ListDir(dir);
+  }
+  absl::Status CreateDirs(const std::string& dir) override { return target_->CreateDirs(dir); }
+  absl::Status RemoveDir(const std::string& dir) override { return target_->RemoveDir(dir); }
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override { return target_->Stat(path); }
+  absl::Status LinkFile(const std::string& from, const std::string& to) override {
+    return target_->LinkFile(from, to);
+  }
+  absl::Status SymlinkFile(const std::string& target, const std::string& link) override {
+    return target_->SymlinkFile(target, link);
+  }
+  absl::Status CopyFile(const std::string& from, const std::string& to) override {
+    return target_->CopyFile(from, to);
+  }
+  absl::Time Now() override { return target_->Now(); }
+  bool WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                 absl::Time deadline, absl::FunctionRef<bool()> done) override {
+    return target_->WaitUntil(cv, lock, deadline, done);
+  }
+
+ private:
+  Env* const target_;
 };
 
 // Marks `status` as an I/O failure (a status payload; code and message are kept). An Env
@@ -71,6 +146,12 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
 
 // The directory holding `path` ("." for a bare name).
 std::string DirName(const std::string& path);
+// `dir` + "/" + `name` (no doubled slash).
+std::string JoinPath(absl::string_view dir, absl::string_view name);
+
+// Removes `path` and, for a directory, everything under it (symlinks are removed, never
+// followed). OK when `path` does not exist.
+absl::Status RemoveTree(const std::string& path, Env* env = Env::Default());
 
 }  // namespace caliper
 

@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/calibration/model_config.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/session/session.h"
 
 namespace caliper {

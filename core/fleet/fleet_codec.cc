@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/state/session_state.h"
 #include "nlohmann/json.hpp"
 
 namespace caliper {
@@ -273,7 +274,7 @@ absl::StatusOr<std::string> EncodeFleetState(const FleetState& state) {
       {"schema", kSchema},
       {"name", parts.fleet.name},
       {"tenant", parts.fleet.tenant},
-      {"model_recipe", absl::BytesToHexString((*probe)->Snapshot().bytes)},
+      {"model_recipe", absl::BytesToHexString(SnapshotSession(**probe).bytes)},
       {"engine", std::string(EngineKindName(parts.fleet.engine))},
       {"policy",
        {{"window_tokens", p.window_tokens},
@@ -322,7 +323,7 @@ absl::StatusOr<FleetState> DecodeFleetState(absl::string_view bytes,
   }
   const std::string snapshot = absl::HexStringToBytes(*model_recipe);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> probe =
-      CalibrationSession::Restore(snapshot, limits);
+      RestoreSession(snapshot, limits);
   if (!probe.ok()) {
     return Bad("fleet.model_recipe", probe.status().message());
   }

@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "core/fleet/fleet.h"
 #include "core/fleet/fleet_state.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/session/session.h"
 
 namespace caliper {

@@ -18,7 +18,7 @@
 #include "core/env/env.h"
 #include "core/fleet/fleet.h"
 #include "core/fleet/fleet_state.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 
 namespace caliper {
 

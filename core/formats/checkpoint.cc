@@ -1,10 +1,7 @@
 #include "core/formats/checkpoint.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -13,17 +10,11 @@
 #include "nlohmann/json.hpp"
 
 namespace caliper {
-namespace fs = std::filesystem;
-
 namespace {
 
-absl::StatusOr<std::string> ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path.string(), ": read failed"));
-  return text.str();
+bool IsRegularFile(Env* env, const std::string& path) {
+  absl::StatusOr<FileInfo> info = env->Stat(path);
+  return info.ok() && info->regular;
 }
 
 // A shard name from an index must name a file inside the checkpoint directory.
@@ -40,17 +31,21 @@ bool IsQuantizableLinearWeight(const SafetensorsEntry& entry) {
          !absl::StrContains(entry.name, "lm_head") && ParseDType(entry.dtype).ok();
 }
 
-absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
+absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir,
+                                                                 Env* env) {
+  absl::StatusOr<FileInfo> dir_info = env->Stat(dir);
+  if (!dir_info.ok() && !absl::IsNotFound(dir_info.status())) return dir_info.status();
+  if (!dir_info.ok() || !dir_info->directory) {
     return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   }
   std::unique_ptr<HfCheckpoint> checkpoint(new HfCheckpoint());
   checkpoint->dir_ = dir;
-  const fs::path index_path = fs::path(dir) / kSafetensorsIndexName;
-  if (fs::exists(index_path, ec)) {
-    const std::string where = index_path.string();
-    absl::StatusOr<std::string> text = ReadText(index_path);
+  checkpoint->env_ = env;
+  const std::string index_path = JoinPath(dir, kSafetensorsIndexName);
+  absl::StatusOr<std::string> text = env->ReadFile(index_path);
+  if (!text.ok() && !absl::IsNotFound(text.status())) return text.status();
+  if (text.ok()) {
+    const std::string& where = index_path;
     if (!text.ok()) return text.status();
     nlohmann::json index = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object()) {
@@ -71,7 +66,7 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
       shards.insert(shard.get<std::string>());
     }
     for (const std::string& shard : shards) {
-      if (!fs::is_regular_file(fs::path(dir) / shard, ec)) {
+      if (!IsRegularFile(env, JoinPath(dir, shard))) {
         return absl::NotFoundError(
             absl::StrCat(where, ": shard ", shard, " listed in weight_map does not exist"));
       }
@@ -81,13 +76,16 @@ absl::StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::stri
     checkpoint->names_known_ = true;
     return checkpoint;
   }
-  if (fs::is_regular_file(fs::path(dir) / kSingleSafetensorsName, ec)) {
+  if (IsRegularFile(env, JoinPath(dir, kSingleSafetensorsName))) {
     checkpoint->shards_.push_back(kSingleSafetensorsName);
     return checkpoint;
   }
-  for (const auto& item : fs::directory_iterator(dir, ec)) {
-    if (item.path().extension() == ".safetensors" && item.is_regular_file(ec)) {
-      checkpoint->shards_.push_back(item.path().filename().string());
+  absl::StatusOr<std::vector<std::string>> names = env->ListDir(dir);
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    if (absl::EndsWith(name, ".safetensors") && name.size() > 12 &&
+        IsRegularFile(env, JoinPath(dir, name))) {
+      checkpoint->shards_.push_back(name);
     }
   }
   std::sort(checkpoint->shards_.begin(), checkpoint->shards_.end());
@@ -103,7 +101,7 @@ absl::StatusOr<const SafetensorsFile*> HfCheckpoint::Shard(const std::string& sh
   open_file_.reset();  // one mapping at a time
   open_name_.clear();
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
-      SafetensorsFile::Open((fs::path(dir_) / shard).string());
+      SafetensorsFile::Open(JoinPath(dir_, shard));
   if (!file.ok()) return file.status();
   if (from_index_) {
     // The index is authoritative: every tensor it places here must be here.
@@ -158,7 +156,7 @@ absl::StatusOr<std::string> HfCheckpoint::ShardOf(absl::string_view name) {
 }
 
 absl::StatusOr<std::string> HfCheckpoint::ReadConfigText() const {
-  return ReadText(fs::path(dir_) / "config.json");
+  return env_->ReadFile(JoinPath(dir_, "config.json"));
 }
 
 absl::StatusOr<ModelConfig> HfCheckpoint::ReadConfig() const {

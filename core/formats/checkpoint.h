@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/calibration/model_config.h"
+#include "core/env/env.h"
 #include "core/formats/safetensors.h"
 
 namespace caliper {
@@ -30,8 +31,10 @@ class HfCheckpoint {
  public:
   // Reads the index (or lists the single file / *.safetensors). NotFound when `dir` has no
   // safetensors at all; InvalidArgument naming the index and key for a malformed weight_map or a
-  // shard name that leaves the directory. Shard headers are not read yet.
-  static absl::StatusOr<std::unique_ptr<HfCheckpoint>> Open(const std::string& dir);
+  // shard name that leaves the directory. Shard headers are not read yet. The index and
+  // config.json are read through `env` (shards are mapped, see SafetensorsFile).
+  static absl::StatusOr<std::unique_ptr<HfCheckpoint>> Open(const std::string& dir,
+                                                            Env* env = Env::Default());
 
   const std::string& dir() const { return dir_; }
   // Shard file names relative to dir(), sorted.
@@ -67,6 +70,7 @@ class HfCheckpoint {
   absl::Status IndexAllShards();  // builds name -> shard for unindexed checkpoints
 
   std::string dir_;
+  Env* env_ = Env::Default();
   bool from_index_ = false;   // weight_map came from model.safetensors.index.json
   bool names_known_ = false;  // shard_of_ lists every tensor (index read, or all headers)
   std::vector<std::string> shards_;

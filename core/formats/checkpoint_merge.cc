@@ -1,26 +1,23 @@
 #include "core/formats/checkpoint_merge.h"
 
-#include <unistd.h>
-
+#include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
-#include <sstream>
-#include <system_error>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/env/staged_directory.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/engine_formats.h"
 #include "core/formats/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace caliper {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -64,117 +61,85 @@ std::vector<std::string> IgnoreFromMetadata(const SafetensorsFile& file) {
   return out;
 }
 
-absl::Status LinkInto(const fs::path& source, const fs::path& target, MergeReport* report) {
-  std::error_code ec;
-  fs::create_hard_link(source, target, ec);
-  if (!ec) {
-    report->hard_linked.push_back(target.filename().string());
+// Hard link, else a symlink by absolute path (another filesystem); the report says which.
+absl::Status LinkInto(Env* env, const std::string& source, StagedDirectory& out,
+                      const std::string& name, MergeReport* report) {
+  absl::Status hard = env->LinkFile(source, out.PathOf(name));
+  if (hard.ok()) {
+    report->hard_linked.push_back(name);
     return absl::OkStatus();
   }
-  const std::string hard_error = ec.message();
-  fs::create_symlink(fs::absolute(source), target, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        source.string(), ": cannot hard-link (", hard_error, ") or symlink (", ec.message(),
-        ") into ", target.parent_path().string()));
+  std::error_code ec;
+  const std::string absolute = std::filesystem::absolute(source, ec).string();  // no I/O
+  absl::Status soft = env->SymlinkFile(ec ? source : absolute, out.PathOf(name));
+  if (!soft.ok()) {
+    return absl::Status(soft.code(),
+                        absl::StrCat(source, ": cannot hard-link (", hard.message(),
+                                     ") or symlink (", soft.message(), ") into ", out.target()));
   }
-  report->symlinked.push_back(target.filename().string());
+  report->symlinked.push_back(name);
   return absl::OkStatus();
 }
 
-absl::Status WriteText(Env* env, const fs::path& path, const std::string& text) {
-  return WriteFileAtomically(path.string(), text, env);
-}
+// What the merge reads: the checkpoint, its config (text, parsed, as a model) and the scales.
+struct MergeInputs {
+  std::unique_ptr<HfCheckpoint> checkpoint;
+  ojson config;
+  std::string config_where;  // dir/config.json, for messages
+  ModelConfig model;
+  std::unique_ptr<SafetensorsFile> scales_file;
+  ImportedScales imported;
+  bool ct = false;  // compressed-tensors (else ModelOpt)
+  std::vector<std::string> names;  // every tensor of the checkpoint, sorted
+};
 
-}  // namespace
-
-absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& options) {
-  MergeReport report;
+absl::StatusOr<MergeInputs> ReadMergeInputs(const MergeOptions& options) {
+  MergeInputs in;
   absl::StatusOr<std::unique_ptr<HfCheckpoint>> checkpoint =
-      HfCheckpoint::Open(options.checkpoint_dir);
+      HfCheckpoint::Open(options.checkpoint_dir, options.env);
   if (!checkpoint.ok()) return checkpoint.status();
-  HfCheckpoint& ckpt = **checkpoint;
-  const fs::path source_dir(options.checkpoint_dir);
-  absl::StatusOr<std::string> config_text = ckpt.ReadConfigText();
+  in.checkpoint = *std::move(checkpoint);
+  absl::StatusOr<std::string> config_text = in.checkpoint->ReadConfigText();
   if (!config_text.ok()) return config_text.status();
-  absl::StatusOr<ModelConfig> model = ckpt.ReadConfig();
+  absl::StatusOr<ModelConfig> model = in.checkpoint->ReadConfig();
   if (!model.ok()) return model.status();
-  const std::string config_where = (source_dir / "config.json").string();
-  absl::StatusOr<ojson> config = ParseObject(*config_text, config_where);
+  in.model = *std::move(model);
+  in.config_where = JoinPath(options.checkpoint_dir, "config.json");
+  absl::StatusOr<ojson> config = ParseObject(*config_text, in.config_where);
   if (!config.ok()) return config.status();
+  in.config = *std::move(config);
 
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> scales_file =
       SafetensorsFile::Open(options.scales_path);
   if (!scales_file.ok()) return scales_file.status();
-  absl::StatusOr<ImportedScales> imported = ImportScales(**scales_file, *model);
+  in.scales_file = *std::move(scales_file);
+  absl::StatusOr<ImportedScales> imported = ImportScales(*in.scales_file, in.model);
   if (!imported.ok()) return imported.status();
-  report.format = imported->format;
-  const bool ct = imported->format == kFormatCompressedTensors;
-  if (options.kv_only) imported->nvfp4.modules.clear();
-  if (!imported->kv.has_value() && imported->nvfp4.modules.empty()) {
+  in.imported = *std::move(imported);
+  in.ct = in.imported.format == kFormatCompressedTensors;
+  if (options.kv_only) in.imported.nvfp4.modules.clear();
+  if (!in.imported.kv.has_value() && in.imported.nvfp4.modules.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat(options.scales_path, ": nothing to merge (no KV scales, and kv_only is set)"));
   }
-
-  absl::StatusOr<std::vector<std::string>> names = ckpt.TensorNames();
+  absl::StatusOr<std::vector<std::string>> names = in.checkpoint->TensorNames();
   if (!names.ok()) return names.status();
-  const std::set<std::string> existing(names->begin(), names->end());
+  in.names = *std::move(names);
+  return in;
+}
 
-  // The quantization block: fresh, or KV added to an existing block of the same method.
-  RenderInputs inputs;
-  inputs.model = *model;
-  inputs.kv = imported->kv;
-  inputs.nvfp4 = imported->nvfp4;
-  inputs.ignore = IgnoreFromMetadata(**scales_file);
-  inputs.layers_prefix = DetectLayersPrefix(*names);
+// config.json's quantization block (fresh, or KV added to an existing block of the same
+// method) and ModelOpt's side file when one is written.
+absl::Status PlanQuantizationConfig(const MergeOptions& options, MergeInputs& in,
+                                    const RenderInputs& inputs,
+                                    std::optional<ojson>* hf_quant_config, MergeReport* report) {
+  const std::set<std::string> existing(in.names.begin(), in.names.end());
+  const bool ct = in.ct;
   const std::string method = ct ? "compressed-tensors" : "modelopt";
-  auto existing_block = config->find("quantization_config");
-  const bool already_quantized = existing_block != config->end() && !existing_block->is_null();
-  std::optional<ojson> hf_quant_config;  // ModelOpt's side file, when written
-  const fs::path hf_quant_path = source_dir / kModelOptConfigFile;
-  if (already_quantized) {
-    const std::string where = absl::StrCat(config_where, ": quantization_config");
-    if (!existing_block->is_object() || !existing_block->contains("quant_method") ||
-        (*existing_block)["quant_method"] != method) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, ".quant_method is not \"", method, "\" (the scale file's format)"));
-    }
-    if (!inputs.nvfp4.modules.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, ": the checkpoint is already quantized; only KV scales can be merged "
-                 "(set kv_only)"));
-    }
-    if (ct) {
-      if (existing_block->contains("kv_cache_scheme") &&
-          !(*existing_block)["kv_cache_scheme"].is_null()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(where, ".kv_cache_scheme: KV cache scales are already configured"));
-      }
-      ojson fresh = ojson::parse(CompressedTensorsQuantizationConfig(inputs));
-      (*existing_block)["kv_cache_scheme"] = fresh["kv_cache_scheme"];
-    } else {
-      if (existing_block->contains("kv_cache_quant_algo") &&
-          !(*existing_block)["kv_cache_quant_algo"].is_null()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(where, ".kv_cache_quant_algo: KV cache scales are already configured"));
-      }
-      (*existing_block)["kv_cache_quant_algo"] = "FP8";
-      std::error_code ec;
-      if (fs::exists(hf_quant_path, ec)) {
-        std::ifstream in(hf_quant_path);
-        std::stringstream text;
-        text << in.rdbuf();
-        absl::StatusOr<ojson> side = ParseObject(text.str(), hf_quant_path.string());
-        if (!side.ok()) return side.status();
-        if (!side->contains("quantization") || !(*side)["quantization"].is_object()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(hf_quant_path.string(), ": quantization: missing or not an object"));
-        }
-        (*side)["quantization"]["kv_cache_quant_algo"] = "FP8";
-        hf_quant_config = *std::move(side);
-      }
-    }
-  } else {
+  auto existing_block = in.config.find("quantization_config");
+  const bool already_quantized =
+      existing_block != in.config.end() && !existing_block->is_null();
+  if (!already_quantized) {
     // NVFP4 global scales only make sense beside packed FP4 weights.
     for (const auto& [module, scales] : inputs.nvfp4.modules) {
       const bool packed = ct ? existing.count(module + ".weight_packed") > 0
@@ -194,27 +159,74 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
     // KV-only form for TensorRT-LLM.
     const bool modelopt_kv_only = !ct && inputs.nvfp4.modules.empty();
     if (modelopt_kv_only) {
-      report.warnings.push_back(
+      report->warnings.push_back(
           {kModelOptConfigFile, "KV-only ModelOpt scales: config.json carries a compressed-tensors "
                                 "kv_cache_scheme (what vLLM loads; vLLM has no ModelOpt KV-only "
                                 "form), hf_quant_config.json the ModelOpt one (TensorRT-LLM)"});
     }
-    (*config)["quantization_config"] =
+    in.config["quantization_config"] =
         ojson::parse(ct || modelopt_kv_only ? CompressedTensorsQuantizationConfig(inputs)
                                             : ModelOptConfigJsonBlock(inputs));
-    if (!ct) hf_quant_config = ojson::parse(ModelOptHfQuantConfig(inputs));
+    if (!ct) *hf_quant_config = ojson::parse(ModelOptHfQuantConfig(inputs));
+    return absl::OkStatus();
   }
+  const std::string where = absl::StrCat(in.config_where, ": quantization_config");
+  if (!existing_block->is_object() || !existing_block->contains("quant_method") ||
+      (*existing_block)["quant_method"] != method) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ".quant_method is not \"", method, "\" (the scale file's format)"));
+  }
+  if (!inputs.nvfp4.modules.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": the checkpoint is already quantized; only KV scales can be merged "
+               "(set kv_only)"));
+  }
+  if (ct) {
+    if (existing_block->contains("kv_cache_scheme") &&
+        !(*existing_block)["kv_cache_scheme"].is_null()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ".kv_cache_scheme: KV cache scales are already configured"));
+    }
+    ojson fresh = ojson::parse(CompressedTensorsQuantizationConfig(inputs));
+    (*existing_block)["kv_cache_scheme"] = fresh["kv_cache_scheme"];
+    return absl::OkStatus();
+  }
+  if (existing_block->contains("kv_cache_quant_algo") &&
+      !(*existing_block)["kv_cache_quant_algo"].is_null()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ".kv_cache_quant_algo: KV cache scales are already configured"));
+  }
+  (*existing_block)["kv_cache_quant_algo"] = "FP8";
+  const std::string hf_quant_path = JoinPath(options.checkpoint_dir, kModelOptConfigFile);
+  absl::StatusOr<std::string> text = options.env->ReadFile(hf_quant_path);
+  if (!text.ok()) return absl::IsNotFound(text.status()) ? absl::OkStatus() : text.status();
+  absl::StatusOr<ojson> side = ParseObject(*text, hf_quant_path);
+  if (!side.ok()) return side.status();
+  if (!side->contains("quantization") || !(*side)["quantization"].is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(hf_quant_path, ": quantization: missing or not an object"));
+  }
+  (*side)["quantization"]["kv_cache_quant_algo"] = "FP8";
+  *hf_quant_config = *std::move(side);
+  return absl::OkStatus();
+}
 
-  absl::StatusOr<std::string> shard = ct ? CompressedTensorsScalesFile(inputs, &report.warnings)
-                                         : ModelOptScalesFile(inputs, &report.warnings);
+// The scale shard's bytes; FailedPrecondition when the checkpoint already holds one of them.
+absl::StatusOr<std::string> RenderScaleShard(const MergeOptions& options, const MergeInputs& in,
+                                             const RenderInputs& inputs, uint64_t* scale_bytes,
+                                             MergeReport* report) {
+  absl::StatusOr<std::string> shard = in.ct
+                                          ? CompressedTensorsScalesFile(inputs, &report->warnings)
+                                          : ModelOptScalesFile(inputs, &report->warnings);
   if (!shard.ok()) return shard.status();
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> shard_view = SafetensorsFile::FromBytes(*shard);
-  if (!shard_view.ok()) return shard_view.status();
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> view = SafetensorsFile::FromBytes(*shard);
+  if (!view.ok()) return view.status();
+  const std::set<std::string> existing(in.names.begin(), in.names.end());
   std::vector<std::string> clashes;
-  uint64_t scale_bytes = 0;
-  for (const SafetensorsEntry& entry : (*shard_view)->tensors()) {
+  *scale_bytes = 0;
+  for (const SafetensorsEntry& entry : (*view)->tensors()) {
     if (existing.count(entry.name) > 0) clashes.push_back(entry.name);
-    scale_bytes += entry.end - entry.begin;
+    *scale_bytes += entry.end - entry.begin;
   }
   if (!clashes.empty()) {
     if (clashes.size() > 3) clashes.resize(3);
@@ -222,95 +234,107 @@ absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& option
         options.checkpoint_dir, ": already holds scale tensors (", absl::StrJoin(clashes, ", "),
         ", ...); engines would load both copies"));
   }
-  report.scale_tensors = static_cast<int>((*shard_view)->tensors().size());
+  report->scale_tensors = static_cast<int>((*view)->tensors().size());
+  return shard;
+}
 
-  // Build everything in a staging directory beside the output, then rename it into place.
-  const fs::path out_dir(options.out_dir);
-  std::error_code ec;
-  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec))) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(options.out_dir, ": exists and is not an empty directory"));
+// The new directory: shards linked, other files carried, the scale shard, the index, config.json
+// and the side file written, all in staging, then committed.
+absl::Status WriteMergedCheckpoint(const MergeOptions& options, MergeInputs& in,
+                                   const std::string& shard, uint64_t scale_bytes,
+                                   const std::optional<ojson>& hf_quant_config,
+                                   MergeReport* report) {
+  Env* env = options.env;
+  HfCheckpoint& ckpt = *in.checkpoint;
+  absl::StatusOr<std::unique_ptr<StagedDirectory>> staged =
+      StagedDirectory::Create(options.out_dir, env);
+  if (!staged.ok()) return staged.status();
+  StagedDirectory& out = **staged;
+  std::map<std::string, std::string> renamed;  // source shard -> name in out_dir
+  const bool lone_single = !ckpt.indexed() && ckpt.shard_files().size() == 1 &&
+                           ckpt.shard_files()[0] == kSingleSafetensorsName;
+  uint64_t weight_bytes = 0;
+  for (const std::string& name : ckpt.shard_files()) {
+    const std::string target = lone_single ? kMergedSingleShard : name;
+    renamed[name] = target;
+    const std::string source = JoinPath(options.checkpoint_dir, name);
+    if (absl::Status s = LinkInto(env, source, out, target, report); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(source);
+    if (!file.ok()) return file.status();
+    for (const SafetensorsEntry& entry : (*file)->tensors()) weight_bytes += entry.end - entry.begin;
   }
-  if (fs::equivalent(out_dir, source_dir, ec)) {
-    return absl::InvalidArgumentError("out_dir: must differ from checkpoint_dir");
+  // Tokenizer, generation config and the rest come along unchanged.
+  absl::StatusOr<std::vector<std::string>> listed = env->ListDir(options.checkpoint_dir);
+  if (!listed.ok()) return listed.status();
+  std::sort(listed->begin(), listed->end());
+  for (const std::string& name : *listed) {
+    if (renamed.count(name) > 0 || name == "config.json" || name == kSafetensorsIndexName ||
+        (hf_quant_config.has_value() && name == kModelOptConfigFile)) {
+      continue;
+    }
+    const std::string source = JoinPath(options.checkpoint_dir, name);
+    absl::StatusOr<FileInfo> info = env->Stat(source);
+    if (!info.ok()) return info.status();
+    if (!info->regular) {
+      report->warnings.push_back(
+          {source, "not a regular file; not carried into the merged checkpoint"});
+      continue;
+    }
+    if (absl::Status s = LinkInto(env, source, out, name, report); !s.ok()) return s;
   }
-  const fs::path staging = out_dir.string() + ".partial-" + std::to_string(::getpid());
-  fs::remove_all(staging, ec);
-  if (absl::Status s = options.env->CreateDirs(staging.string()); !s.ok()) return s;
-  auto build = [&]() -> absl::Status {
-    std::map<std::string, std::string> renamed;  // source shard -> name in out_dir
-    const bool lone_single =
-        !ckpt.indexed() && ckpt.shard_files().size() == 1 &&
-        ckpt.shard_files()[0] == kSingleSafetensorsName;
-    uint64_t weight_bytes = 0;
-    for (const std::string& name : ckpt.shard_files()) {
-      const std::string target = lone_single ? kMergedSingleShard : name;
-      renamed[name] = target;
-      if (absl::Status s = LinkInto(source_dir / name, staging / target, &report); !s.ok()) {
-        return s;
-      }
-      absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
-          SafetensorsFile::Open((source_dir / name).string());
-      if (!file.ok()) return file.status();
-      for (const SafetensorsEntry& entry : (*file)->tensors()) weight_bytes += entry.end - entry.begin;
-    }
-    // Tokenizer, generation config and the rest come along unchanged.
-    for (const auto& item : fs::directory_iterator(source_dir)) {
-      const std::string name = item.path().filename().string();
-      if (renamed.count(name) > 0 || name == "config.json" || name == kSafetensorsIndexName ||
-          (hf_quant_config.has_value() && name == kModelOptConfigFile)) {
-        continue;
-      }
-      if (!item.is_regular_file()) {
-        report.warnings.push_back(
-            {item.path().string(), "not a regular file; not carried into the merged checkpoint"});
-        continue;
-      }
-      if (absl::Status s = LinkInto(item.path(), staging / name, &report); !s.ok()) return s;
-    }
-    if (absl::Status s = WriteText(options.env, staging / kMergedScalesShard, *shard); !s.ok()) return s;
-    ojson weight_map = ojson::object();
-    for (const std::string& name : *names) {
-      absl::StatusOr<std::string> owner = ckpt.ShardOf(name);
-      if (!owner.ok()) return owner.status();
-      weight_map[name] = renamed[*owner];
-    }
-    for (const SafetensorsEntry& entry : (*shard_view)->tensors()) {
-      weight_map[entry.name] = kMergedScalesShard;
-    }
-    ojson index = ojson::object();
-    index["metadata"] = {{"total_size", weight_bytes + scale_bytes}};
-    index["weight_map"] = std::move(weight_map);
-    if (absl::Status s = WriteText(options.env, staging / kSafetensorsIndexName, index.dump(2) + "\n"); !s.ok()) {
+  if (absl::Status s = out.WriteFile(kMergedScalesShard, shard); !s.ok()) return s;
+  ojson weight_map = ojson::object();
+  for (const std::string& name : in.names) {
+    absl::StatusOr<std::string> owner = ckpt.ShardOf(name);
+    if (!owner.ok()) return owner.status();
+    weight_map[name] = renamed[*owner];
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> view = SafetensorsFile::FromBytes(shard);
+  if (!view.ok()) return view.status();
+  for (const SafetensorsEntry& entry : (*view)->tensors()) weight_map[entry.name] = kMergedScalesShard;
+  ojson index = ojson::object();
+  index["metadata"] = {{"total_size", weight_bytes + scale_bytes}};
+  index["weight_map"] = std::move(weight_map);
+  if (absl::Status s = out.WriteFile(kSafetensorsIndexName, index.dump(2) + "\n"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = out.WriteFile("config.json", in.config.dump(2) + "\n"); !s.ok()) return s;
+  if (hf_quant_config.has_value()) {
+    if (absl::Status s = out.WriteFile(kModelOptConfigFile, hf_quant_config->dump(4) + "\n");
+        !s.ok()) {
       return s;
     }
-    if (absl::Status s = WriteText(options.env, staging / "config.json", config->dump(2) + "\n"); !s.ok()) {
-      return s;
-    }
-    if (hf_quant_config.has_value()) {
-      if (absl::Status s = WriteText(options.env, staging / kModelOptConfigFile, hf_quant_config->dump(4) + "\n");
-          !s.ok()) {
-        return s;
-      }
-    }
-    std::error_code rename_ec;
-    if (fs::exists(out_dir, rename_ec)) fs::remove(out_dir, rename_ec);  // empty, checked above
-    if (absl::Status s = options.env->RenameFile(staging.string(), options.out_dir); !s.ok()) {
-      return Annotate(s, "moving the merged checkpoint into place: ");
-    }
-    fs::path placed = fs::absolute(out_dir).lexically_normal();
-    if (!placed.has_filename()) placed = placed.parent_path();  // "out/" -> "out"
-    return options.env->SyncDir(placed.parent_path().string());
-  };
-  absl::Status status;
-  try {
-    status = build();
-  } catch (const fs::filesystem_error& e) {
-    status = absl::FailedPreconditionError(e.what());
   }
-  if (!status.ok()) {
-    fs::remove_all(staging, ec);
-    return status;
+  return out.Commit();
+}
+
+}  // namespace
+
+absl::StatusOr<MergeReport> MergeScalesIntoCheckpoint(const MergeOptions& options) {
+  MergeReport report;
+  absl::StatusOr<MergeInputs> in = ReadMergeInputs(options);
+  if (!in.ok()) return in.status();
+  report.format = in->imported.format;
+
+  RenderInputs inputs;
+  inputs.model = in->model;
+  inputs.kv = in->imported.kv;
+  inputs.nvfp4 = in->imported.nvfp4;
+  inputs.ignore = IgnoreFromMetadata(*in->scales_file);
+  inputs.layers_prefix = DetectLayersPrefix(in->names);
+  std::optional<ojson> hf_quant_config;
+  if (absl::Status s = PlanQuantizationConfig(options, *in, inputs, &hf_quant_config, &report);
+      !s.ok()) {
+    return s;
+  }
+  uint64_t scale_bytes = 0;
+  absl::StatusOr<std::string> shard =
+      RenderScaleShard(options, *in, inputs, &scale_bytes, &report);
+  if (!shard.ok()) return shard.status();
+  if (absl::Status s =
+          WriteMergedCheckpoint(options, *in, *shard, scale_bytes, hf_quant_config, &report);
+      !s.ok()) {
+    return s;
   }
   return report;
 }

@@ -1,23 +1,21 @@
 #include "core/formats/nvfp4_checkpoint.h"
 
-#include <unistd.h>
-
+#include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <optional>
 #include <regex>
 #include <set>
-#include <system_error>
 
 #include "absl/status/status.h"
-#include "core/formats/render_inputs.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/env/staged_directory.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/compressed_tensors_config.h"
 #include "core/formats/engine_formats.h"
 #include "core/formats/moe_layout.h"
+#include "core/formats/render_inputs.h"
 #include "core/formats/safetensors.h"
 #include "core/formats/safetensors_stream_writer.h"
 #include "core/tensor/dtype.h"
@@ -25,7 +23,6 @@
 #include "nlohmann/json.hpp"
 
 namespace caliper {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -96,26 +93,61 @@ std::string ScalarBytes(const std::vector<float>& values, const std::string& dty
   return out;
 }
 
-}  // namespace
 
-absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options) {
+// One quantize run, step by step: read the inputs, match the scale file's modules to the
+// checkpoint's, check them and collect the ignore list, place the K/V scales, then write each
+// output shard and the small files into a staged directory and commit it.
+struct QuantizeJob {
+  explicit QuantizeJob(const QuantizeOptions& o)
+      : options(o), ct(o.format == kFormatCompressedTensors) {}
+
+  absl::Status ReadInputs();
+  absl::Status MatchTargets();
+  absl::Status CheckTargetsAndIgnore();
+  void PlaceKvScales();
+  void NameOutputs();
+  absl::Status WriteShard(const std::string& shard, const std::vector<std::string>& shard_names,
+                          StagedDirectory& out);
+  absl::Status WriteSmallFiles(StagedDirectory& out);
+
+  const QuantizeOptions& options;
+  const bool ct;  // compressed-tensors output (else ModelOpt)
   QuantizeReport report;
-  const bool ct = options.format == kFormatCompressedTensors;
-  if (!ct && options.format != kFormatModelOpt) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "format: \"", options.format, "\" (expected compressed-tensors or modelopt)"));
-  }
-  if (options.backend == nullptr) return absl::InvalidArgumentError("backend: required");
-  absl::StatusOr<std::unique_ptr<HfCheckpoint>> opened = HfCheckpoint::Open(options.checkpoint_dir);
+  std::unique_ptr<HfCheckpoint> checkpoint;
+  HfCheckpoint* ckpt = nullptr;
+  std::string config_where, config_text;
+  ojson config;
+  std::unique_ptr<SafetensorsFile> scales_file;
+  ImportedScales imported;
+  std::string input_observer, kv_observer;
+  Nvfp4Scales divisors, multipliers;
+  std::vector<std::string> names;  // the checkpoint's tensors, sorted
+  std::set<std::string> modules, routers;
+  std::map<std::string, Target> targets;  // checkpoint module -> its scales
+  uint64_t total_bytes = 0;
+  std::map<std::string, std::vector<std::string>> by_shard;  // shard -> its tensors
+  std::set<std::string> ignore;
+  // Tensors added to a shard (K/V scales), by shard.
+  std::map<std::string, std::vector<std::pair<SafetensorsStreamWriter::Tensor, Source>>> extra;
+  uint8_t zero_scale = 0;
+  std::map<std::string, std::string> out_name;  // checkpoint module -> output module
+  ojson weight_map = ojson::object();
+  uint64_t done_bytes = 0;
+};
+
+absl::Status QuantizeJob::ReadInputs() {
+  absl::StatusOr<std::unique_ptr<HfCheckpoint>> opened =
+      HfCheckpoint::Open(options.checkpoint_dir, options.env);
   if (!opened.ok()) return opened.status();
-  HfCheckpoint& ckpt = **opened;
-  const fs::path source_dir(options.checkpoint_dir);
-  const std::string config_where = (source_dir / "config.json").string();
-  absl::StatusOr<std::string> config_text = ckpt.ReadConfigText();
-  if (!config_text.ok()) return config_text.status();
-  absl::StatusOr<ModelConfig> model = ckpt.ReadConfig();
+  checkpoint = *std::move(opened);
+  ckpt = checkpoint.get();
+  config_where = JoinPath(options.checkpoint_dir, "config.json");
+  absl::StatusOr<std::string> text = ckpt->ReadConfigText();
+  if (!text.ok()) return text.status();
+  config_text = *std::move(text);
+  absl::StatusOr<ModelConfig> model = ckpt->ReadConfig();
   if (!model.ok()) return model.status();
-  ojson config = ojson::parse(*config_text, nullptr, false);
+  config = ojson::parse(config_text, nullptr, false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(config_where, ": not a JSON object"));
   }
@@ -125,29 +157,32 @@ absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options
                       "starts from the dense (bf16/f16/f32) checkpoint"));
   }
 
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> scales_file =
-      SafetensorsFile::Open(options.scales_path);
-  if (!scales_file.ok()) return scales_file.status();
-  absl::StatusOr<ImportedScales> imported = ImportScales(**scales_file, *model);
-  if (!imported.ok()) return imported.status();
-  std::string input_observer = options.input_observer, kv_observer = options.kv_observer;
-  ObserversFromMetadata(**scales_file, &input_observer, &kv_observer);
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> scales = SafetensorsFile::Open(options.scales_path);
+  if (!scales.ok()) return scales.status();
+  scales_file = *std::move(scales);
+  absl::StatusOr<ImportedScales> read = ImportScales(*scales_file, *model);
+  if (!read.ok()) return read.status();
+  imported = *std::move(read);
+  input_observer = options.input_observer;
+  kv_observer = options.kv_observer;
+  ObserversFromMetadata(*scales_file, &input_observer, &kv_observer);
   if (input_observer.empty()) input_observer = "static_minmax";
   if (kv_observer.empty()) kv_observer = "static_minmax";
-  const Nvfp4Scales divisors = ConvertNvfp4Form(imported->nvfp4, ScaleForm::kDivisor);
-  const Nvfp4Scales multipliers = ConvertNvfp4Form(imported->nvfp4, ScaleForm::kMultiplier);
+  divisors = ConvertNvfp4Form(imported.nvfp4, ScaleForm::kDivisor);
+  multipliers = ConvertNvfp4Form(imported.nvfp4, ScaleForm::kMultiplier);
 
-  absl::StatusOr<std::vector<std::string>> names = ckpt.TensorNames();
-  if (!names.ok()) return names.status();
-  std::set<std::string> modules;
-  for (const std::string& name : *names) {
+  absl::StatusOr<std::vector<std::string>> listed = ckpt->TensorNames();
+  if (!listed.ok()) return listed.status();
+  names = *std::move(listed);
+  for (const std::string& name : names) {
     if (absl::EndsWith(name, ".weight")) modules.insert(StripWeight(name));
   }
-  report.routers = DetectMoeRouters(*names);
-  const std::set<std::string> routers(report.routers.begin(), report.routers.end());
+  report.routers = DetectMoeRouters(names);
+  routers.insert(report.routers.begin(), report.routers.end());
+  return absl::OkStatus();
+}
 
-  // Scale-file modules -> checkpoint modules to pack.
-  std::map<std::string, Target> targets;
+absl::Status QuantizeJob::MatchTargets() {
   for (const auto& [name, module] : divisors.modules) {
     if (!module.weight_scale.has_value()) {
       report.warnings.push_back({name, "input global scale without a weight global scale: the "
@@ -181,20 +216,20 @@ absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options
         options.scales_path, ": no NVFP4 weight global scales; nothing to quantize (for KV "
                              "scales alone use caliper merge)"));
   }
+  return absl::OkStatus();
+}
 
-  // Check every target and collect the ignore list (lm_head, routers, every other Linear).
-  uint64_t total_bytes = 0;
-  std::map<std::string, std::vector<std::string>> by_shard;
-  for (const std::string& name : *names) {
-    absl::StatusOr<std::string> shard = ckpt.ShardOf(name);
+// Every target must be packable; every other Linear (and lm_head, routers) is ignored.
+absl::Status QuantizeJob::CheckTargetsAndIgnore() {
+  for (const std::string& name : names) {
+    absl::StatusOr<std::string> shard = ckpt->ShardOf(name);
     if (!shard.ok()) return shard.status();
     by_shard[*shard].push_back(name);
   }
-  std::set<std::string> ignore;
   if (modules.count("lm_head") > 0 || ct) ignore.insert("lm_head");
   for (const auto& [shard, shard_names] : by_shard) {
     for (const std::string& name : shard_names) {
-      absl::StatusOr<HfCheckpoint::Tensor> t = ckpt.Get(name);
+      absl::StatusOr<HfCheckpoint::Tensor> t = ckpt->Get(name);
       if (!t.ok()) return t.status();
       total_bytes += t->entry->end - t->entry->begin;
       if (!absl::EndsWith(name, ".weight")) continue;
@@ -219,12 +254,14 @@ absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options
                                          "unquantized and added to the ignore list"});
     }
   }
+  return absl::OkStatus();
+}
 
-  // KV scale tensors, placed in the shard holding their layer's k_proj.
-  const std::string layers_prefix = DetectLayersPrefix(*names);
-  std::map<std::string, std::vector<std::pair<SafetensorsStreamWriter::Tensor, Source>>> extra;
-  if (imported->kv.has_value()) {
-    const KvScales& kv = *imported->kv;
+// K/V scale tensors, placed in the shard holding their layer's k_proj.
+void QuantizeJob::PlaceKvScales() {
+  const std::string layers_prefix = DetectLayersPrefix(names);
+  if (imported.kv.has_value()) {
+    const KvScales& kv = *imported.kv;
     const bool per_head = kv.granularity == KvGranularity::kPerHead;
     if (!ct && per_head) {
       report.warnings.push_back({"modelopt", "ModelOpt stores one K and one V scale per layer: "
@@ -232,12 +269,12 @@ absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options
     }
     for (size_t l = 0; l < kv.k.size(); ++l) {
       const std::string attn = absl::StrCat(layers_prefix, l, ".self_attn");
-      absl::StatusOr<std::string> shard = ckpt.ShardOf(attn + ".k_proj.weight");
+      absl::StatusOr<std::string> shard = ckpt->ShardOf(attn + ".k_proj.weight");
       const std::string home = shard.ok() ? *shard : by_shard.rbegin()->first;
       // llm-compressor stores K/V scales in the observed (model) dtype; Caliper in F32.
       std::string dtype = "F32";
       if (options.llm_compressor_compat) {
-        absl::StatusOr<HfCheckpoint::Tensor> k_proj = ckpt.Get(attn + ".k_proj.weight");
+        absl::StatusOr<HfCheckpoint::Tensor> k_proj = ckpt->Get(attn + ".k_proj.weight");
         if (k_proj.ok() && ParseDType(k_proj->entry->dtype).ok()) dtype = k_proj->entry->dtype;
       }
       for (bool key : {true, false}) {
@@ -264,209 +301,207 @@ absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options
     report.kv_layers = static_cast<int>(kv.k.size());
     for (const ScaleWarning& w : kv.warnings) report.warnings.push_back(w);
   }
+}
 
-  // Output directory, built in staging and renamed into place.
-  const fs::path out_dir(options.out_dir);
-  std::error_code ec;
-  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec))) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(options.out_dir, ": exists and is not an empty directory"));
-  }
-  if (fs::equivalent(out_dir, source_dir, ec)) {
-    return absl::InvalidArgumentError("--out: must differ from --checkpoint");
-  }
-  const fs::path staging = out_dir.string() + ".partial-" + std::to_string(::getpid());
-  fs::remove_all(staging, ec);
-  if (!fs::create_directories(staging, ec) || ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(staging.string(), ": cannot create: ", ec.message()));
-  }
-  const uint8_t zero_scale = ct ? kE4M3Eighth : kE4M3One;
+void QuantizeJob::NameOutputs() {
+  zero_scale = ct ? kE4M3Eighth : kE4M3One;
   // Output module names: the checkpoint's, except experts renamed to what the loaders of the
   // transformers version that wrote it expect.
-  const int transformers_major = TransformersMajor(*config_text);
-  std::map<std::string, std::string> out_name;
+  const int transformers_major = TransformersMajor(config_text);
   for (const auto& [module, target] : targets) {
     out_name[module] = ct ? CompressedTensorsExpertName(module, transformers_major) : module;
     if (out_name[module] != module) report.renamed.emplace_back(module, out_name[module]);
   }
+}
 
-  auto build = [&]() -> absl::Status {
-    ojson weight_map = ojson::object();
-    uint64_t done_bytes = 0;
-    for (const auto& [shard, shard_names] : by_shard) {
-      std::vector<SafetensorsStreamWriter::Tensor> plan;
-      std::map<std::string, Source> sources;
-      auto add = [&](SafetensorsStreamWriter::Tensor t, Source s) {
-        sources[t.name] = std::move(s);
-        plan.push_back(std::move(t));
-      };
-      for (const std::string& name : shard_names) {
-        absl::StatusOr<HfCheckpoint::Tensor> t = ckpt.Get(name);
-        if (!t.ok()) return t.status();
-        const SafetensorsEntry& e = *t->entry;
-        const bool packed = absl::EndsWith(name, ".weight") && targets.count(StripWeight(name)) > 0;
-        if (!packed) {
-          add({name, e.dtype, e.shape}, {Source::kCopy, name, {}});
-          continue;
-        }
-        const std::string& m = out_name.at(StripWeight(name));
-        const Target& target = targets.at(StripWeight(name));
-        const int64_t rows = e.shape[0], cols = e.shape[1];
-        add({m + (ct ? ".weight_packed" : ".weight"), "U8", {rows, cols / 2}},
-            {Source::kPacked, name, {}});
-        add({m + ".weight_scale", "F8_E4M3", {rows, cols / kNvfp4GroupSize}},
-            {Source::kGroupScales, name, {}});
-        if (ct) {
-          add({m + ".weight_global_scale", "F32", {1}}, {Source::kScalar, "", {target.global_scale}});
-          if (target.input_divisor.has_value()) {
-            add({m + ".input_global_scale", "F32", {1}},
-                {Source::kScalar, "", {*target.input_divisor}});
-          }
-        } else {
-          add({m + ".weight_scale_2", "F32", {}}, {Source::kScalar, "", {target.weight_multiplier}});
-          if (target.input_multiplier.has_value()) {
-            add({m + ".input_scale", "F32", {}}, {Source::kScalar, "", {*target.input_multiplier}});
-          }
-        }
-      }
-      if (auto it = extra.find(shard); it != extra.end()) {
-        for (auto& [t, s] : it->second) add(t, s);
-      }
-      absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> writer =
-          SafetensorsStreamWriter::Plan(plan, {{"format", "pt"}});
-      if (!writer.ok()) return writer.status();
-      const std::string out_path = (staging / shard).string();
-      if (absl::Status s = (*writer)->Open(out_path); !s.ok()) return s;
-      std::vector<uint8_t> packed_bytes, scale_bytes;
-      for (const SafetensorsStreamWriter::Tensor& t : (*writer)->order()) {
-        weight_map[t.name] = shard;
-        const Source& src = sources.at(t.name);
-        absl::Status s;
-        if (src.kind == Source::kScalar) {
-          const std::string bytes = ScalarBytes(src.values, t.dtype);
-          s = (*writer)->Append(absl::MakeConstSpan(
-              reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-        } else if (src.kind == Source::kGroupScales) {
-          s = (*writer)->Append(scale_bytes);  // computed with the packed tensor just before
-          scale_bytes.clear();
-          scale_bytes.shrink_to_fit();
-        } else {
-          absl::StatusOr<HfCheckpoint::Tensor> in = ckpt.Get(src.input);
-          if (!in.ok()) return in.status();
-          const SafetensorsEntry& e = *in->entry;
-          if (src.kind == Source::kCopy) {
-            s = (*writer)->Append(in->file->Data(e));
-          } else {
-            absl::StatusOr<TensorView> view = in->file->View(e);
-            if (!view.ok()) return view.status();
-            Nvfp4PackParams params;
-            params.global_scale = targets.at(StripWeight(src.input)).global_scale;
-            params.group_scale_in_weight_dtype = options.llm_compressor_compat;
-            params.zero_group_scale = zero_scale;
-            packed_bytes.assign(view->num_elements() / 2, 0);
-            scale_bytes.assign(view->num_elements() / kNvfp4GroupSize, 0);
-            s = options.backend->PackNvfp4(*view, params, absl::MakeSpan(packed_bytes),
-                                           absl::MakeSpan(scale_bytes));
-            if (!s.ok()) {
-              return absl::Status(s.code(), absl::StrCat(in->file->origin(), ": ", src.input, ": ",
-                                                         s.message()));
-            }
-            s = (*writer)->Append(packed_bytes);
-            packed_bytes.clear();
-            packed_bytes.shrink_to_fit();
-            ++report.quantized_modules;
-          }
-          in->file->ReleasePages(e);
-          if (src.kind == Source::kCopy) ++report.copied_tensors;
-          done_bytes += e.end - e.begin;
-          if (options.progress) options.progress(done_bytes, total_bytes, src.input);
-        }
-        if (!s.ok()) return s;
-      }
-      if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
-      report.bytes_out += fs::file_size(out_path);
+// One output shard, streamed: the planned tensors, packed or copied one at a time.
+absl::Status QuantizeJob::WriteShard(const std::string& shard,
+                                     const std::vector<std::string>& shard_names,
+                                     StagedDirectory& out) {
+  std::vector<SafetensorsStreamWriter::Tensor> plan;
+  std::map<std::string, Source> sources;
+  auto add = [&](SafetensorsStreamWriter::Tensor t, Source s) {
+    sources[t.name] = std::move(s);
+    plan.push_back(std::move(t));
+  };
+  for (const std::string& name : shard_names) {
+    absl::StatusOr<HfCheckpoint::Tensor> t = ckpt->Get(name);
+    if (!t.ok()) return t.status();
+    const SafetensorsEntry& e = *t->entry;
+    const bool packed = absl::EndsWith(name, ".weight") && targets.count(StripWeight(name)) > 0;
+    if (!packed) {
+      add({name, e.dtype, e.shape}, {Source::kCopy, name, {}});
+      continue;
     }
-    report.bytes_in = total_bytes;
-
-    // Small files (tokenizer, generation config, ...) come along as copies.
-    for (const auto& item : fs::directory_iterator(source_dir)) {
-      const std::string name = item.path().filename().string();
-      if (by_shard.count(name) > 0 || name == "config.json" || name == kSafetensorsIndexName ||
-          name == kModelOptConfigFile || absl::EndsWith(name, ".safetensors")) {
-        continue;
-      }
-      if (!item.is_regular_file()) continue;
-      fs::copy_file(item.path(), staging / name);
-    }
-    if (ckpt.indexed() || by_shard.size() > 1) {
-      ojson index = ojson::object();
-      index["metadata"] = {{"total_size", report.bytes_out}};
-      index["weight_map"] = std::move(weight_map);
-      if (absl::Status s = WriteFileAtomically((staging / kSafetensorsIndexName).string(),
-                                               index.dump(2) + "\n");
-          !s.ok()) {
-        return s;
-      }
-    }
-    bool has_inputs = false;
-    for (const auto& [m, t] : targets) has_inputs = has_inputs || t.input_divisor.has_value();
-    const std::optional<KvScales>& kv = imported->kv;
+    const std::string& m = out_name.at(StripWeight(name));
+    const Target& target = targets.at(StripWeight(name));
+    const int64_t rows = e.shape[0], cols = e.shape[1];
+    add({m + (ct ? ".weight_packed" : ".weight"), "U8", {rows, cols / 2}},
+        {Source::kPacked, name, {}});
+    add({m + ".weight_scale", "F8_E4M3", {rows, cols / kNvfp4GroupSize}},
+        {Source::kGroupScales, name, {}});
     if (ct) {
-      CtConfigOptions c;
-      c.weights = true;
-      c.inputs = has_inputs;
-      c.input_observer = input_observer;
-      if (kv.has_value()) {
-        c.kv_strategy = kv->granularity == KvGranularity::kPerHead ? "attn_head" : "tensor";
+      add({m + ".weight_global_scale", "F32", {1}}, {Source::kScalar, "", {target.global_scale}});
+      if (target.input_divisor.has_value()) {
+        add({m + ".input_global_scale", "F32", {1}},
+            {Source::kScalar, "", {*target.input_divisor}});
       }
-      c.kv_observer = kv_observer;
-      c.ignore = report.ignore;
-      config["quantization_config"] = ojson::parse(CompressedTensorsConfigBlock(c));
     } else {
-      ojson q = ojson::object();
-      q["quant_algo"] = "NVFP4";
-      if (kv.has_value()) q["kv_cache_quant_algo"] = "FP8";
-      q["group_size"] = 16;
-      q["exclude_modules"] = report.ignore;
-      ojson producer = {{"name", "caliper"}, {"version", CaliperVersion()}};
-      ojson flat = ojson::object();
-      flat["quant_method"] = "modelopt";
-      for (auto it = q.begin(); it != q.end(); ++it) flat[it.key()] = *it;
-      flat["producer"] = producer;
-      config["quantization_config"] = flat;
-      ojson side = {{"producer", producer}, {"quantization", q}};
-      if (absl::Status s = WriteFileAtomically((staging / kModelOptConfigFile).string(),
-                                               side.dump(4) + "\n");
-          !s.ok()) {
-        return s;
+      add({m + ".weight_scale_2", "F32", {}}, {Source::kScalar, "", {target.weight_multiplier}});
+      if (target.input_multiplier.has_value()) {
+        add({m + ".input_scale", "F32", {}}, {Source::kScalar, "", {*target.input_multiplier}});
       }
     }
-    if (absl::Status s = WriteFileAtomically((staging / "config.json").string(),
-                                             config.dump(2) + "\n");
+  }
+  if (auto it = extra.find(shard); it != extra.end()) {
+    for (auto& [t, s] : it->second) add(t, s);
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> writer =
+      SafetensorsStreamWriter::Plan(plan, {{"format", "pt"}});
+  if (!writer.ok()) return writer.status();
+  const std::string out_path = out.PathOf(shard);
+  if (absl::Status s = (*writer)->Open(out_path, options.env); !s.ok()) return s;
+  std::vector<uint8_t> packed_bytes, scale_bytes;
+  for (const SafetensorsStreamWriter::Tensor& t : (*writer)->order()) {
+    weight_map[t.name] = shard;
+    const Source& src = sources.at(t.name);
+    absl::Status s;
+    if (src.kind == Source::kScalar) {
+      const std::string bytes = ScalarBytes(src.values, t.dtype);
+      s = (*writer)->Append(absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    } else if (src.kind == Source::kGroupScales) {
+      s = (*writer)->Append(scale_bytes);  // computed with the packed tensor just before
+      scale_bytes.clear();
+      scale_bytes.shrink_to_fit();
+    } else {
+      absl::StatusOr<HfCheckpoint::Tensor> in = ckpt->Get(src.input);
+      if (!in.ok()) return in.status();
+      const SafetensorsEntry& e = *in->entry;
+      if (src.kind == Source::kCopy) {
+        s = (*writer)->Append(in->file->Data(e));
+      } else {
+        absl::StatusOr<TensorView> view = in->file->View(e);
+        if (!view.ok()) return view.status();
+        Nvfp4PackParams params;
+        params.global_scale = targets.at(StripWeight(src.input)).global_scale;
+        params.group_scale_in_weight_dtype = options.llm_compressor_compat;
+        params.zero_group_scale = zero_scale;
+        packed_bytes.assign(view->num_elements() / 2, 0);
+        scale_bytes.assign(view->num_elements() / kNvfp4GroupSize, 0);
+        s = options.backend->PackNvfp4(*view, params, absl::MakeSpan(packed_bytes),
+                                       absl::MakeSpan(scale_bytes));
+        if (!s.ok()) {
+          return absl::Status(s.code(), absl::StrCat(in->file->origin(), ": ", src.input, ": ",
+                                                     s.message()));
+        }
+        s = (*writer)->Append(packed_bytes);
+        packed_bytes.clear();
+        packed_bytes.shrink_to_fit();
+        ++report.quantized_modules;
+      }
+      in->file->ReleasePages(e);
+      if (src.kind == Source::kCopy) ++report.copied_tensors;
+      done_bytes += e.end - e.begin;
+      if (options.progress) options.progress(done_bytes, total_bytes, src.input);
+    }
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
+  absl::StatusOr<FileInfo> written = options.env->Stat(out_path);
+  if (!written.ok()) return written.status();
+  report.bytes_out += written->size;
+  return absl::OkStatus();
+}
+
+// Small files (tokenizer, generation config, ...), the index, config.json, ModelOpt's side file.
+absl::Status QuantizeJob::WriteSmallFiles(StagedDirectory& out) {
+  absl::StatusOr<std::vector<std::string>> listed = options.env->ListDir(options.checkpoint_dir);
+  if (!listed.ok()) return listed.status();
+  std::sort(listed->begin(), listed->end());
+  for (const std::string& name : *listed) {
+    if (by_shard.count(name) > 0 || name == "config.json" || name == kSafetensorsIndexName ||
+        name == kModelOptConfigFile || absl::EndsWith(name, ".safetensors")) {
+      continue;
+    }
+    const std::string source = JoinPath(options.checkpoint_dir, name);
+    absl::StatusOr<FileInfo> info = options.env->Stat(source);
+    if (!info.ok()) return info.status();
+    if (!info->regular) continue;
+    if (absl::Status s = out.CopyFile(source, name); !s.ok()) return s;
+  }
+  if (ckpt->indexed() || by_shard.size() > 1) {
+    ojson index = ojson::object();
+    index["metadata"] = {{"total_size", report.bytes_out}};
+    index["weight_map"] = std::move(weight_map);
+    if (absl::Status s = out.WriteFile(kSafetensorsIndexName, index.dump(2) + "\n");
         !s.ok()) {
       return s;
     }
-    std::error_code rename_ec;
-    if (fs::exists(out_dir, rename_ec)) fs::remove(out_dir, rename_ec);  // empty, checked above
-    fs::rename(staging, out_dir, rename_ec);
-    if (rename_ec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          options.out_dir, ": cannot move the checkpoint into place: ", rename_ec.message()));
+  }
+  bool has_inputs = false;
+  for (const auto& [m, t] : targets) has_inputs = has_inputs || t.input_divisor.has_value();
+  const std::optional<KvScales>& kv = imported.kv;
+  if (ct) {
+    CtConfigOptions c;
+    c.weights = true;
+    c.inputs = has_inputs;
+    c.input_observer = input_observer;
+    if (kv.has_value()) {
+      c.kv_strategy = kv->granularity == KvGranularity::kPerHead ? "attn_head" : "tensor";
     }
-    return absl::OkStatus();
-  };
-  absl::Status status;
-  try {
-    status = build();
-  } catch (const fs::filesystem_error& e) {
-    status = absl::FailedPreconditionError(e.what());
+    c.kv_observer = kv_observer;
+    c.ignore = report.ignore;
+    config["quantization_config"] = ojson::parse(CompressedTensorsConfigBlock(c));
+  } else {
+    ojson q = ojson::object();
+    q["quant_algo"] = "NVFP4";
+    if (kv.has_value()) q["kv_cache_quant_algo"] = "FP8";
+    q["group_size"] = 16;
+    q["exclude_modules"] = report.ignore;
+    ojson producer = {{"name", "caliper"}, {"version", CaliperVersion()}};
+    ojson flat = ojson::object();
+    flat["quant_method"] = "modelopt";
+    for (auto it = q.begin(); it != q.end(); ++it) flat[it.key()] = *it;
+    flat["producer"] = producer;
+    config["quantization_config"] = flat;
+    ojson side = {{"producer", producer}, {"quantization", q}};
+    if (absl::Status s = out.WriteFile(kModelOptConfigFile, side.dump(4) + "\n");
+        !s.ok()) {
+      return s;
+    }
   }
-  if (!status.ok()) {
-    fs::remove_all(staging, ec);
-    return status;
+  if (absl::Status s = out.WriteFile("config.json", config.dump(2) + "\n");
+      !s.ok()) {
+    return s;
   }
-  return report;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options) {
+  if (options.format != kFormatCompressedTensors && options.format != kFormatModelOpt) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format: \"", options.format, "\" (expected compressed-tensors or modelopt)"));
+  }
+  if (options.backend == nullptr) return absl::InvalidArgumentError("backend: required");
+  QuantizeJob job(options);
+  if (absl::Status s = job.ReadInputs(); !s.ok()) return s;
+  if (absl::Status s = job.MatchTargets(); !s.ok()) return s;
+  if (absl::Status s = job.CheckTargetsAndIgnore(); !s.ok()) return s;
+  job.PlaceKvScales();
+  absl::StatusOr<std::unique_ptr<StagedDirectory>> out =
+      StagedDirectory::Create(options.out_dir, options.env);
+  if (!out.ok()) return out.status();
+  job.NameOutputs();
+  for (const auto& [shard, shard_names] : job.by_shard) {
+    if (absl::Status s = job.WriteShard(shard, shard_names, **out); !s.ok()) return s;
+  }
+  job.report.bytes_in = job.total_bytes;
+  if (absl::Status s = job.WriteSmallFiles(**out); !s.ok()) return s;
+  if (absl::Status s = (*out)->Commit(); !s.ok()) return s;
+  return std::move(job.report);
 }
 
 }  // namespace caliper

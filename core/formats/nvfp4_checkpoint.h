@@ -4,7 +4,8 @@
 // weight_scale, weight_global_scale, input_global_scale + the full quantization_config) or ModelOpt
 // form (weight, weight_scale, weight_scale_2, input_scale + hf_quant_config.json); K/V scales go
 // beside them. Bounded memory: input shards are memory-mapped one at a time, one tensor is
-// resident, output shards are streamed. The output appears whole or not at all. Not thread-safe.
+// resident, output shards are streamed. The output appears whole or not at all (a
+// StagedDirectory). Not thread-safe.
 #ifndef CALIPER_CORE_FORMATS_NVFP4_CHECKPOINT_H_
 #define CALIPER_CORE_FORMATS_NVFP4_CHECKPOINT_H_
 
@@ -15,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/calibration/warnings.h"
+#include "core/env/env.h"
 #include "core/tensor/reduction_backend.h"
 
 namespace caliper {
@@ -32,6 +34,7 @@ struct QuantizeOptions {
   ReductionBackend* backend = nullptr;  // packs; required
   // Called after each tensor: bytes of the input read so far, of the whole input, tensor name.
   std::function<void(uint64_t done, uint64_t total, const std::string& tensor)> progress;
+  Env* env = Env::Default();  // every read of the directory and every write of the output
 };
 
 struct QuantizeReport {

@@ -1,9 +1,7 @@
 #include "core/formats/safetensors_stream_writer.h"
 
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <set>
 
@@ -54,23 +52,38 @@ absl::StatusOr<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter
   return writer;
 }
 
-SafetensorsStreamWriter::~SafetensorsStreamWriter() {
-  if (file_ != nullptr) std::fclose(file_);
-}
+SafetensorsStreamWriter::~SafetensorsStreamWriter() = default;  // an unfinished file is closed
 
-absl::Status SafetensorsStreamWriter::Open(const std::string& path) {
+absl::Status SafetensorsStreamWriter::Open(const std::string& path, Env* env) {
   path_ = path;
-  file_ = std::fopen(path.c_str(), "wb");
-  if (file_ == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, ": cannot create: ", std::strerror(errno)));
-  }
-  if (std::fwrite(header_.data(), 1, header_.size(), file_) != header_.size()) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": write failed: ", std::strerror(errno)));
-  }
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(path);
+  if (!file.ok()) return file.status();
+  file_ = *std::move(file);
+  buffer_ = header_;
   // Skip tensors with no bytes at the front.
   while (current_ < sizes_.size() && sizes_[current_] == 0) ++current_;
   return absl::OkStatus();
+}
+
+absl::Status SafetensorsStreamWriter::Write(absl::string_view bytes) {
+  // Small tensors (scalars, scales) gather in the buffer; big ones go straight through.
+  if (buffer_.size() + bytes.size() <= kBufferBytes) {
+    buffer_.append(bytes.data(), bytes.size());
+    return absl::OkStatus();
+  }
+  if (absl::Status s = Flush(); !s.ok()) return s;
+  if (bytes.size() < kBufferBytes) {
+    buffer_.assign(bytes.data(), bytes.size());
+    return absl::OkStatus();
+  }
+  return file_->Append(bytes);
+}
+
+absl::Status SafetensorsStreamWriter::Flush() {
+  if (buffer_.empty()) return absl::OkStatus();
+  absl::Status s = file_->Append(buffer_);
+  buffer_.clear();
+  return s;
 }
 
 absl::Status SafetensorsStreamWriter::Append(absl::Span<const uint8_t> bytes) {
@@ -83,9 +96,10 @@ absl::Status SafetensorsStreamWriter::Append(absl::Span<const uint8_t> bytes) {
     }
     const uint64_t room = sizes_[current_] - written_;
     const size_t n = static_cast<size_t>(std::min<uint64_t>(room, bytes.size() - done));
-    if (std::fwrite(bytes.data() + done, 1, n, file_) != n) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path_, ": write failed: ", std::strerror(errno)));
+    if (absl::Status s =
+            Write(absl::string_view(reinterpret_cast<const char*>(bytes.data()) + done, n));
+        !s.ok()) {
+      return s;
     }
     done += n;
     written_ += n;
@@ -104,15 +118,11 @@ absl::Status SafetensorsStreamWriter::Finish() {
         path_, ": tensor ", order_[current_].name, " got ", written_, " of ", sizes_[current_],
         " bytes"));
   }
-  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": flush failed: ", std::strerror(errno)));
-  }
-  const int rc = std::fclose(file_);
-  file_ = nullptr;
-  if (rc != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": close failed: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  absl::Status status = Flush();
+  if (status.ok()) status = file_->Sync();
+  absl::Status closed = file_->Close();
+  file_.reset();
+  return status.ok() ? closed : status;
 }
 
 }  // namespace caliper

@@ -7,7 +7,6 @@
 #define CALIPER_CORE_FORMATS_SAFETENSORS_STREAM_WRITER_H_
 
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "core/env/env.h"
 
 namespace caliper {
 
@@ -34,8 +34,8 @@ class SafetensorsStreamWriter {
   const std::vector<Tensor>& order() const { return order_; }
   uint64_t data_bytes() const { return data_bytes_; }
 
-  // Creates `path` and writes the header. Errors name the path.
-  absl::Status Open(const std::string& path);
+  // Creates `path` (through `env`) and writes the header. Errors are the Env's, naming the path.
+  absl::Status Open(const std::string& path, Env* env = Env::Default());
   // Appends bytes of the current tensor; FailedPrecondition when they overrun it.
   absl::Status Append(absl::Span<const uint8_t> bytes);
   // Checks that every tensor got exactly its bytes, fsyncs and closes.
@@ -48,8 +48,14 @@ class SafetensorsStreamWriter {
   std::vector<uint64_t> sizes_;
   std::string header_;
   uint64_t data_bytes_ = 0;
+  // Appends through a buffer of kBufferBytes, so scalars are not one write(2) each.
+  absl::Status Write(absl::string_view bytes);
+  absl::Status Flush();
+
+  static constexpr size_t kBufferBytes = 1 << 20;
   std::string path_;
-  std::FILE* file_ = nullptr;
+  std::unique_ptr<WritableFile> file_;
+  std::string buffer_;
   size_t current_ = 0;       // tensor being written
   uint64_t written_ = 0;     // bytes of the current tensor so far
 };

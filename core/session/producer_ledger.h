@@ -20,11 +20,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/state/observer_codec.h"
 
 namespace caliper {
 
 enum class SequenceVerdict { kNew, kDuplicate };
+
+// Last durable sequence per producer_id.
+using ProducerSequences = std::map<std::string, uint64_t>;
 
 class ProducerLedger {
  public:

@@ -1,7 +1,6 @@
 #include "core/session/session.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -50,18 +49,22 @@ absl::Status CheckFinalizedScales(const std::string& id, SessionScales* scales) 
 // Module names are keys of bounded session state; a runaway name is a client bug.
 constexpr size_t kMaxModuleNameBytes = 1024;
 
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 bool IsKv(ChunkKind kind) { return kind == ChunkKind::kKey || kind == ChunkKind::kValue; }
 
 // llm-compressor's TENSOR_GROUP activations are averaged per group of 16 columns.
 constexpr int64_t kInputGroupColumns = 16;
 // Bounds one module's per-batch group state (8 bytes a group): 16M input columns.
 constexpr int64_t kMaxInputGroups = int64_t{1} << 20;
+
+// Observations() and Image() copy the observers the same way (the caller holds the lock).
+template <typename Modules>
+void CopyObservers(const std::vector<KvLayerObserver>& kv_layers, const Modules& modules,
+                   SessionObservations* out) {
+  out->kv_layers = kv_layers;
+  for (const auto& [name, module] : modules) {
+    out->modules[name] = SessionObservations::Module{module.weight, module.input, module.input_hist};
+  }
+}
 
 }  // namespace
 
@@ -102,13 +105,13 @@ absl::string_view ChunkKindName(ChunkKind kind) {
 
 CalibrationSession::CalibrationSession(ModelConfig model, Recipe recipe, std::string id,
                                        std::string name, std::string tenant,
-                                       const Limits& limits)
+                                       const Limits& limits, int64_t created_unix_ms)
     : model_(std::move(model)),
       recipe_(std::move(recipe)),
       id_(std::move(id)),
       name_(std::move(name)),
       tenant_(std::move(tenant)),
-      created_unix_ms_(NowUnixMs()),
+      created_unix_ms_(created_unix_ms),
       limits_(limits) {
   if (recipe_.kv != KvMode::kOff) {
     kv_layers_.assign(model_.num_layers, KvLayerObserver(model_.num_kv_heads));
@@ -117,7 +120,7 @@ CalibrationSession::CalibrationSession(ModelConfig model, Recipe recipe, std::st
 
 absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
     ModelConfig model, Recipe recipe, std::string id, std::string name, std::string tenant,
-    const Limits& limits) {
+    const Limits& limits, Env* env) {
   // Before anything is sized by the model: kv_layers_ is num_layers x num_kv_heads.
   if (absl::Status s = ValidateModelConfig(model, limits.model); !s.ok()) return s;
   if (absl::Status s = CheckString("name", name, "max_name_bytes", limits.max_name_bytes);
@@ -151,7 +154,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
   }
   return std::unique_ptr<CalibrationSession>(
       new CalibrationSession(std::move(model), std::move(recipe), std::move(id), std::move(name),
-                             std::move(tenant), limits));
+                             std::move(tenant), limits, absl::ToUnixMillis(env->Now())));
 }
 
 absl::Status CalibrationSession::CheckOpen() const {
@@ -320,107 +323,11 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
   }
   if (absl::Status s = ValidateChunk(chunk); !s.ok()) return reject(s);
   const bool warmup = chunk.kind != ChunkKind::kWeight && chunk.batch < recipe_.warmup_batches;
-  ChunkStats stats;
-  if (chunk.statistics.has_value()) {
-    // Statistics mode: checked as strictly as raw data, then folded by the same observers.
-    if (chunk.data.size() > 0) {
-      return reject(absl::InvalidArgumentError(absl::StrCat(
-          "chunk.statistics: set together with chunk.data (", chunk.data.size(),
-          " bytes); send one of them")));
-    }
-    if (IsKv(chunk.kind)) {
-      absl::StatusOr<KvChunkStats> kv = KvStatsFromStatistics(
-          chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, chunk.shape,
-          *chunk.statistics, chunk.placement, model_.num_kv_heads, model_.head_dim);
-      if (!kv.ok()) return reject(kv.status());
-      if (recipe_.kv_observer == KvObserverKind::kMinMax && kv->min.empty() && kv->tokens > 0) {
-        return reject(absl::InvalidArgumentError(
-            "chunk.statistics.head_min/head_max: required by recipe.kv_observer minmax (a moving "
-            "average of per-batch min and max), instead of absmax"));
-      }
-      if (recipe_.kv_observer != KvObserverKind::kMinMax) kv->min.clear(), kv->max.clear();
-      if (absl::Status s = AddKvHistogramsFromStatistics(
-              chunk.statistics->histograms, model_.head_dim, recipe_.NeedsHistograms(), &*kv);
-          !s.ok()) {
-        return reject(s);
-      }
-      if (!warmup) stats.kv = *std::move(kv);
-    } else {
-      GroupRanges groups;
-      absl::StatusOr<RangeStats> range =
-          RangeFromStatistics(chunk.shape, *chunk.statistics, kInputGroupColumns, &groups);
-      if (!range.ok()) return reject(range.status());
-      absl::StatusOr<std::optional<MagnitudeHistogram>> hist = RangeHistogramFromStatistics(
-          chunk.statistics->histograms, chunk.shape, *range, chunk.kind == ChunkKind::kInput,
-          recipe_.NeedsHistograms());
-      if (!hist.ok()) return reject(hist.status());
-      const bool per_group = chunk.kind == ChunkKind::kInput && AveragesInputPerGroup(chunk.module);
-      if (per_group && groups.min.empty() && range->min <= range->max) {
-        return reject(absl::InvalidArgumentError(
-            "chunk.statistics.group_min/group_max: required by recipe.activation_observer minmax "
-            "(a moving average per 16-column group), instead of min/max"));
-      }
-      if (!warmup) {
-        stats.range = *range;
-        if (per_group) stats.groups = std::move(groups);
-        if (hist->has_value()) stats.hist = **std::move(hist);
-      }
-    }
-  }
-  absl::StatusOr<PiecewiseTensor> view =
-      chunk.statistics.has_value()
-          ? absl::StatusOr<PiecewiseTensor>(absl::FailedPreconditionError("statistics"))
-          : PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
-  if (!chunk.statistics.has_value() && !view.ok()) return reject(view.status());
-  if (!warmup && !chunk.statistics.has_value()) {
-    // The expensive part: runs without the session lock.
-    if (IsKv(chunk.kind)) {
-      absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(
-          chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, *view, chunk.placement,
-          model_.num_kv_heads, model_.head_dim, backend, recipe_.NeedsHistograms(),
-          recipe_.kv_observer == KvObserverKind::kMinMax);
-      if (!kv.ok()) return reject(kv.status());
-      stats.kv = *std::move(kv);
-    } else {
-      absl::StatusOr<RangeStats> range = ReduceRange(*view, backend, "chunk");
-      if (!range.ok()) return reject(range.status());
-      stats.range = *range;
-      if (chunk.kind == ChunkKind::kInput && AveragesInputPerGroup(chunk.module)) {
-        absl::StatusOr<GroupRanges> groups =
-            ReduceColumnGroups(*view, kInputGroupColumns, backend, "chunk");
-        if (!groups.ok()) return reject(groups.status());
-        stats.groups = *std::move(groups);
-      }
-      if (chunk.kind == ChunkKind::kInput && recipe_.NeedsHistograms()) {
-        absl::StatusOr<MagnitudeHistogram> hist = ReduceHistogram(*view, backend, "chunk");
-        if (!hist.ok()) return reject(hist.status());
-        stats.hist = *std::move(hist);
-      }
-    }
-  }
+  // Stage one, without the lock: the chunk becomes one observation.
+  absl::StatusOr<Observation> observation = ObservationOf(chunk, backend, warmup);
+  if (!observation.ok()) return reject(observation.status());
 
-  if (stats.kv.has_value()) stats.kv->batch = chunk.batch;
-  if (stats.groups.has_value() && chunk.placement.tp_size > 1) {
-    // A TP rank's input columns sit at its rank's offset (row-parallel shards); a replicated
-    // input lands in its own copy of the groups, which leaves the max over groups unchanged.
-    const int64_t columns = chunk.shape.empty() ? 1 : chunk.shape.back();
-    if (columns % kInputGroupColumns != 0) {
-      return reject(absl::InvalidArgumentError(absl::StrCat(
-          "chunk.shape[", chunk.shape.size() - 1, "]: ", columns, " columns of a TP shard (tp_size ",
-          chunk.placement.tp_size, ") must be a multiple of ", kInputGroupColumns,
-          " for recipe.activation_observer minmax")));
-    }
-    stats.group_offset = static_cast<size_t>(chunk.placement.tp_rank) * stats.groups->min.size();
-  }
-  if (stats.groups.has_value() &&
-      stats.group_offset + stats.groups->min.size() > static_cast<size_t>(kMaxInputGroups)) {
-    return reject(absl::InvalidArgumentError(absl::StrCat(
-        "chunk.shape: ", stats.groups->min.size(), " column groups at tp_rank ",
-        chunk.placement.tp_rank, " reach group ", stats.group_offset + stats.groups->min.size(),
-        ", over the ", kMaxInputGroups, " (", kMaxInputGroups * kInputGroupColumns,
-        " input columns) the minmax observer keeps per module")));
-  }
-
+  // Stage two, under the lock: the verdict, then each observer accumulates its part.
   std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = CheckOpen(); !s.ok()) {
     ++rejected_chunks_;
@@ -438,66 +345,194 @@ absl::StatusOr<ObserveOutcome> CalibrationSession::ObserveChunk(
     ++skipped_warmup_chunks_;
     return ObserveOutcome::kSkippedWarmup;
   }
-  if (!IsKv(chunk.kind)) {
-    auto module = modules_.find(chunk.module);
-    if (module == modules_.end() &&
-        static_cast<int64_t>(modules_.size()) >= limits_.max_modules_per_session) {
-      ++rejected_chunks_;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "chunk.module: \"", chunk.module, "\" would be module ", modules_.size() + 1,
-          " of this session, over the limit max_modules_per_session=",
-          limits_.max_modules_per_session));
-    }
-    if (chunk.kind == ChunkKind::kInput && batch_entries_ >= limits_.max_batches_per_session &&
-        (module == modules_.end() || module->second.input.batches.count(chunk.batch) == 0)) {
-      ++rejected_chunks_;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "chunk.batch: ", chunk.batch, " of \"", chunk.module, "\" would be activation entry ",
-          batch_entries_ + 1, " of this session, over the limit max_batches_per_session=",
-          limits_.max_batches_per_session));
-    }
+  if (absl::Status s = CheckFitsLocked(chunk, *observation); !s.ok()) {
+    ++rejected_chunks_;
+    return s;
   }
-  if (IsKv(chunk.kind) && !stats.kv->min.empty()) {
+  AccumulateLocked(chunk, *observation);
+  ++accepted_chunks_;
+  accepted_bytes_ += TensorBytes(chunk);
+  return ObserveOutcome::kAccepted;
+}
+
+absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ObservationOf(
+    const ChunkRef& chunk, ReductionBackend& backend, bool warmup) const {
+  absl::StatusOr<Observation> made = chunk.statistics.has_value()
+                                         ? ObservationFromStatistics(chunk, warmup)
+                                         : ReduceChunk(chunk, backend, warmup);
+  if (!made.ok()) return made.status();
+  Observation& observation = *made;
+  if (observation.kv.has_value()) observation.kv->batch = chunk.batch;
+  if (observation.groups.has_value() && chunk.placement.tp_size > 1) {
+    // A TP rank's input columns sit at its rank's offset (row-parallel shards); a replicated
+    // input lands in its own copy of the groups, which leaves the max over groups unchanged.
+    const int64_t columns = chunk.shape.empty() ? 1 : chunk.shape.back();
+    if (columns % kInputGroupColumns != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk.shape[", chunk.shape.size() - 1, "]: ", columns, " columns of a TP shard (tp_size ",
+          chunk.placement.tp_size, ") must be a multiple of ", kInputGroupColumns,
+          " for recipe.activation_observer minmax"));
+    }
+    observation.group_offset =
+        static_cast<size_t>(chunk.placement.tp_rank) * observation.groups->min.size();
+  }
+  if (observation.groups.has_value() &&
+      observation.group_offset + observation.groups->min.size() >
+          static_cast<size_t>(kMaxInputGroups)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk.shape: ", observation.groups->min.size(), " column groups at tp_rank ",
+        chunk.placement.tp_rank, " reach group ",
+        observation.group_offset + observation.groups->min.size(), ", over the ",
+        kMaxInputGroups, " (", kMaxInputGroups * kInputGroupColumns,
+        " input columns) the minmax observer keeps per module"));
+  }
+  return made;
+}
+
+absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ObservationFromStatistics(
+    const ChunkRef& chunk, bool warmup) const {
+  // Checked as strictly as raw data, then folded by the same observers.
+  Observation observation;
+  if (chunk.data.size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk.statistics: set together with chunk.data (", chunk.data.size(),
+        " bytes); send one of them"));
+  }
+  if (IsKv(chunk.kind)) {
+    absl::StatusOr<KvChunkStats> kv = KvStatsFromStatistics(
+        chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, chunk.shape,
+        *chunk.statistics, chunk.placement, model_.num_kv_heads, model_.head_dim);
+    if (!kv.ok()) return kv.status();
+    if (recipe_.kv_observer == KvObserverKind::kMinMax && kv->min.empty() && kv->tokens > 0) {
+      return absl::InvalidArgumentError(
+          "chunk.statistics.head_min/head_max: required by recipe.kv_observer minmax (a moving "
+          "average of per-batch min and max), instead of absmax");
+    }
+    if (recipe_.kv_observer != KvObserverKind::kMinMax) kv->min.clear(), kv->max.clear();
+    if (absl::Status s = AddKvHistogramsFromStatistics(
+            chunk.statistics->histograms, model_.head_dim, recipe_.NeedsHistograms(), &*kv);
+        !s.ok()) {
+      return s;
+    }
+    if (!warmup) observation.kv = *std::move(kv);
+    return observation;
+  }
+  GroupRanges groups;
+  absl::StatusOr<RangeStats> range =
+      RangeFromStatistics(chunk.shape, *chunk.statistics, kInputGroupColumns, &groups);
+  if (!range.ok()) return range.status();
+  absl::StatusOr<std::optional<MagnitudeHistogram>> hist = RangeHistogramFromStatistics(
+      chunk.statistics->histograms, chunk.shape, *range, chunk.kind == ChunkKind::kInput,
+      recipe_.NeedsHistograms());
+  if (!hist.ok()) return hist.status();
+  const bool per_group = chunk.kind == ChunkKind::kInput && AveragesInputPerGroup(chunk.module);
+  if (per_group && groups.min.empty() && range->min <= range->max) {
+    return absl::InvalidArgumentError(
+        "chunk.statistics.group_min/group_max: required by recipe.activation_observer minmax "
+        "(a moving average per 16-column group), instead of min/max");
+  }
+  if (!warmup) {
+    observation.range = *range;
+    if (per_group) observation.groups = std::move(groups);
+    if (hist->has_value()) observation.hist = **std::move(hist);
+  }
+  return observation;
+}
+
+absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ReduceChunk(
+    const ChunkRef& chunk, ReductionBackend& backend, bool warmup) const {
+  Observation observation;
+  absl::StatusOr<PiecewiseTensor> view =
+      PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
+  if (!view.ok()) return view.status();
+  if (warmup) return observation;
+  // The expensive part of Observe.
+  if (IsKv(chunk.kind)) {
+    absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(
+        chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, *view, chunk.placement,
+        model_.num_kv_heads, model_.head_dim, backend, recipe_.NeedsHistograms(),
+        recipe_.kv_observer == KvObserverKind::kMinMax);
+    if (!kv.ok()) return kv.status();
+    observation.kv = *std::move(kv);
+    return observation;
+  }
+  absl::StatusOr<RangeStats> range = ReduceRange(*view, backend, "chunk");
+  if (!range.ok()) return range.status();
+  observation.range = *range;
+  if (chunk.kind == ChunkKind::kInput && AveragesInputPerGroup(chunk.module)) {
+    absl::StatusOr<GroupRanges> groups =
+        ReduceColumnGroups(*view, kInputGroupColumns, backend, "chunk");
+    if (!groups.ok()) return groups.status();
+    observation.groups = *std::move(groups);
+  }
+  if (chunk.kind == ChunkKind::kInput && recipe_.NeedsHistograms()) {
+    absl::StatusOr<MagnitudeHistogram> hist = ReduceHistogram(*view, backend, "chunk");
+    if (!hist.ok()) return hist.status();
+    observation.hist = *std::move(hist);
+  }
+  return observation;
+}
+
+absl::Status CalibrationSession::CheckFitsLocked(const ChunkRef& chunk,
+                                                 const Observation& observation) const {
+  if (IsKv(chunk.kind)) {
+    if (observation.kv->min.empty()) return absl::OkStatus();  // no per-batch entries
     const KvLayerObserver& layer = kv_layers_[chunk.layer];
     const auto& batches = chunk.kind == ChunkKind::kKey ? layer.k_batches : layer.v_batches;
     if (batches.count(chunk.batch) == 0 && batch_entries_ >= limits_.max_batches_per_session) {
-      ++rejected_chunks_;
       return absl::ResourceExhaustedError(absl::StrCat(
           "chunk.batch: ", chunk.batch, " of layer ", chunk.layer, " ",
           ChunkKindName(chunk.kind), " would be batch entry ", batch_entries_ + 1,
           " of this session, over the limit max_batches_per_session=",
           limits_.max_batches_per_session));
     }
+    return absl::OkStatus();
   }
+  auto module = modules_.find(chunk.module);
+  if (module == modules_.end() &&
+      static_cast<int64_t>(modules_.size()) >= limits_.max_modules_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "chunk.module: \"", chunk.module, "\" would be module ", modules_.size() + 1,
+        " of this session, over the limit max_modules_per_session=",
+        limits_.max_modules_per_session));
+  }
+  if (chunk.kind == ChunkKind::kInput && batch_entries_ >= limits_.max_batches_per_session &&
+      (module == modules_.end() || module->second.input.batches.count(chunk.batch) == 0)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "chunk.batch: ", chunk.batch, " of \"", chunk.module, "\" would be activation entry ",
+        batch_entries_ + 1, " of this session, over the limit max_batches_per_session=",
+        limits_.max_batches_per_session));
+  }
+  return absl::OkStatus();
+}
+
+void CalibrationSession::AccumulateLocked(const ChunkRef& chunk, const Observation& observation) {
   switch (chunk.kind) {
     case ChunkKind::kKey:
     case ChunkKind::kValue: {
       KvLayerObserver& layer = kv_layers_[chunk.layer];
       const size_t before = layer.k_batches.size() + layer.v_batches.size();
-      layer.Accumulate(*stats.kv);
+      layer.Accumulate(*observation.kv);
       batch_entries_ += static_cast<int64_t>(layer.k_batches.size() + layer.v_batches.size() -
                                              before);
       break;
     }
     case ChunkKind::kWeight:
-      modules_[std::string(chunk.module)].weight.Accumulate(*stats.range);
+      modules_[std::string(chunk.module)].weight.Accumulate(*observation.range);
       break;
     case ChunkKind::kInput: {
       ModuleState& module = modules_[std::string(chunk.module)];
       const size_t before = module.input.batches.size();
-      module.input.Accumulate(chunk.batch, *stats.range);
+      module.input.Accumulate(chunk.batch, *observation.range);
       batch_entries_ += static_cast<int64_t>(module.input.batches.size() - before);
-      if (stats.groups.has_value()) {
-        module.input.group_batches[chunk.batch].MergeAt(stats.group_offset, stats.groups->min,
-                                                        stats.groups->max);
+      if (observation.groups.has_value()) {
+        module.input.group_batches[chunk.batch].MergeAt(
+            observation.group_offset, observation.groups->min, observation.groups->max);
       }
-      if (stats.hist.has_value()) module.input_hist.Merge(*stats.hist);
+      if (observation.hist.has_value()) module.input_hist.Merge(*observation.hist);
       break;
     }
   }
-  ++accepted_chunks_;
-  accepted_bytes_ += TensorBytes(chunk);
-  return ObserveOutcome::kAccepted;
 }
 
 void CalibrationSession::RecordRejected() {
@@ -674,10 +709,7 @@ absl::StatusOr<SessionObservations> CalibrationSession::Observations() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (deleted_.load()) return absl::NotFoundError(absl::StrCat("session ", id_, " was deleted"));
   out.state = state_;
-  out.kv_layers = kv_layers_;
-  for (const auto& [name, module] : modules_) {
-    out.modules[name] = SessionObservations::Module{module.weight, module.input, module.input_hist};
-  }
+  CopyObservers(kv_layers_, modules_, &out);
   return out;
 }
 
@@ -709,6 +741,134 @@ SessionStatus CalibrationSession::Status() const {
     if (!state.input.batches.empty()) ++s.modules_with_inputs;
   }
   return s;
+}
+
+uint64_t CalibrationSession::ChangeCountLocked() const {
+  // 1 for the session's existence (a new session is not durable until written); every chunk
+  // verdict increments exactly one counter (ledger changes included); and finalization.
+  return 1 +
+         static_cast<uint64_t>(accepted_chunks_ + rejected_chunks_ + skipped_warmup_chunks_ +
+                               duplicate_chunks_) *
+             2 +
+         (state_ == SessionState::kFinalized ? 1 : 0);
+}
+
+uint64_t CalibrationSession::ChangeCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ChangeCountLocked();
+}
+
+uint64_t CalibrationSession::DurableChangeCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return durable_change_count_;
+}
+
+void CalibrationSession::MarkDurable(const SessionSnapshot& written) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ledger_.MarkDurable(written.producers);
+  durable_change_count_ = std::max(durable_change_count_, written.version);
+  durable_finalized_ = durable_finalized_ || written.finalized;
+}
+
+bool CalibrationSession::FinalizationDurable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == SessionState::kFinalized && durable_finalized_;
+}
+
+SessionImage CalibrationSession::Image() const {
+  SessionImage image;
+  SessionObservations& o = image.observations;
+  o.id = id_;
+  o.name = name_;
+  o.model = model_;
+  o.recipe = recipe_;
+  image.tenant = tenant_;
+  image.created_unix_ms = created_unix_ms_;
+  std::lock_guard<std::mutex> lock(mu_);
+  o.state = state_;
+  CopyObservers(kv_layers_, modules_, &o);
+  image.counters = {accepted_chunks_, accepted_bytes_, rejected_chunks_, skipped_warmup_chunks_,
+                    duplicate_chunks_};
+  image.producers = ledger_.Snapshot();
+  image.change_count = ChangeCountLocked();
+  return image;
+}
+
+absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::FromImage(
+    SessionImage image, const Limits& limits) {
+  SessionObservations& o = image.observations;
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
+      Create(std::move(o.model), std::move(o.recipe), std::move(o.id), std::move(o.name),
+             std::move(image.tenant), limits);
+  if (!session.ok()) return session.status();
+  CalibrationSession& s = **session;
+  s.created_unix_ms_ = image.created_unix_ms;
+  s.accepted_chunks_ = image.counters.accepted_chunks;
+  s.accepted_bytes_ = image.counters.accepted_bytes;
+  s.rejected_chunks_ = image.counters.rejected_chunks;
+  s.skipped_warmup_chunks_ = image.counters.skipped_warmup_chunks;
+  s.duplicate_chunks_ = image.counters.duplicate_chunks;
+
+  if (o.kv_layers.size() != s.kv_layers_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session.kv_layers: ", o.kv_layers.size(),
+                     " layers, the model and recipe need ", s.kv_layers_.size()));
+  }
+  const size_t heads = static_cast<size_t>(s.model_.num_kv_heads);
+  for (size_t i = 0; i < o.kv_layers.size(); ++i) {
+    const std::string field = absl::StrCat("session.kv_layers[", i, "]");
+    KvLayerObserver& layer = o.kv_layers[i];
+    if (layer.k_absmax.size() != heads || layer.v_absmax.size() != heads ||
+        layer.k_tokens.size() != heads || layer.v_tokens.size() != heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": per-head arrays must have num_kv_heads=", heads, " entries"));
+    }
+    for (const auto* batches : {&layer.k_batches, &layer.v_batches}) {
+      for (const auto& [batch, ranges] : *batches) {
+        if (ranges.min.size() > heads) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": batch ", batch, " has ", ranges.min.size(), " heads, more than ", heads));
+        }
+      }
+      s.batch_entries_ += static_cast<int64_t>(batches->size());
+    }
+    if (absl::Status b = CheckLimit(absl::StrCat(field, ".batches"), s.batch_entries_,
+                                    "max_batches_per_session", limits.max_batches_per_session);
+        !b.ok()) {
+      return b;
+    }
+    s.kv_layers_[i] = std::move(layer);
+  }
+  if (absl::Status m = CheckLimit("session.modules", static_cast<int64_t>(o.modules.size()),
+                                  "max_modules_per_session", limits.max_modules_per_session);
+      !m.ok()) {
+    return m;
+  }
+  size_t index = 0;
+  for (auto& [name, module] : o.modules) {
+    s.batch_entries_ += static_cast<int64_t>(module.input.batches.size());
+    if (absl::Status b = CheckLimit(absl::StrCat("session.modules[", index++, "].input.batches"),
+                                    s.batch_entries_, "max_batches_per_session",
+                                    limits.max_batches_per_session);
+        !b.ok()) {
+      return b;
+    }
+    s.modules_[name] = ModuleState{std::move(module.weight), std::move(module.input),
+                                   std::move(module.input_hist)};
+  }
+  if (absl::Status p = CheckLimit("session.producers", static_cast<int64_t>(image.producers.size()),
+                                  "max_producers_per_session", limits.max_producers_per_session);
+      !p.ok()) {
+    return p;
+  }
+  s.ledger_.Restore(image.producers);
+  const bool finalized = o.state == SessionState::kFinalized;
+  if (finalized) {
+    if (absl::Status f = s.Finalize(); !f.ok()) return f;
+  }
+  s.durable_change_count_ = s.ChangeCountLocked();
+  s.durable_finalized_ = finalized;
+  return session;
 }
 
 }  // namespace caliper

@@ -28,12 +28,13 @@
 #include "core/calibration/chunk_statistics.h"
 #include "core/calibration/observers.h"
 #include "core/session/deployment.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/session/producer_ledger.h"
-#include "core/state/session_delta.h"
+#include "core/session/session_delta.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/tensor_view.h"
 #include "core/calibration/warnings.h"
+#include "core/env/env.h"
 
 namespace caliper {
 
@@ -164,10 +165,22 @@ struct SessionObservations {
   std::map<std::string, Module> modules;
 };
 
-// A consistent copy of a session's persistent state (core/session_store.h writes it). After the
-// bytes are durable, pass the snapshot to MarkDurable so acknowledgements may cover it.
+// Everything a session persists, copied under its lock: core/state/session_state.h encodes it
+// (SnapshotSession) and builds a session back from one (CalibrationSession::FromImage).
+struct SessionImage {
+  SessionObservations observations;  // identity, state, model, recipe, observers
+  std::string tenant;
+  int64_t created_unix_ms = 0;
+  SessionCounters counters;
+  ProducerSequences producers;  // the ledger's N per producer
+  uint64_t change_count = 0;    // ChangeCount() when taken
+};
+
+// A consistent copy of a session's persistent state as bytes (SnapshotSession in
+// core/state/session_state.h). After the bytes are durable, pass the snapshot to MarkDurable
+// so acknowledgements may cover it.
 struct SessionSnapshot {
-  std::string bytes;            // self-describing: Restore() rebuilds the session from it
+  std::string bytes;            // self-describing: RestoreSession rebuilds the session from it
   ProducerSequences producers;  // ledger counts the bytes cover
   uint64_t version = 0;         // ChangeCount() when taken
   bool finalized = false;       // the bytes hold a finalized session
@@ -203,10 +216,11 @@ class CalibrationSession {
  public:
   // InvalidArgument (naming the field) for an invalid model or recipe, or one beyond `limits`.
   // `tenant` owns the session ("" is the anonymous tenant of a server without tokens). The
-  // session keeps `limits` for what chunks may add (modules, batches, producers).
+  // session keeps `limits` for what chunks may add (modules, batches, producers). Its creation
+  // time is `env`'s clock.
   static absl::StatusOr<std::unique_ptr<CalibrationSession>> Create(
       ModelConfig model, Recipe recipe, std::string id = "", std::string name = "",
-      std::string tenant = "", const Limits& limits = Limits());
+      std::string tenant = "", const Limits& limits = Limits(), Env* env = Env::Default());
 
   // Validates and reduces one chunk, then folds it in. On any error the chunk is rejected whole
   // and no statistic changes. Errors: InvalidArgument (layer out of range, empty module, kind not
@@ -233,7 +247,6 @@ class CalibrationSession {
   // (every chunk verdict bumps one counter; Finalize flips the state), so a flusher writes only
   // sessions that changed and knows which acknowledgements a write covers.
   uint64_t ChangeCount() const;
-  SessionSnapshot Snapshot() const;
   void MarkDurable(const SessionSnapshot& written);
   uint64_t DurableChangeCount() const;
   // Finalized, and a durable snapshot says so (restored finalized, or MarkDurable of a snapshot
@@ -244,12 +257,14 @@ class CalibrationSession {
   uint64_t DurableResumeFrom(absl::string_view producer_id) const {
     return ledger_.LastDurable(producer_id) + 1;
   }
-  // Rebuilds a session from Snapshot().bytes: same id, tenant, counters, observers and ledger
-  // (all durable); a finalized one is finalized again (deterministic). InvalidArgument naming
-  // the field for bytes that do not decode or do not fit the model.
-  // Every count and string is checked against `limits` before anything is sized by it.
-  static absl::StatusOr<std::unique_ptr<CalibrationSession>> Restore(
-      absl::string_view bytes, const Limits& limits = Limits());
+  // The persistent state, copied under the lock (O(layers x heads x bins + modules)).
+  SessionImage Image() const;
+  // Rebuilds a session from an Image(): same id, tenant, counters, observers and ledger (all
+  // durable); a finalized one is finalized again (deterministic). InvalidArgument naming the
+  // field ("session.kv_layers[2]: ...") for observers that do not fit the model or recipe, or
+  // counts beyond `limits`.
+  static absl::StatusOr<std::unique_ptr<CalibrationSession>> FromImage(
+      SessionImage image, const Limits& limits = Limits());
 
   // Replicas over a shared store (core/state/state_store.h), where each stream folds into its
   // own partial session. TakeDelta moves out what was folded in since the last call (observers
@@ -297,17 +312,19 @@ class CalibrationSession {
 
  private:
   CalibrationSession(ModelConfig model, Recipe recipe, std::string id, std::string name,
-                     std::string tenant, const Limits& limits);
+                     std::string tenant, const Limits& limits, int64_t created_unix_ms);
 
   struct ModuleState {
     MinMaxObserver weight;
     ActivationObserver input;
     MagnitudeHistogram input_hist;  // kept when the recipe NeedsHistograms()
   };
-  // Reduction result of one chunk, computed without the lock.
-  struct ChunkStats {
-    std::optional<KvChunkStats> kv;
-    std::optional<RangeStats> range;
+  // What one chunk contributes, in one form whatever it arrived as: Observe's first stage
+  // turns raw data (reduced by the backend) or statistics (validated) into it, without the
+  // lock; its second stage has each observer accumulate its part, under the lock.
+  struct Observation {
+    std::optional<KvChunkStats> kv;          // K / V chunks
+    std::optional<RangeStats> range;         // weight / input chunks
     std::optional<MagnitudeHistogram> hist;  // input chunks of histogram recipes
     std::optional<GroupRanges> groups;       // input chunks averaged per 16 columns
     size_t group_offset = 0;                 // where the chunk's first group sits
@@ -317,6 +334,17 @@ class CalibrationSession {
   absl::StatusOr<ObserveOutcome> ObserveChunk(const ChunkRef& chunk, ReductionBackend& backend,
                                               const ProducerLedger::Stream* producer,
                                               bool* ends_stream);
+  // Stage one. A warm-up chunk is checked (bytes or statistics) but contributes nothing.
+  absl::StatusOr<Observation> ObservationOf(const ChunkRef& chunk, ReductionBackend& backend,
+                                            bool warmup) const;
+  absl::StatusOr<Observation> ObservationFromStatistics(const ChunkRef& chunk,
+                                                        bool warmup) const;
+  absl::StatusOr<Observation> ReduceChunk(const ChunkRef& chunk, ReductionBackend& backend,
+                                          bool warmup) const;
+  // Stage two, under mu_: ResourceExhausted naming the limit when the observation would take
+  // the session past it (nothing changes then); else every observer accumulates its part.
+  absl::Status CheckFitsLocked(const ChunkRef& chunk, const Observation& observation) const;
+  void AccumulateLocked(const ChunkRef& chunk, const Observation& observation);
   uint64_t ChangeCountLocked() const;
   // The arithmetic the recipe asks for (llm-compressor's in the model's dtype).
   ScaleArithmetic Arithmetic() const;

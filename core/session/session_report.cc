@@ -69,17 +69,12 @@ struct Worst {
   json clips;
 };
 
-}  // namespace
-
-std::string BuildSessionReportJson(const SessionObservations& obs) {
+// The session's identity, model and recipe as the report names them.
+json SessionSection(const SessionObservations& obs) {
   const Recipe& recipe = obs.recipe;
-  const Fp8Flavor flavor = recipe.fp8_flavor;
-  const double qmax = Fp8Max(flavor);
-  const double kv_p = recipe.kv_percentile;
   const bool per_head = recipe.kv == KvMode::kPerHead;
-  json report;
-  report["schema"] = "caliper.report.v1";
-  report["session"] = {
+  const Fp8Flavor flavor = recipe.fp8_flavor;
+  return {
       {"id", obs.id},
       {"name", obs.name},
       {"state", obs.state == SessionState::kFinalized ? "finalized" : "open"},
@@ -94,152 +89,154 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
         {"kv_observer", recipe.KvObserverName()},
         {"observer", recipe.ActivationObserverName()},
         {"histograms", recipe.NeedsHistograms()}}}};
-  report["qmax"] = qmax;
-  report["has_histograms"] = recipe.NeedsHistograms();
-  report["thresholds"] = {{"outlier_head_ratio", kOutlierHeadRatio},
-                          {"recommend_min_gain_db", kRecommendMinGainDb}};
-  json warnings = json::array();
-  if (!recipe.NeedsHistograms()) {
-    warnings.push_back({{"where", "session"},
-                        {"message",
-                         "the recipe kept no histograms: clipping, SQNR and the histogram "
-                         "observers are not available (create the session with histograms)"}});
-  }
+}
 
-  std::vector<Worst> worst;
-  if (recipe.kv != KvMode::kOff && !obs.kv_layers.empty()) {
-    const KvGranularity granularity =
-        per_head ? KvGranularity::kPerHead : KvGranularity::kPerTensor;
-    // The session's own rule (its observer and arithmetic), as Finalize applies it.
-    KvScales session = FinalizeKvScales(obs.kv_layers, granularity, flavor,
-                                        {recipe.kv_observer, recipe.averaging_constant,
-                                         RecipeArithmetic(recipe, obs.model)});
-    if (IsHistogramObserver(recipe.kv_observer) && recipe.NeedsHistograms()) {
-      ApplyKvHistogramObserver(obs.kv_layers, recipe.kv_observer, kv_p, &session);
-    }
-    for (const ScaleWarning& w : session.warnings) {
-      warnings.push_back({{"where", w.where}, {"message", w.message}});
-    }
-    json layers = json::array();
-    for (size_t l = 0; l < obs.kv_layers.size(); ++l) {
-      const KvLayerObserver& layer = obs.kv_layers[l];
-      json entry = {{"layer", l}};
-      for (int kv = 0; kv < 2; ++kv) {
-        const std::string kind = kv == 0 ? "K" : "V";
-        const std::vector<float>& absmax = kv == 0 ? layer.k_absmax : layer.v_absmax;
-        const std::vector<int64_t>& tokens = kv == 0 ? layer.k_tokens : layer.v_tokens;
-        const std::vector<MagnitudeHistogram>& hists = kv == 0 ? layer.k_hist : layer.v_hist;
-        const std::vector<float>& scales = kv == 0 ? session.k[l] : session.v[l];
-        const bool has_hist = hists.size() == absmax.size() && !hists.empty();
-        std::vector<double> maxima(absmax.begin(), absmax.end());
-        const double median = Median(maxima);
-        MagnitudeHistogram merged;
-        if (has_hist) {
-          for (const MagnitudeHistogram& h : hists) merged.Merge(h);
-        }
-        // Each observer's scale per head (per head) or for the whole tensor (per tensor).
-        auto observer_scale = [&](const MagnitudeHistogram& h, double max,
-                                  const char* name) -> double {
-          if (std::string(name) == "static_minmax") return max / qmax;
-          if (h.empty() || h.max <= 0) return NAN;
-          return HistogramClip(h, std::string(name) == "mse", kv_p, flavor) / qmax;
-        };
-        const char* kObservers[] = {"static_minmax", "percentile", "mse"};
-        Totals session_totals, observer_totals[3];
-        json heads = json::array();
-        int worst_head = -1;
-        double worst_sqnr = INFINITY;
-        for (size_t h = 0; h < absmax.size(); ++h) {
-          const double scale = per_head ? scales[h] : scales[0];
-          json head = {{"head", h},
-                       {"absmax", absmax[h]},
-                       {"tokens", h < tokens.size() ? tokens[h] : 0},
-                       {"scale", scale},
-                       {"outlier", median > 0 && absmax[h] >= kOutlierHeadRatio * median}};
-          // A head no chunk has reached yet (e.g. one TP rank so far) has no histogram.
-          const bool head_hist = has_hist && !hists[h].empty();
-          json observers = json::object(), sqnr_by = json::object();
-          for (int o = 0; o < 3; ++o) {
-            const double s = per_head ? observer_scale(has_hist ? hists[h] : MagnitudeHistogram(),
-                                                       absmax[h], kObservers[o])
-                                      : observer_scale(merged, session.k_absmax.empty()
-                                                                   ? 0.0
-                                                                   : (kv == 0 ? session.k_absmax[l][0]
-                                                                              : session.v_absmax[l][0]),
-                                                       kObservers[o]);
-            observers[kObservers[o]] = Num(s);
-            if (head_hist && std::isfinite(s) && s > 0) {
-              sqnr_by[kObservers[o]] = Num(MeasureFp8Quality(hists[h], s, flavor).sqnr_db);
-              observer_totals[o].Add(hists[h], s, flavor);
-            } else {
-              sqnr_by[kObservers[o]] = nullptr;
-            }
-          }
-          head["observers"] = observers;
-          if (head_hist) {
-            const Fp8Quality q = MeasureFp8Quality(hists[h], scale, flavor);
-            head["fraction_clipped"] = Num(q.fraction_clipped);
-            head["sqnr_db"] = Num(q.sqnr_db);
-            head["sqnr_db_by_observer"] = sqnr_by;
-            head["zeros"] = hists[h].empty() ? 0 : hists[h].counts[0];
-            head["max_count"] = hists[h].max_count;
-            session_totals.Add(hists[h], scale, flavor);
-            if (q.sqnr_db < worst_sqnr) {
-              worst_sqnr = q.sqnr_db;
-              worst_head = static_cast<int>(h);
-            }
-          } else {
-            head["fraction_clipped"] = nullptr;
-            head["sqnr_db"] = nullptr;
-          }
-          heads.push_back(head);
-        }
-        json side = {{"heads", heads}};
-        side["sqnr_db"] = Num(session_totals.SqnrDb());
-        side["fraction_clipped"] =
-            session_totals.values > 0 ? Num(session_totals.clipped / session_totals.values)
-                                      : json(nullptr);
-        json by = json::object();
-        for (int o = 0; o < 3; ++o) by[kObservers[o]] = Num(observer_totals[o].SqnrDb());
-        side["sqnr_db_by_observer"] = by;
-        if (has_hist) {
-          const double gain = observer_totals[2].SqnrDb() - observer_totals[0].SqnrDb();
-          side["recommended"] = gain >= kRecommendMinGainDb ? "mse" : "static_minmax";
-          side["mse_gain_db"] = Num(gain);
-          Worst w;
-          w.layer = static_cast<int>(l);
-          w.kind = kind;
-          if (per_head && worst_head >= 0) {
-            w.sqnr = worst_sqnr;
-            w.head = worst_head;
-            w.hist = &hists[worst_head];
-            w.clip = scales[worst_head] * qmax;
-          } else {
-            w.sqnr = session_totals.SqnrDb();
-            w.head = -1;
-            w.merged = merged;
-            w.hist = nullptr;
-            w.clip = scales[0] * qmax;
-          }
-          const MagnitudeHistogram& shown = w.hist ? *w.hist : w.merged;
-          w.clips = {{"static_minmax", shown.max},
-                     {"percentile", PercentileClip(shown, kv_p)},
-                     {"mse", MseClip(shown, flavor)}};
-          if (std::isfinite(w.sqnr)) worst.push_back(std::move(w));
-        } else {
-          side["recommended"] = nullptr;
-        }
-        entry[kind] = side;
+// One side (K or V) of one layer: per head its scale, each observer's scale and SQNR, and the
+// side's totals and recommendation; its worst histogram goes to `worst`.
+json KvSide(const SessionObservations& obs, const KvScales& session, size_t l, int kv,
+            std::vector<Worst>* worst) {
+  const Recipe& recipe = obs.recipe;
+  const Fp8Flavor flavor = recipe.fp8_flavor;
+  const double qmax = Fp8Max(flavor);
+  const double kv_p = recipe.kv_percentile;
+  const bool per_head = recipe.kv == KvMode::kPerHead;
+  const KvLayerObserver& layer = obs.kv_layers[l];
+  const std::string kind = kv == 0 ? "K" : "V";
+  const std::vector<float>& absmax = kv == 0 ? layer.k_absmax : layer.v_absmax;
+  const std::vector<int64_t>& tokens = kv == 0 ? layer.k_tokens : layer.v_tokens;
+  const std::vector<MagnitudeHistogram>& hists = kv == 0 ? layer.k_hist : layer.v_hist;
+  const std::vector<float>& scales = kv == 0 ? session.k[l] : session.v[l];
+  const bool has_hist = hists.size() == absmax.size() && !hists.empty();
+  std::vector<double> maxima(absmax.begin(), absmax.end());
+  const double median = Median(maxima);
+  MagnitudeHistogram merged;
+  if (has_hist) {
+    for (const MagnitudeHistogram& h : hists) merged.Merge(h);
+  }
+  // Each observer's scale per head (per head) or for the whole tensor (per tensor).
+  auto observer_scale = [&](const MagnitudeHistogram& h, double max,
+                            const char* name) -> double {
+    if (std::string(name) == "static_minmax") return max / qmax;
+    if (h.empty() || h.max <= 0) return NAN;
+    return HistogramClip(h, std::string(name) == "mse", kv_p, flavor) / qmax;
+  };
+  const char* kObservers[] = {"static_minmax", "percentile", "mse"};
+  Totals session_totals, observer_totals[3];
+  json heads = json::array();
+  int worst_head = -1;
+  double worst_sqnr = INFINITY;
+  for (size_t h = 0; h < absmax.size(); ++h) {
+    const double scale = per_head ? scales[h] : scales[0];
+    json head = {{"head", h},
+                 {"absmax", absmax[h]},
+                 {"tokens", h < tokens.size() ? tokens[h] : 0},
+                 {"scale", scale},
+                 {"outlier", median > 0 && absmax[h] >= kOutlierHeadRatio * median}};
+    // A head no chunk has reached yet (e.g. one TP rank so far) has no histogram.
+    const bool head_hist = has_hist && !hists[h].empty();
+    json observers = json::object(), sqnr_by = json::object();
+    for (int o = 0; o < 3; ++o) {
+      const double s = per_head ? observer_scale(has_hist ? hists[h] : MagnitudeHistogram(),
+                                                 absmax[h], kObservers[o])
+                                : observer_scale(merged, session.k_absmax.empty()
+                                                             ? 0.0
+                                                             : (kv == 0 ? session.k_absmax[l][0]
+                                                                        : session.v_absmax[l][0]),
+                                                 kObservers[o]);
+      observers[kObservers[o]] = Num(s);
+      if (head_hist && std::isfinite(s) && s > 0) {
+        sqnr_by[kObservers[o]] = Num(MeasureFp8Quality(hists[h], s, flavor).sqnr_db);
+        observer_totals[o].Add(hists[h], s, flavor);
+      } else {
+        sqnr_by[kObservers[o]] = nullptr;
       }
-      layers.push_back(entry);
     }
-    report["kv"] = {{"granularity", per_head ? "per-head" : "per-tensor"},
-                    {"percentile", kv_p},
-                    {"layers", layers}};
-  } else {
-    report["kv"] = nullptr;
+    head["observers"] = observers;
+    if (head_hist) {
+      const Fp8Quality q = MeasureFp8Quality(hists[h], scale, flavor);
+      head["fraction_clipped"] = Num(q.fraction_clipped);
+      head["sqnr_db"] = Num(q.sqnr_db);
+      head["sqnr_db_by_observer"] = sqnr_by;
+      head["zeros"] = hists[h].empty() ? 0 : hists[h].counts[0];
+      head["max_count"] = hists[h].max_count;
+      session_totals.Add(hists[h], scale, flavor);
+      if (q.sqnr_db < worst_sqnr) {
+        worst_sqnr = q.sqnr_db;
+        worst_head = static_cast<int>(h);
+      }
+    } else {
+      head["fraction_clipped"] = nullptr;
+      head["sqnr_db"] = nullptr;
+    }
+    heads.push_back(head);
   }
+  json side = {{"heads", heads}};
+  side["sqnr_db"] = Num(session_totals.SqnrDb());
+  side["fraction_clipped"] =
+      session_totals.values > 0 ? Num(session_totals.clipped / session_totals.values)
+                                : json(nullptr);
+  json by = json::object();
+  for (int o = 0; o < 3; ++o) by[kObservers[o]] = Num(observer_totals[o].SqnrDb());
+  side["sqnr_db_by_observer"] = by;
+  if (has_hist) {
+    const double gain = observer_totals[2].SqnrDb() - observer_totals[0].SqnrDb();
+    side["recommended"] = gain >= kRecommendMinGainDb ? "mse" : "static_minmax";
+    side["mse_gain_db"] = Num(gain);
+    Worst w;
+    w.layer = static_cast<int>(l);
+    w.kind = kind;
+    if (per_head && worst_head >= 0) {
+      w.sqnr = worst_sqnr;
+      w.head = worst_head;
+      w.hist = &hists[worst_head];
+      w.clip = scales[worst_head] * qmax;
+    } else {
+      w.sqnr = session_totals.SqnrDb();
+      w.head = -1;
+      w.merged = merged;
+      w.hist = nullptr;
+      w.clip = scales[0] * qmax;
+    }
+    const MagnitudeHistogram& shown = w.hist ? *w.hist : w.merged;
+    w.clips = {{"static_minmax", shown.max},
+               {"percentile", PercentileClip(shown, kv_p)},
+               {"mse", MseClip(shown, flavor)}};
+    if (std::isfinite(w.sqnr)) worst->push_back(std::move(w));
+  } else {
+    side["recommended"] = nullptr;
+  }
+  return side;
+}
 
+// report["kv"]: the session's own scales (its observer and arithmetic, as Finalize applies
+// them) and every layer's two sides; null when KV is off.
+json KvSection(const SessionObservations& obs, json* warnings, std::vector<Worst>* worst) {
+  const Recipe& recipe = obs.recipe;
+  const bool per_head = recipe.kv == KvMode::kPerHead;
+  if (recipe.kv == KvMode::kOff || obs.kv_layers.empty()) return nullptr;
+  const KvGranularity granularity = per_head ? KvGranularity::kPerHead : KvGranularity::kPerTensor;
+  KvScales session = FinalizeKvScales(obs.kv_layers, granularity, recipe.fp8_flavor,
+                                      {recipe.kv_observer, recipe.averaging_constant,
+                                       RecipeArithmetic(recipe, obs.model)});
+  if (IsHistogramObserver(recipe.kv_observer) && recipe.NeedsHistograms()) {
+    ApplyKvHistogramObserver(obs.kv_layers, recipe.kv_observer, recipe.kv_percentile, &session);
+  }
+  for (const ScaleWarning& w : session.warnings) {
+    warnings->push_back({{"where", w.where}, {"message", w.message}});
+  }
+  json layers = json::array();
+  for (size_t l = 0; l < obs.kv_layers.size(); ++l) {
+    json entry = {{"layer", l}};
+    for (int kv = 0; kv < 2; ++kv) entry[kv == 0 ? "K" : "V"] = KvSide(obs, session, l, kv, worst);
+    layers.push_back(entry);
+  }
+  return {{"granularity", per_head ? "per-head" : "per-tensor"},
+          {"percentile", recipe.kv_percentile},
+          {"layers", layers}};
+}
+
+// The kWorstLayersShown sides with the lowest SQNR, with their histograms.
+json WorstHistograms(std::vector<Worst> worst) {
   std::sort(worst.begin(), worst.end(), [](const Worst& a, const Worst& b) {
     return a.sqnr != b.sqnr ? a.sqnr < b.sqnr : (a.layer != b.layer ? a.layer < b.layer : a.kind < b.kind);
   });
@@ -257,9 +254,13 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
                      {"clips", w.clips},
                      {"bins", Bins(h)}});
   }
-  report["worst_histograms"] = shown;
+  return shown;
+}
 
-  // NVFP4 inputs and fused-group sharing.
+// report["nvfp4"]: per module its amax, the range fused-group sharing costs it, and its input
+// observers.
+json Nvfp4Section(const SessionObservations& obs) {
+  const Recipe& recipe = obs.recipe;
   json modules = json::array();
   std::map<std::string, double> group_weight_max, group_input_max;
   auto weight_amax = [](const SessionObservations::Module& m) {
@@ -310,7 +311,31 @@ std::string BuildSessionReportJson(const SessionObservations& obs) {
     }
     modules.push_back(mod);
   }
-  report["nvfp4"] = {{"modules", modules}};
+  return {{"modules", modules}};
+}
+
+}  // namespace
+
+std::string BuildSessionReportJson(const SessionObservations& obs) {
+  const Recipe& recipe = obs.recipe;
+  json report;
+  report["schema"] = "caliper.report.v1";
+  report["session"] = SessionSection(obs);
+  report["qmax"] = Fp8Max(recipe.fp8_flavor);
+  report["has_histograms"] = recipe.NeedsHistograms();
+  report["thresholds"] = {{"outlier_head_ratio", kOutlierHeadRatio},
+                          {"recommend_min_gain_db", kRecommendMinGainDb}};
+  json warnings = json::array();
+  if (!recipe.NeedsHistograms()) {
+    warnings.push_back({{"where", "session"},
+                        {"message",
+                         "the recipe kept no histograms: clipping, SQNR and the histogram "
+                         "observers are not available (create the session with histograms)"}});
+  }
+  std::vector<Worst> worst;
+  report["kv"] = KvSection(obs, &warnings, &worst);
+  report["worst_histograms"] = WorstHistograms(std::move(worst));
+  report["nvfp4"] = Nvfp4Section(obs);
   report["warnings"] = warnings;
   return report.dump(1);
 }

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "core/state/session_state.h"
 #include "core/state/state_file.h"
 
 namespace caliper {
@@ -31,10 +31,10 @@ FileStateStore::FileStateStore(std::unique_ptr<SessionStore> files, const Limits
       on_write_(std::move(hooks.on_write)) {}
 
 absl::Status FileStateStore::Persist(const CalibrationSession& session) {
-  const SessionSnapshot snapshot = session.Snapshot();
-  const absl::Time start = absl::Now();
+  const SessionSnapshot snapshot = SnapshotSession(session);
+  const absl::Time start = env_->Now();
   absl::Status written = files_->Write(session.id(), snapshot.bytes);
-  if (on_write_) on_write_({session.id(), snapshot.bytes.size(), absl::Now() - start, written});
+  if (on_write_) on_write_({session.id(), snapshot.bytes.size(), env_->Now() - start, written});
   if (written.ok()) return written;
   return absl::UnavailableError(absl::StrCat("state store ", name(), ": writing ",
                                              files_->PathOf(session.id()), ": ",
@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> FileStateStore::Reread(
   const std::string path = files_->PathOf(id);
   absl::StatusOr<std::string> bytes = ReadStateFile(path, env_);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-      bytes.ok() ? CalibrationSession::Restore(*bytes, limits())
+      bytes.ok() ? RestoreSession(*bytes, limits())
                  : absl::StatusOr<std::unique_ptr<CalibrationSession>>(bytes.status());
   if (session.ok()) return session;
   return absl::UnavailableError(absl::StrCat("state store ", name(), ": reading ", path, ": ",

@@ -15,7 +15,7 @@
 
 #include "absl/time/time.h"
 #include "core/env/env.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/state/memory_state_store.h"
 #include "core/state/session_store.h"
 

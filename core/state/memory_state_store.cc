@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/state/session_state.h"
 
 namespace caliper {
 namespace {
@@ -44,7 +45,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> MemoryStateStore::Reread(
 
 void MemoryStateStore::Adopt(std::unique_ptr<CalibrationSession> session) {
   auto entry = std::make_shared<Entry>();
-  entry->sequences = session->Snapshot().producers;
+  entry->sequences = SnapshotSession(*session).producers;
   entry->committed = std::move(session);
   std::lock_guard<std::mutex> lock(mu_);
   sessions_[entry->committed->id()] = std::move(entry);
@@ -74,7 +75,7 @@ absl::Status MemoryStateStore::RereadLocked(Entry& entry) {
   absl::StatusOr<std::unique_ptr<CalibrationSession>> session = Reread(entry.committed->id());
   entry.stale = !session.ok();
   if (!session.ok()) return session.status();
-  entry.sequences = (*session)->Snapshot().producers;
+  entry.sequences = SnapshotSession(**session).producers;
   entry.committed = *std::move(session);
   return absl::OkStatus();
 }
@@ -124,9 +125,9 @@ absl::Status MemoryStateStore::CreateSession(const CalibrationSession& session,
 }
 
 absl::Status MemoryStateStore::ImportSession(const CalibrationSession& session) {
-  const SessionSnapshot snapshot = session.Snapshot();
+  const SessionSnapshot snapshot = SnapshotSession(session);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> copy =
-      CalibrationSession::Restore(snapshot.bytes, limits_);
+      RestoreSession(snapshot.bytes, limits_);
   if (!copy.ok()) return copy.status();
   return Insert(*std::move(copy), snapshot.producers, /*max_sessions_per_tenant=*/-1);
 }
@@ -139,9 +140,9 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> MemoryStateStore::LoadSessio
   {
     std::lock_guard<std::mutex> lock((*entry)->mu);
     if (absl::Status s = CheckLocked(**entry, id); !s.ok()) return s;
-    bytes = (*entry)->committed->Snapshot().bytes;
+    bytes = SnapshotSession(*(*entry)->committed).bytes;
   }
-  return CalibrationSession::Restore(bytes, limits_);
+  return RestoreSession(bytes, limits_);
 }
 
 absl::StatusOr<std::unique_ptr<CalibrationSession>> MemoryStateStore::LoadEmpty(

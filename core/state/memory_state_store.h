@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/state/state_store.h"
 
 namespace caliper {

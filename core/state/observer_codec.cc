@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/formats/utf8.h"
+#include "core/limits/utf8.h"
 
 namespace caliper {
 namespace {
@@ -530,6 +530,53 @@ absl::StatusOr<ProducerSequences> DecodeProducerSequences(absl::string_view byte
   return DecodeStandalone<ProducerSequences>(
       bytes, kTagProducers, "producers",
       [](StateDecoder& in) { return in.GetProducerSequences("producers"); });
+}
+
+std::string EncodeWeightRow(const MinMaxObserver& observer) {
+  return EncodeMinMaxObserver(observer);
+}
+
+std::string EncodeInputRow(const ActivationObserver& observer) {
+  return EncodeActivationObserver(observer);
+}
+
+absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes) {
+  return DecodeMinMaxObserver(bytes);
+}
+
+std::string EncodeInputHistogramRow(const MagnitudeHistogram& histogram) {
+  return EncodeHistogram(histogram);
+}
+
+absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view bytes) {
+  return DecodeHistogram(bytes);
+}
+
+absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block) {
+  absl::StatusOr<ActivationObserver> observer = DecodeActivationObserver(bytes);
+  if (!observer.ok()) return observer.status();
+  if (IsGroupRow(block)) {
+    if (!observer->batches.empty() || observer->group_batches.size() != 1 ||
+        GroupRowOf(observer->group_batches.begin()->first) != block) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input row ", block, ": a group row holds the group ranges of batch ", -3 - block,
+          " only"));
+    }
+    return observer;
+  }
+  for (const auto& [batch, stats] : observer->batches) {
+    if (batch < 0 || ActivationBlockOf(batch) != block) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input row: batch ", batch, " does not belong to block ", block));
+    }
+  }
+  for (const auto& [batch, ranges] : observer->group_batches) {
+    if (batch < 0 || ActivationBlockOf(batch) != block) {
+      return absl::InvalidArgumentError(absl::StrCat("input row: group batch ", batch,
+                                                     " does not belong to block ", block));
+    }
+  }
+  return observer;
 }
 
 }  // namespace caliper

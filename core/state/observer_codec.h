@@ -15,6 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/calibration/observers.h"
+#include "core/session/producer_ledger.h"
+#include "core/session/session_delta.h"
 
 namespace caliper {
 
@@ -22,9 +24,6 @@ namespace caliper {
 // bodies and the layer's histograms to K/V standalone blobs (those blobs say 2; min/max, producer
 // and histogram blobs say 1); version 1 bodies still decode (without them).
 inline constexpr uint8_t kObserverCodecVersion = 2;
-
-// Last durable sequence per producer_id (see core/producer_ledger.h).
-using ProducerSequences = std::map<std::string, uint64_t>;
 
 // Appends fields to a byte string. Never fails.
 class StateEncoder {
@@ -114,6 +113,16 @@ absl::StatusOr<KvLayerObserver> DecodeKvLayerObserver(absl::string_view bytes);
 absl::StatusOr<MinMaxObserver> DecodeMinMaxObserver(absl::string_view bytes);
 absl::StatusOr<ActivationObserver> DecodeActivationObserver(absl::string_view bytes);
 absl::StatusOr<ProducerSequences> DecodeProducerSequences(absl::string_view bytes);
+
+// A shared store's rows of a SessionDelta (core/session/session_delta.h): standalone blobs,
+// versioned.
+std::string EncodeWeightRow(const MinMaxObserver& observer);
+std::string EncodeInputRow(const ActivationObserver& observer);
+absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes);
+std::string EncodeInputHistogramRow(const MagnitudeHistogram& histogram);
+absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view bytes);
+// Also checks every batch id lies in `block` (one batch of group ranges for a group row).
+absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block);
 
 }  // namespace caliper
 

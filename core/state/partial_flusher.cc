@@ -29,8 +29,8 @@ class PartialFlusher::Partial {
 };
 
 PartialFlusher::PartialFlusher(StateStore* store, absl::Duration interval,
-                               std::function<void(const FlushEvent&)> on_flush)
-    : store_(store), interval_(interval), on_flush_(std::move(on_flush)) {
+                               std::function<void(const FlushEvent&)> on_flush, Env* env)
+    : store_(store), interval_(interval), on_flush_(std::move(on_flush)), env_(env) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -126,7 +126,7 @@ std::vector<absl::Status> PartialFlusher::FlushSession(
     if (sending.empty()) break;
     // One store transaction for every partial of the session; the streams keep folding chunks
     // into their sessions meanwhile (into the next delta).
-    const absl::Time start = absl::Now();
+    const absl::Time start = env_->Now();
     const std::vector<absl::Status> statuses =
         store_->MergeAll(group.front()->session->id(), deltas);
     if (on_flush_) {
@@ -137,7 +137,7 @@ std::vector<absl::Status> PartialFlusher::FlushSession(
           break;
         }
       }
-      on_flush_({group.front()->session->id(), rows, absl::Now() - start, first_error});
+      on_flush_({group.front()->session->id(), rows, env_->Now() - start, first_error});
     }
     bool again = false;
     for (size_t k = 0; k < sending.size(); ++k) {
@@ -182,8 +182,8 @@ void PartialFlusher::Run() {
     bool last = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait_for(lock, absl::ToChronoNanoseconds(interval_),
-                     [this] { return stopping_ || !waiters_.empty(); });
+      env_->WaitUntil(wake_, lock, env_->Now() + interval_,
+                      [this] { return stopping_ || !waiters_.empty(); });
       waiters.swap(waiters_);
       last = stopping_;
       stopped_ = last;

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "core/env/env.h"
 #include "core/session/session.h"
 #include "core/state/state_store.h"
 
@@ -38,9 +39,11 @@ class PartialFlusher {
   // One stream's partial. Obtained from Register; pass it back to the calls below.
   class Partial;
 
-  // `on_flush` (optional) runs on the flusher thread after every merge attempt.
+  // `on_flush` (optional) runs on the flusher thread after every merge attempt. The interval
+  // and the flush durations are measured on `env`'s clock.
   PartialFlusher(StateStore* store, absl::Duration interval,
-                 std::function<void(const FlushEvent&)> on_flush = nullptr);
+                 std::function<void(const FlushEvent&)> on_flush = nullptr,
+                 Env* env = Env::Default());
   ~PartialFlusher();  // Stop()
 
   // `session` is the stream's own partial (StateStore::LoadEmpty), used by that stream only.
@@ -80,6 +83,7 @@ class PartialFlusher {
   StateStore* const store_;
   const absl::Duration interval_;
   const std::function<void(const FlushEvent&)> on_flush_;
+  Env* const env_;
 
   mutable std::mutex mu_;
   std::condition_variable wake_;

@@ -1,5 +1,5 @@
-// Persistent state of a CalibrationSession (docs/durability.md): what a state file holds and how a
-// session comes back from it. The layout is versioned; every field a restore trusts is validated.
+#include "core/state/session_state.h"
+
 #include <cmath>
 #include <memory>
 #include <string>
@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/state/observer_codec.h"
-#include "core/session/session.h"
 
 namespace caliper {
 namespace {
@@ -163,77 +162,47 @@ absl::StatusOr<Recipe> GetRecipe(StateDecoder& in, uint8_t version) {
 
 }  // namespace
 
-uint64_t CalibrationSession::ChangeCountLocked() const {
-  // 1 for the session's existence (a new session is not durable until written); every chunk
-  // verdict increments exactly one counter (ledger changes included); and finalization.
-  return 1 +
-         static_cast<uint64_t>(accepted_chunks_ + rejected_chunks_ + skipped_warmup_chunks_ +
-                               duplicate_chunks_) *
-             2 +
-         (state_ == SessionState::kFinalized ? 1 : 0);
-}
-
-uint64_t CalibrationSession::ChangeCount() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return ChangeCountLocked();
-}
-
-uint64_t CalibrationSession::DurableChangeCount() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return durable_change_count_;
-}
-
-void CalibrationSession::MarkDurable(const SessionSnapshot& written) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ledger_.MarkDurable(written.producers);
-  durable_change_count_ = std::max(durable_change_count_, written.version);
-  durable_finalized_ = durable_finalized_ || written.finalized;
-}
-
-bool CalibrationSession::FinalizationDurable() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return state_ == SessionState::kFinalized && durable_finalized_;
-}
-
-SessionSnapshot CalibrationSession::Snapshot() const {
+SessionSnapshot SnapshotSession(const CalibrationSession& session) {
+  const SessionImage image = session.Image();
+  const SessionObservations& o = image.observations;
   StateEncoder out;
   out.PutU8(kTagSession);
   out.PutU8(kSessionStateVersion);
-  out.PutString(id_);
-  out.PutString(name_);
-  out.PutString(tenant_);
-  out.PutI64(created_unix_ms_);
-  PutModel(out, model_);
-  PutRecipe(out, recipe_);
-
-  SessionSnapshot snapshot;
-  std::lock_guard<std::mutex> lock(mu_);
-  out.PutU8(state_ == SessionState::kFinalized ? 1 : 0);
-  for (int64_t counter : {accepted_chunks_, accepted_bytes_, rejected_chunks_,
-                          skipped_warmup_chunks_, duplicate_chunks_}) {
+  out.PutString(o.id);
+  out.PutString(o.name);
+  out.PutString(image.tenant);
+  out.PutI64(image.created_unix_ms);
+  PutModel(out, o.model);
+  PutRecipe(out, o.recipe);
+  out.PutU8(o.state == SessionState::kFinalized ? 1 : 0);
+  const SessionCounters& c = image.counters;
+  for (int64_t counter : {c.accepted_chunks, c.accepted_bytes, c.rejected_chunks,
+                          c.skipped_warmup_chunks, c.duplicate_chunks}) {
     out.PutI64(counter);
   }
-  out.PutU32(static_cast<uint32_t>(kv_layers_.size()));
-  for (const KvLayerObserver& layer : kv_layers_) out.PutKvLayer(layer);
-  out.PutU32(static_cast<uint32_t>(modules_.size()));
-  for (const auto& [name, module] : modules_) {
+  out.PutU32(static_cast<uint32_t>(o.kv_layers.size()));
+  for (const KvLayerObserver& layer : o.kv_layers) out.PutKvLayer(layer);
+  out.PutU32(static_cast<uint32_t>(o.modules.size()));
+  for (const auto& [name, module] : o.modules) {
     out.PutString(name);
     out.PutMinMax(module.weight);
     out.PutActivation(module.input);
   }
-  snapshot.producers = ledger_.Snapshot();
-  out.PutProducerSequences(snapshot.producers);
+  out.PutProducerSequences(image.producers);
   // Histograms (version 2): per layer K then V per original head, then per module input.
-  for (const KvLayerObserver& layer : kv_layers_) out.PutKvHistograms(layer);
-  for (const auto& [name, module] : modules_) out.PutHistogram(module.input_hist);
-  snapshot.version = ChangeCountLocked();
-  snapshot.finalized = state_ == SessionState::kFinalized;
+  for (const KvLayerObserver& layer : o.kv_layers) out.PutKvHistograms(layer);
+  for (const auto& [name, module] : o.modules) out.PutHistogram(module.input_hist);
+
+  SessionSnapshot snapshot;
+  snapshot.producers = image.producers;
+  snapshot.version = image.change_count;
+  snapshot.finalized = o.state == SessionState::kFinalized;
   snapshot.bytes = out.Release();
   return snapshot;
 }
 
-absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
-    absl::string_view bytes, const Limits& limits) {
+absl::StatusOr<std::unique_ptr<CalibrationSession>> RestoreSession(absl::string_view bytes,
+                                                                   const Limits& limits) {
   StateDecoder in(bytes);
   absl::StatusOr<uint8_t> tag = in.GetU8("session.tag");
   if (!tag.ok()) return tag.status();
@@ -247,6 +216,8 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
         absl::StrCat("session.version: unsupported version ", static_cast<int>(*version),
                      " (this build reads ", static_cast<int>(kSessionStateVersion), ")"));
   }
+  SessionImage image;
+  SessionObservations& o = image.observations;
   absl::StatusOr<std::string> id = in.GetString("session.id");
   if (!id.ok()) return id.status();
   if (id->empty()) return absl::InvalidArgumentError("session.id: empty");
@@ -254,8 +225,10 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
       !s.ok()) {
     return s;
   }
+  o.id = *std::move(id);
   absl::StatusOr<std::string> name = in.GetString("session.name");
   if (!name.ok()) return name.status();
+  o.name = *std::move(name);
   absl::StatusOr<std::string> tenant = in.GetString("session.tenant");
   if (!tenant.ok()) return tenant.status();
   if (absl::Status s = CheckString("session.tenant", *tenant, "max_name_bytes",
@@ -263,30 +236,30 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
       !s.ok()) {
     return s;
   }
+  image.tenant = *std::move(tenant);
   absl::StatusOr<int64_t> created = in.GetI64("session.created_unix_ms");
   if (!created.ok()) return created.status();
+  image.created_unix_ms = *created;
   absl::StatusOr<ModelConfig> model = GetModel(in, *version);
   if (!model.ok()) return model.status();
+  o.model = *std::move(model);
   absl::StatusOr<Recipe> recipe = GetRecipe(in, *version);
   if (!recipe.ok()) return recipe.status();
-  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-      Create(*std::move(model), *std::move(recipe), *std::move(id), *std::move(name),
-             *std::move(tenant), limits);
-  if (!session.ok()) return session.status();
-  CalibrationSession& s = **session;
-  s.created_unix_ms_ = *created;
+  o.recipe = *std::move(recipe);
 
   absl::StatusOr<uint8_t> finalized = GetEnum(in, "session.finalized", 1);
   if (!finalized.ok()) return finalized.status();
+  o.state = *finalized == 1 ? SessionState::kFinalized : SessionState::kOpen;
+  SessionCounters& c = image.counters;
   struct Counter {
     const char* name;
     int64_t* value;
   };
-  for (Counter counter : {Counter{"session.accepted_chunks", &s.accepted_chunks_},
-                          Counter{"session.accepted_bytes", &s.accepted_bytes_},
-                          Counter{"session.rejected_chunks", &s.rejected_chunks_},
-                          Counter{"session.skipped_warmup_chunks", &s.skipped_warmup_chunks_},
-                          Counter{"session.duplicate_chunks", &s.duplicate_chunks_}}) {
+  for (Counter counter : {Counter{"session.accepted_chunks", &c.accepted_chunks},
+                          Counter{"session.accepted_bytes", &c.accepted_bytes},
+                          Counter{"session.rejected_chunks", &c.rejected_chunks},
+                          Counter{"session.skipped_warmup_chunks", &c.skipped_warmup_chunks},
+                          Counter{"session.duplicate_chunks", &c.duplicate_chunks}}) {
     absl::StatusOr<int64_t> value = in.GetI64(counter.name);
     if (!value.ok()) return value.status();
     if (*value < 0) {
@@ -298,36 +271,16 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
   in.set_codec_version(*version >= 3 ? 2 : 1);
   absl::StatusOr<uint32_t> layers = in.GetCount("session.kv_layers", 8);
   if (!layers.ok()) return layers.status();
-  if (*layers != s.kv_layers_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session.kv_layers: ", *layers, " layers, the model and recipe need ",
-                     s.kv_layers_.size()));
+  if (absl::Status s = CheckLimit("session.kv_layers", *layers, "max_layers",
+                                  limits.model.max_layers);
+      !s.ok()) {
+    return s;
   }
   for (uint32_t i = 0; i < *layers; ++i) {
-    const std::string field = absl::StrCat("session.kv_layers[", i, "]");
-    absl::StatusOr<KvLayerObserver> layer = in.GetKvLayer(field);
+    absl::StatusOr<KvLayerObserver> layer =
+        in.GetKvLayer(absl::StrCat("session.kv_layers[", i, "]"));
     if (!layer.ok()) return layer.status();
-    const size_t heads = static_cast<size_t>(s.model_.num_kv_heads);
-    if (layer->k_absmax.size() != heads || layer->v_absmax.size() != heads ||
-        layer->k_tokens.size() != heads || layer->v_tokens.size() != heads) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": per-head arrays must have num_kv_heads=", heads, " entries"));
-    }
-    for (const auto* batches : {&layer->k_batches, &layer->v_batches}) {
-      for (const auto& [batch, ranges] : *batches) {
-        if (ranges.min.size() > heads) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              field, ": batch ", batch, " has ", ranges.min.size(), " heads, more than ", heads));
-        }
-      }
-      s.batch_entries_ += static_cast<int64_t>(batches->size());
-    }
-    if (absl::Status b = CheckLimit(absl::StrCat(field, ".batches"), s.batch_entries_,
-                                    "max_batches_per_session", limits.max_batches_per_session);
-        !b.ok()) {
-      return b;
-    }
-    s.kv_layers_[i] = *std::move(layer);
+    o.kv_layers.push_back(*std::move(layer));
   }
 
   absl::StatusOr<uint32_t> modules = in.GetCount("session.modules", 4);
@@ -346,7 +299,8 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
         !s.ok()) {
       return s;
     }
-    if (module_name->empty() || (!s.modules_.empty() && *module_name <= s.modules_.rbegin()->first)) {
+    if (module_name->empty() ||
+        (!o.modules.empty() && *module_name <= o.modules.rbegin()->first)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".name: empty, duplicate or unsorted"));
     }
@@ -354,13 +308,8 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
     if (!weight.ok()) return weight.status();
     absl::StatusOr<ActivationObserver> input = in.GetActivation(absl::StrCat(field, ".input"));
     if (!input.ok()) return input.status();
-    s.batch_entries_ += static_cast<int64_t>(input->batches.size());
-    if (absl::Status b = CheckLimit(absl::StrCat(field, ".input.batches"), s.batch_entries_,
-                                    "max_batches_per_session", limits.max_batches_per_session);
-        !b.ok()) {
-      return b;
-    }
-    s.modules_[*module_name] = ModuleState{*std::move(weight), *std::move(input), {}};
+    o.modules[*module_name] =
+        SessionObservations::Module{*std::move(weight), *std::move(input), {}};
   }
 
   absl::StatusOr<ProducerSequences> producers = in.GetProducerSequences("session.producers");
@@ -377,15 +326,16 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
       return p;
     }
   }
+  image.producers = *std::move(producers);
   if (*version >= 2) {
-    for (size_t l = 0; l < s.kv_layers_.size(); ++l) {
+    for (size_t l = 0; l < o.kv_layers.size(); ++l) {
       if (absl::Status h = in.GetKvHistograms(absl::StrCat("session.kv_layers[", l, "]"),
-                                              &s.kv_layers_[l]);
+                                              &o.kv_layers[l]);
           !h.ok()) {
         return h;
       }
     }
-    for (auto& [name, module] : s.modules_) {
+    for (auto& [name, module] : o.modules) {
       absl::StatusOr<MagnitudeHistogram> hist =
           in.GetHistogram(absl::StrCat("session.modules[", name, "].input_hist"));
       if (!hist.ok()) return hist.status();
@@ -393,14 +343,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Restore(
     }
   }
   if (absl::Status end = in.ExpectEnd("session"); !end.ok()) return end;
-
-  s.ledger_.Restore(*producers);
-  if (*finalized == 1) {
-    if (absl::Status f = s.Finalize(); !f.ok()) return f;
-  }
-  s.durable_change_count_ = s.ChangeCountLocked();
-  s.durable_finalized_ = *finalized == 1;
-  return session;
+  return CalibrationSession::FromImage(std::move(image), limits);
 }
 
 }  // namespace caliper

@@ -1,4 +1,5 @@
 #include "core/state/session_store.h"
+#include "core/state/session_state.h"
 
 #include <new>
 #include <utility>
@@ -49,7 +50,7 @@ SessionStore::Loaded SessionStore::LoadAll(const Limits& limits) {
       session = payload.status();
     } else {
       try {
-        session = CalibrationSession::Restore(*payload, limits);
+        session = RestoreSession(*payload, limits);
       } catch (const std::bad_alloc&) {
         session = absl::ResourceExhaustedError(
             "out of memory restoring this state file (lower limits than when it was written?)");

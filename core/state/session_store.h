@@ -17,7 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/session/session.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/state/state_file.h"
 
 namespace caliper {

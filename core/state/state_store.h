@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/session/session.h"
-#include "core/state/session_delta.h"
+#include "core/session/session_delta.h"
 
 namespace caliper {
 

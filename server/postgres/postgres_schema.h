@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "core/state/session_delta.h"
+#include "core/session/session_delta.h"
 
 namespace caliper {
 

@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/state/observer_codec.h"
+#include "core/state/session_state.h"
 #include "server/postgres/postgres_connection.h"
 #include "server/postgres/postgres_schema.h"
 
@@ -113,9 +116,9 @@ class PostgresStore final : public StateStore {
 
   absl::Status ImportSession(const CalibrationSession& session) override {
     // A copy whose statistics TakeDelta moves into rows.
-    const SessionSnapshot snapshot = session.Snapshot();
+    const SessionSnapshot snapshot = SnapshotSession(session);
     absl::StatusOr<std::unique_ptr<CalibrationSession>> copy =
-        CalibrationSession::Restore(snapshot.bytes);
+        RestoreSession(snapshot.bytes);
     if (!copy.ok()) return copy.status();
     const bool finalized = (*copy)->Status().state == SessionState::kFinalized;
     SessionDelta delta = (*copy)->TakeDelta(nullptr);
@@ -473,7 +476,7 @@ class PostgresStore final : public StateStore {
         "INSERT INTO caliper_sessions (id, tenant, name, created_unix_ms, empty_state) "
         "VALUES ($1, $2, $3, $4, $5)",
         {Text(empty.id()), Text(empty.tenant()), Text(empty.Status().name),
-         Text(absl::StrCat(empty.created_unix_ms())), Bytes(empty.Snapshot().bytes)});
+         Text(absl::StrCat(empty.created_unix_ms())), Bytes(SnapshotSession(empty).bytes)});
     if (!r.ok() && r.status().code() == absl::StatusCode::kAlreadyExists) {
       return absl::AlreadyExistsError(
           absl::StrCat("session_id: \"", empty.id(), "\" is already in ", name_));
@@ -497,7 +500,7 @@ class PostgresStore final : public StateStore {
     absl::StatusOr<std::string> bytes = ByteaValue(result, row, 0);
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-        CalibrationSession::Restore(*bytes);
+        RestoreSession(*bytes);
     if (!session.ok()) {
       return absl::DataLossError(absl::StrCat("state store ", name_, ": session ", id,
                                               ": empty_state: ", session.status().message()));

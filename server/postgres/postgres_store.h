@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 #include "core/state/state_store.h"
 #include "server/postgres/postgres_schema.h"  // kPostgresSchemaVersion
 

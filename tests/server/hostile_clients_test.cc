@@ -24,6 +24,7 @@
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
 #include "server/inflight_budget.h"
+#include "tests/support/fake_clock_env.h"
 #include "tests/support/hostile_peers.h"
 
 namespace caliper {
@@ -138,6 +139,29 @@ TEST_F(HostileClientsTest, StalledAndTricklingMessagesAreEndedLikeIdleStreams) {
   int64_t accepted = 0;
   EXPECT_TRUE(ObserveOneChunk(session, &accepted).ok());
   EXPECT_EQ(accepted, 1);
+}
+
+// The idle timeout runs on the service's Env clock: real time passing ends nothing, the clock
+// passing the timeout ends the silent streams at once (no test sleeps through ten minutes).
+TEST_F(HostileClientsTest, IdleTimeoutIsMeasuredOnTheServiceClock) {
+  testing_util::FakeClockEnv clock;
+  ServerOptions options;
+  options.service.env = &clock;
+  options.service.stream_idle_timeout = absl::Minutes(10);
+  StartServer(options);
+  HostilePeers peers(server_->port());
+  ASSERT_TRUE(peers.Open(HostileMode::kIdleStream, 2));
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(peers.Count(HostileMode::kIdleStream).streams_ended, 0);
+  clock.Advance(absl::Minutes(10) + absl::Seconds(1));
+  const char* reason = "stream_idle_timeout=10m";
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline &&
+         peers.Count(HostileMode::kIdleStream, reason).ended_with_reason < 2) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(peers.Count(HostileMode::kIdleStream, reason).ended_with_reason, 2);
+  server_.reset();  // it runs on `clock`
 }
 
 TEST_F(HostileClientsTest, IdleConnectionsAreClosed) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "core/formats/lightllm_format.h"
 #include "core/session/session.h"
+#include "core/state/session_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/session_test_util.h"
@@ -675,7 +676,7 @@ class DurableServiceTest : public ServiceTest {
     absl::StatusOr<std::string> payload = ReadStateFile(StatePath(id));
     EXPECT_TRUE(payload.ok()) << payload.status();
     absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-        CalibrationSession::Restore(payload.ok() ? *payload : "");
+        RestoreSession(payload.ok() ? *payload : "");
     EXPECT_TRUE(session.ok()) << session.status();
     return session.ok() ? (*session)->Status() : SessionStatus{};
   }

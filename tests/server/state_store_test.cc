@@ -24,6 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/state/partial_flusher.h"
 #include "core/tensor/reduction_backend.h"
+#include "core/state/session_state.h"
+#include "core/state/observer_codec.h"
 #include "gtest/gtest.h"
 #include "tests/support/postgres_instance.h"
 #include "tests/support/state_test_util.h"
@@ -352,7 +354,7 @@ TEST_P(StateStoreContractTest, ReplicasMergingConcurrentlyEqualOneProcess) {
   absl::StatusOr<std::unique_ptr<CalibrationSession>> a = store_->LoadSession(created->id(), "");
   absl::StatusOr<std::unique_ptr<CalibrationSession>> b = replica_b->LoadSession(created->id(), "");
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
-  EXPECT_EQ((*a)->Snapshot().bytes, (*b)->Snapshot().bytes);  // every replica reads alike
+  EXPECT_EQ(SnapshotSession(**a).bytes, SnapshotSession(**b).bytes);  // every replica reads alike
   absl::StatusOr<SessionStatus> status = replica_b->GetStatus(created->id(), "");
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->accepted_chunks, kChunks);

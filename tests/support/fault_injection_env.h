@@ -15,8 +15,10 @@ namespace testing_util {
 
 // Wraps the POSIX Env and fails (or "crashes") at one chosen step; injected errors are
 // marked I/O errors, like the real Env's.
-class FaultInjectionEnv : public Env {
+class FaultInjectionEnv : public EnvWrapper {
  public:
+  FaultInjectionEnv() : EnvWrapper(Env::Default()) {}
+
   bool fail_open = false, fail_append = false, fail_sync = false, fail_close = false;
   bool fail_rename = false, fail_sync_dir = false, fail_read = false, fail_create_dirs = false;
   // Writes only this many bytes of the next Append and then behaves as a dead process:
@@ -28,34 +30,31 @@ class FaultInjectionEnv : public Env {
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path) override {
     if (fail_open) return MarkIoError(absl::PermissionDeniedError("injected open failure"));
-    auto inner = base_->NewWritableFile(path);
+    auto inner = target()->NewWritableFile(path);
     if (!inner.ok()) return inner.status();
     return std::unique_ptr<WritableFile>(new File(this, std::move(*inner)));
   }
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
     if (fail_read) return MarkIoError(absl::InternalError("injected read failure"));
-    return base_->ReadFile(path);
+    return target()->ReadFile(path);
   }
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
     if (crashed) return MarkIoError(absl::AbortedError("process is dead"));
     if (fail_rename) return MarkIoError(absl::InternalError("injected rename failure"));
-    return base_->RenameFile(from, to);
+    return target()->RenameFile(from, to);
   }
   absl::Status SyncDir(const std::string& dir) override {
     if (fail_sync_dir) return MarkIoError(absl::InternalError("injected dir fsync failure"));
-    return base_->SyncDir(dir);
+    return target()->SyncDir(dir);
   }
   absl::Status RemoveFile(const std::string& path) override {
     if (crashed) return MarkIoError(absl::AbortedError("process is dead"));
     ++removes;
-    return base_->RemoveFile(path);
-  }
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
-    return base_->ListDir(dir);
+    return target()->RemoveFile(path);
   }
   absl::Status CreateDirs(const std::string& dir) override {
     if (fail_create_dirs) return MarkIoError(absl::PermissionDeniedError("injected mkdir failure"));
-    return base_->CreateDirs(dir);
+    return target()->CreateDirs(dir);
   }
 
  private:
@@ -89,8 +88,6 @@ class FaultInjectionEnv : public Env {
     FaultInjectionEnv* env_;
     std::unique_ptr<WritableFile> inner_;
   };
-
-  Env* base_ = Env::Default();
 };
 
 }  // namespace testing_util

@@ -2,9 +2,11 @@
 
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/fake_clock_env.h"
 #include "tests/support/fault_injection_env.h"
 #include "tests/support/state_test_util.h"
 
@@ -103,6 +105,51 @@ TEST(EnvTest, ReadListRemoveAndCreateDirs) {
   EXPECT_EQ(DirName("a/b/f"), "a/b");
   EXPECT_EQ(DirName("f"), ".");
   EXPECT_EQ(DirName("/f"), "/");
+}
+
+TEST(EnvClockTest, TheDefaultClockIsTheWallClockAndWaitsForDoneOrTheDeadline) {
+  Env* env = Env::Default();
+  const absl::Time before = absl::Now();
+  EXPECT_GE(env->Now(), before);
+  EXPECT_LE(env->Now() - before, absl::Seconds(5));
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_TRUE(env->WaitUntil(cv, lock, absl::InfiniteFuture(), [] { return true; }));
+  EXPECT_FALSE(env->WaitUntil(cv, lock, env->Now() + absl::Milliseconds(5), [] { return false; }));
+  bool done = false;
+  std::thread notifier([&] {
+    std::lock_guard<std::mutex> guard(mu);
+    done = true;
+    cv.notify_all();
+  });
+  EXPECT_TRUE(env->WaitUntil(cv, lock, absl::InfiniteFuture(), [&] { return done; }));
+  lock.unlock();
+  notifier.join();
+}
+
+TEST(EnvClockTest, AFakeClockEndsAWaitOnlyWhenAdvancedPastItsDeadline) {
+  testing_util::FakeClockEnv clock(absl::FromUnixSeconds(100));
+  EXPECT_EQ(clock.Now(), absl::FromUnixSeconds(100));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool timed_out = false, returned = false;
+  std::thread waiter([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    timed_out = !clock.WaitUntil(cv, lock, clock.Now() + absl::Hours(24), [] { return false; });
+    returned = true;
+  });
+  while (clock.waits() == 0) std::this_thread::yield();
+  clock.Advance(absl::Hours(23));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_FALSE(returned);  // a day has not passed on the clock
+  }
+  clock.Advance(absl::Hours(1));
+  waiter.join();  // returns within a poll of the advance, not after a day
+  EXPECT_TRUE(timed_out);
+  EXPECT_EQ(clock.Now(), absl::FromUnixSeconds(100) + absl::Hours(24));
 }
 
 }  // namespace

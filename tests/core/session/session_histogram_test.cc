@@ -10,8 +10,9 @@
 #include "core/calibration/histogram_statistics.h"
 #include "core/session/session.h"
 #include "core/state/observer_codec.h"
-#include "core/state/session_delta.h"
+#include "core/session/session_delta.h"
 #include "core/session/session_report.h"
+#include "core/state/session_state.h"
 
 namespace caliper {
 namespace {
@@ -169,9 +170,9 @@ TEST(SessionHistogramTest, TpSplitAndOrderGiveTheSameScalesAndStateRoundTrips) {
   ASSERT_TRUE(split->Observe(Kv(ChunkKind::kKey, 0, rank[1], 2, {1, 2}), *backend).ok());
   ASSERT_TRUE(split->Observe(Kv(ChunkKind::kKey, 0, rank[0], 2, {0, 2}), *backend).ok());
 
-  auto restored = CalibrationSession::Restore(split->Snapshot().bytes);
+  auto restored = RestoreSession(SnapshotSession(*split).bytes);
   ASSERT_TRUE(restored.ok()) << restored.status();
-  EXPECT_EQ((*restored)->Snapshot().bytes, split->Snapshot().bytes);
+  EXPECT_EQ(SnapshotSession(**restored).bytes, SnapshotSession(*split).bytes);
   for (CalibrationSession* s : {whole.get(), split.get(), restored->get()}) {
     ASSERT_TRUE(s->Finalize().ok());
   }
@@ -191,7 +192,7 @@ TEST(SessionHistogramTest, TpSplitAndOrderGiveTheSameScalesAndStateRoundTrips) {
 
   // The replica path: a partial's delta, through the store's row blobs, into an empty session
   // carries the K/V and input histograms, so the histogram observers give the same scales.
-  auto partial = CalibrationSession::Restore(whole->Snapshot().bytes);
+  auto partial = RestoreSession(SnapshotSession(*whole).bytes);
   ASSERT_TRUE(partial.ok());
   // Restore finalizes a finalized snapshot; rebuild an open one from the chunks instead.
   auto open = Make(r);
@@ -238,8 +239,9 @@ TEST(SessionHistogramTest, AbsmaxRecipesKeepNoHistograms) {
   auto h = Make(with);
   ASSERT_TRUE(h->Observe(Kv(ChunkKind::kKey, 0, d, kHeads), *backend).ok());
   // Histograms cost state only where asked for: at most ~12 bytes per occupied bin.
-  EXPECT_LT(s->Snapshot().bytes.size() + 4 * 2 * kLayers, h->Snapshot().bytes.size());
-  EXPECT_LT(h->Snapshot().bytes.size(), s->Snapshot().bytes.size() + kHeads * MagnitudeHistogram::kSlots * 12 + 200);
+  EXPECT_LT(SnapshotSession(*s).bytes.size() + 4 * 2 * kLayers, SnapshotSession(*h).bytes.size());
+  EXPECT_LT(SnapshotSession(*h).bytes.size(),
+            SnapshotSession(*s).bytes.size() + kHeads * MagnitudeHistogram::kSlots * 12 + 200);
 }
 
 // A producer in statistics mode: the chunk's statistics (and histograms) instead of its data.

@@ -14,7 +14,8 @@
 #include "gtest/gtest.h"
 #include "core/calibration/chunk_statistics.h"
 #include "core/session/session.h"
-#include "core/state/session_delta.h"
+#include "core/session/session_delta.h"
+#include "core/state/session_state.h"
 #include "tests/support/session_test_util.h"
 
 namespace caliper {
@@ -246,10 +247,10 @@ TEST(SessionMovingAverageTest, TpShardsStatisticsStateAndDeltaGiveTheSameScales)
     ASSERT_TRUE(stats->Observe(xc, *backend).ok());
   }
   // State round trip and the replica path (delta out of one session, into an empty one).
-  auto restored = CalibrationSession::Restore(whole->Snapshot().bytes);
+  auto restored = RestoreSession(SnapshotSession(*whole).bytes);
   ASSERT_TRUE(restored.ok()) << restored.status();
   auto applied = whole->EmptyLike();
-  auto probe = CalibrationSession::Restore(whole->Snapshot().bytes);
+  auto probe = RestoreSession(SnapshotSession(*whole).bytes);
   ASSERT_TRUE(probe.ok());
   ASSERT_TRUE(applied->ApplyDelta((*probe)->TakeDelta(nullptr)).ok());
 

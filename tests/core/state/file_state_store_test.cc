@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/tensor/reduction_backend.h"
+#include "core/state/observer_codec.h"
 #include "gtest/gtest.h"
 #include "tests/support/numbered_chunks.h"
 #include "tests/support/fault_injection_env.h"

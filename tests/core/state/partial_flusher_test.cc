@@ -11,9 +11,13 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "core/tensor/reduction_backend.h"
+#include "core/state/session_state.h"
+#include "core/state/observer_codec.h"
 #include "gtest/gtest.h"
+#include "tests/support/fake_clock_env.h"
 #include "tests/support/numbered_chunks.h"
 
 namespace caliper {
@@ -117,7 +121,7 @@ class FakeStore final : public StateStore {
   }
   std::string snapshot() {
     std::lock_guard<std::mutex> lock(mu_);
-    return committed_->Snapshot().bytes;
+    return SnapshotSession(*committed_).bytes;
   }
   int64_t accepted() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -174,7 +178,7 @@ TEST_F(PartialFlusherTest, TwoPartialsCommitToTheSameStateAsOneSession) {
   ASSERT_TRUE(Commit(pb).ok());
   EXPECT_EQ(store_->accepted(), 12);
   // The committed state is the reference's, bit for bit (observers, counters, identity).
-  EXPECT_EQ(store_->snapshot(), reference_->Snapshot().bytes);
+  EXPECT_EQ(store_->snapshot(), SnapshotSession(*reference_).bytes);
   flusher_->Release(pa);
   flusher_->Release(pb);
 }
@@ -212,7 +216,7 @@ TEST_F(PartialFlusherTest, ASessionsPartialsMergeInOneTransactionPerFlush) {
   EXPECT_EQ(store_->deltas_.load(), passes * kStreams);
   EXPECT_EQ(store_->accepted(), 60);
   EXPECT_EQ(*store_->CommittedSequence("s1", "", "p2"), 10u);
-  EXPECT_EQ(store_->snapshot(), reference_->Snapshot().bytes);
+  EXPECT_EQ(store_->snapshot(), SnapshotSession(*reference_).bytes);
 
   // A fenced stream fails alone; the others of its transaction are merged.
   ASSERT_TRUE(store_->OpenProducer("s1", "p0").ok());
@@ -282,6 +286,33 @@ TEST_F(PartialFlusherTest, AReleasedPartialIsMergedThenForgotten) {
   EXPECT_EQ(store_->forgotten_.load(), 1);
 }
 
+TEST_F(PartialFlusherTest, TheIntervalRunsOnTheEnvClock) {
+  // An hour's interval on a fake clock: nothing merges until the clock is advanced past it,
+  // then the periodic pass merges without a waiter and without anyone sleeping an hour.
+  testing_util::FakeClockEnv clock;
+  flusher_.reset();
+  std::atomic<int> flushes{0};
+  flusher_ = std::make_unique<PartialFlusher>(
+      store_.get(), absl::Hours(1), [&](const PartialFlusher::FlushEvent&) { ++flushes; },
+      &clock);
+  std::shared_ptr<CalibrationSession> a = Partial();
+  auto pa = flusher_->Register(a);
+  for (int i = 0; i < 3; ++i) Observe(*a, i, *backend_);
+  while (clock.waits() == 0) std::this_thread::yield();  // the flusher is parked in its wait
+  clock.Advance(absl::Minutes(59));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(flushes.load(), 0);
+  EXPECT_EQ(store_->accepted(), 0);
+  clock.Advance(absl::Minutes(1));
+  for (int spins = 0; store_->accepted() < 3 && spins < 5000; ++spins) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(store_->accepted(), 3);
+  EXPECT_GE(flushes.load(), 1);
+  flusher_->Release(pa);
+  flusher_.reset();  // stops the thread before the clock it waits on goes away
+}
+
 TEST(SessionDeltaTest, TakeDeltaThenApplyDeltaRebuildsTheSessionExactly) {
   auto backend = MakeCpuBackend(1);
   auto whole = *CalibrationSession::Create(Model(), AllOn(), "s", "", "");
@@ -295,7 +326,7 @@ TEST(SessionDeltaTest, TakeDeltaThenApplyDeltaRebuildsTheSessionExactly) {
     }
   }
   EXPECT_TRUE(partial->TakeDelta(nullptr).empty());
-  EXPECT_EQ(whole->Snapshot().bytes, rebuilt->Snapshot().bytes);
+  EXPECT_EQ(SnapshotSession(*whole).bytes, SnapshotSession(*rebuilt).bytes);
 
   // Rows: inputs keyed by (module, block of 64 batch ids); batch 70 * i lands in block i + i/11.
   auto again = whole->EmptyLike();

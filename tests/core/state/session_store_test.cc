@@ -12,6 +12,7 @@
 
 #include "core/session/session_id.h"
 #include "core/tensor/reduction_backend.h"
+#include "core/state/session_state.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -136,9 +137,9 @@ TEST_F(SessionStateTest, RestoreReproducesCountersLedgerAndScalesExactly) {
   Feed(*original, b, 0, 10, "rank1");
   original->RecordRejected();
 
-  const SessionSnapshot snapshot = original->Snapshot();
+  const SessionSnapshot snapshot = SnapshotSession(*original);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> restored =
-      CalibrationSession::Restore(snapshot.bytes);
+      RestoreSession(snapshot.bytes);
   ASSERT_TRUE(restored.ok()) << restored.status();
   CalibrationSession& r = **restored;
   EXPECT_EQ(r.id(), "sess01");
@@ -152,7 +153,7 @@ TEST_F(SessionStateTest, RestoreReproducesCountersLedgerAndScalesExactly) {
   EXPECT_EQ(after.skipped_warmup_chunks, before.skipped_warmup_chunks);
   EXPECT_GT(after.skipped_warmup_chunks, 0);
   // Re-encoding the restored session gives the same bytes: nothing was lost or reordered.
-  EXPECT_EQ(r.Snapshot().bytes, snapshot.bytes);
+  EXPECT_EQ(SnapshotSession(r).bytes, snapshot.bytes);
   // Everything restored is durable; producers resume after what they sent.
   EXPECT_EQ(r.DurableResumeFrom("rank0"), a.size() + 1);
   EXPECT_EQ(r.DurableResumeFrom("rank1"), 11u);
@@ -168,7 +169,7 @@ TEST_F(SessionStateTest, ResentChunksAfterRestoreAreDuplicates) {
   const std::vector<Chunk> a = Stream(3, 2);
   std::unique_ptr<CalibrationSession> s = NewSession();
   Feed(*s, a, 0, 8, "rank0");
-  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(s->Snapshot().bytes);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = RestoreSession(SnapshotSession(*s).bytes);
   ASSERT_TRUE(r.ok());
   // The producer did not know how far it got and re-sends from 5.
   absl::StatusOr<ProducerLedger::Stream> handle = (*r)->OpenProducerStream("rank0");
@@ -189,7 +190,7 @@ TEST_F(SessionStateTest, FinalizedSessionComesBackFinalized) {
   const std::vector<Chunk> a = Stream(4, 2);
   Feed(*s, a, 0, a.size(), "rank0");
   const std::vector<std::string> expected = Outputs(*s);
-  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(s->Snapshot().bytes);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = RestoreSession(SnapshotSession(*s).bytes);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ((*r)->Status().state, SessionState::kFinalized);
   EXPECT_TRUE((*r)->Scales({}, Nvfp4Convention::kModelOpt).ok());  // no Finalize call needed
@@ -200,16 +201,16 @@ TEST_F(SessionStateTest, EveryTruncationAndCorruptFieldIsAnErrorNotACrash) {
   std::unique_ptr<CalibrationSession> s = NewSession();
   const std::vector<Chunk> a = Stream(5, 2);
   Feed(*s, a, 0, 12, "rank0");
-  const std::string bytes = s->Snapshot().bytes;
+  const std::string bytes = SnapshotSession(*s).bytes;
   for (size_t n = 0; n < bytes.size(); ++n) {
-    absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(bytes.substr(0, n));
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> r = RestoreSession(bytes.substr(0, n));
     ASSERT_FALSE(r.ok()) << "prefix " << n;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   }
-  EXPECT_THAT(CalibrationSession::Restore(bytes + "x").status().message(), HasSubstr("session"));
+  EXPECT_THAT(RestoreSession(bytes + "x").status().message(), HasSubstr("session"));
   std::string version = bytes;
   version[1] = 9;
-  EXPECT_THAT(CalibrationSession::Restore(version).status().message(),
+  EXPECT_THAT(RestoreSession(version).status().message(),
               HasSubstr("session.version: unsupported version 9"));
 }
 
@@ -218,7 +219,7 @@ TEST_F(SessionStateTest, EveryTruncationAndCorruptFieldIsAnErrorNotACrash) {
 // front, naming the field and the limit, before anything is sized by them.
 TEST_F(SessionStateTest, CraftedCountsAndStringsAreRefusedBeforeAllocating) {
   std::unique_ptr<CalibrationSession> s = NewSession();
-  const std::string bytes = s->Snapshot().bytes;
+  const std::string bytes = SnapshotSession(*s).bytes;
   // Layout: tag, version, id, name, tenant (u32 length + bytes each), created (i64),
   // architecture, model_type, then num_layers (i64).
   auto string_at = [&](size_t offset) {
@@ -237,7 +238,7 @@ TEST_F(SessionStateTest, CraftedCountsAndStringsAreRefusedBeforeAllocating) {
   for (int64_t layers : {int64_t{1} << 30, int64_t{10'000'000}}) {
     std::string crafted = bytes;
     for (int i = 0; i < 8; ++i) crafted[offset + i] = static_cast<char>((layers >> (8 * i)) & 0xff);
-    absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(crafted);
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> r = RestoreSession(crafted);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(r.status().message(),
@@ -245,13 +246,13 @@ TEST_F(SessionStateTest, CraftedCountsAndStringsAreRefusedBeforeAllocating) {
   }
   std::string bad_name = bytes;
   bad_name[name_offset + 4] = static_cast<char>(0xff);  // first byte of "name"
-  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = CalibrationSession::Restore(bad_name);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = RestoreSession(bad_name);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(), "session.name: invalid UTF-8 at byte 0");
   // A server started with smaller limits than the file needs refuses it as well.
   Limits small;
   small.model.max_layers = 1;
-  EXPECT_THAT(CalibrationSession::Restore(bytes, small).status().message(),
+  EXPECT_THAT(RestoreSession(bytes, small).status().message(),
               HasSubstr("exceeds the limit max_layers=1"));
 }
 
@@ -268,7 +269,7 @@ TEST_F(SessionStoreTest, CorruptFileIsReportedAndSetAsideOthersLoad) {
     auto s = CalibrationSession::Create(Model(), EverythingOn(), NewSessionId());
     ASSERT_TRUE(s.ok());
     ids.push_back((*s)->id());
-    ASSERT_TRUE((*store)->Write((*s)->id(), (*s)->Snapshot().bytes).ok());
+    ASSERT_TRUE((*store)->Write((*s)->id(), SnapshotSession(**s).bytes).ok());
   }
   // Flip one payload bit in the second file.
   const std::string victim = (*store)->PathOf(ids[1]);
@@ -292,7 +293,7 @@ TEST_F(SessionStoreTest, FileNamedForAnotherIdIsRefused) {
   absl::StatusOr<std::unique_ptr<SessionStore>> store = SessionStore::Open(dir_.path());
   ASSERT_TRUE(store.ok());
   std::unique_ptr<CalibrationSession> s = NewSession();
-  ASSERT_TRUE((*store)->Write("other", s->Snapshot().bytes).ok());
+  ASSERT_TRUE((*store)->Write("other", SnapshotSession(*s).bytes).ok());
   SessionStore::Loaded loaded = (*store)->LoadAll();
   EXPECT_TRUE(loaded.sessions.empty());
   ASSERT_EQ(loaded.errors.size(), 1u);

@@ -1,7 +1,7 @@
-#include "core/session/limits.h"
+#include "core/limits/limits.h"
 
 #include "absl/strings/str_cat.h"
-#include "core/formats/utf8.h"
+#include "core/limits/utf8.h"
 
 namespace caliper {
 

@@ -1,11 +1,11 @@
 // What one replica folded into a session since its last flush, in the row layout a shared store
-// keeps (core/state/state_store.h): K/V observers per layer (their per-batch ranges per (layer,
+// keeps (core/state/state_store.h encodes the rows: core/state/observer_codec.h): K/V observers per layer (their per-batch ranges per (layer,
 // batch)), weight observers per module, and
 // activation observers per (module, block of kActivationBlockBatches batch ids; per-group ranges
 // per (module, batch)), so a flush rewrites only the rows it touched. Every part merges associatively and commutatively
 // (max/min/sum, per-batch min/max), so replicas merging in any order reach the same state.
-#ifndef CALIPER_CORE_STATE_SESSION_DELTA_H_
-#define CALIPER_CORE_STATE_SESSION_DELTA_H_
+#ifndef CALIPER_CORE_SESSION_SESSION_DELTA_H_
+#define CALIPER_CORE_SESSION_SESSION_DELTA_H_
 
 #include <cstdint>
 #include <map>
@@ -15,10 +15,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/calibration/observers.h"
-#include "core/state/observer_codec.h"
+#include "core/session/producer_ledger.h"
 
 namespace caliper {
 
@@ -83,15 +82,6 @@ std::set<std::string> ModulesOf(const SessionDelta& delta);
 // session, over `limit`. Every store refuses a delta so (its stream fails, nothing merged).
 absl::Status TooManyModules(absl::string_view module, int64_t modules, int64_t limit);
 
-// Standalone row blobs (observer_codec.h format, versioned).
-std::string EncodeWeightRow(const MinMaxObserver& observer);
-std::string EncodeInputRow(const ActivationObserver& observer);
-absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes);
-std::string EncodeInputHistogramRow(const MagnitudeHistogram& histogram);
-absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view bytes);
-// Also checks every batch id lies in `block` (one batch of group ranges for a group row).
-absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block);
-
 }  // namespace caliper
 
-#endif  // CALIPER_CORE_STATE_SESSION_DELTA_H_
+#endif  // CALIPER_CORE_SESSION_SESSION_DELTA_H_

@@ -1,4 +1,4 @@
-#include "core/state/session_delta.h"
+#include "core/session/session_delta.h"
 
 #include <algorithm>
 #include <set>
@@ -52,53 +52,6 @@ void SessionDelta::Merge(const SessionDelta& other) {
     producer = other.producer;
     producer->sequence = std::max(producer->sequence, before);
   }
-}
-
-std::string EncodeWeightRow(const MinMaxObserver& observer) {
-  return EncodeMinMaxObserver(observer);
-}
-
-std::string EncodeInputRow(const ActivationObserver& observer) {
-  return EncodeActivationObserver(observer);
-}
-
-absl::StatusOr<MinMaxObserver> DecodeWeightRow(absl::string_view bytes) {
-  return DecodeMinMaxObserver(bytes);
-}
-
-std::string EncodeInputHistogramRow(const MagnitudeHistogram& histogram) {
-  return EncodeHistogram(histogram);
-}
-
-absl::StatusOr<MagnitudeHistogram> DecodeInputHistogramRow(absl::string_view bytes) {
-  return DecodeHistogram(bytes);
-}
-
-absl::StatusOr<ActivationObserver> DecodeInputRow(absl::string_view bytes, int64_t block) {
-  absl::StatusOr<ActivationObserver> observer = DecodeActivationObserver(bytes);
-  if (!observer.ok()) return observer.status();
-  if (IsGroupRow(block)) {
-    if (!observer->batches.empty() || observer->group_batches.size() != 1 ||
-        GroupRowOf(observer->group_batches.begin()->first) != block) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input row ", block, ": a group row holds the group ranges of batch ", -3 - block,
-          " only"));
-    }
-    return observer;
-  }
-  for (const auto& [batch, stats] : observer->batches) {
-    if (batch < 0 || ActivationBlockOf(batch) != block) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input row: batch ", batch, " does not belong to block ", block));
-    }
-  }
-  for (const auto& [batch, ranges] : observer->group_batches) {
-    if (batch < 0 || ActivationBlockOf(batch) != block) {
-      return absl::InvalidArgumentError(absl::StrCat("input row: group batch ", batch,
-                                                     " does not belong to block ", block));
-    }
-  }
-  return observer;
 }
 
 // ---- CalibrationSession's side (declared in core/session/session.h) ----
@@ -270,8 +223,7 @@ void CalibrationSession::RestoreProducers(const ProducerSequences& committed) {
 
 std::unique_ptr<CalibrationSession> CalibrationSession::EmptyLike() const {
   std::unique_ptr<CalibrationSession> empty(
-      new CalibrationSession(model_, recipe_, id_, name_, tenant_, limits_));
-  empty->created_unix_ms_ = created_unix_ms_;
+      new CalibrationSession(model_, recipe_, id_, name_, tenant_, limits_, created_unix_ms_));
   return empty;
 }
 

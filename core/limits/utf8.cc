@@ -1,4 +1,4 @@
-#include "core/formats/utf8.h"
+#include "core/limits/utf8.h"
 
 #include <cstdint>
 

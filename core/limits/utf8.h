@@ -1,8 +1,8 @@
 // UTF-8 validation for every string that enters from the wire or a state file: protobuf's C++
 // runtime does not check proto3 strings on parse, but clients in other languages refuse to
 // decode a reply that carries invalid UTF-8, so one bad name would poison every listing.
-#ifndef CALIPER_CORE_FORMATS_UTF8_H_
-#define CALIPER_CORE_FORMATS_UTF8_H_
+#ifndef CALIPER_CORE_LIMITS_UTF8_H_
+#define CALIPER_CORE_LIMITS_UTF8_H_
 
 #include <cstddef>
 
@@ -19,4 +19,4 @@ absl::Status CheckUtf8(absl::string_view field, absl::string_view text);
 
 }  // namespace caliper
 
-#endif  // CALIPER_CORE_FORMATS_UTF8_H_
+#endif  // CALIPER_CORE_LIMITS_UTF8_H_

@@ -5,8 +5,8 @@
 // has ~70k). Each field is named after the caliper-server flag that sets it. Refusals name the
 // field, the value and the limit: InvalidArgument for a size one request asks for,
 // ResourceExhausted for a count that accumulates (sessions, modules, producers, bytes in flight).
-#ifndef CALIPER_CORE_SESSION_LIMITS_H_
-#define CALIPER_CORE_SESSION_LIMITS_H_
+#ifndef CALIPER_CORE_LIMITS_LIMITS_H_
+#define CALIPER_CORE_LIMITS_LIMITS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -68,4 +68,4 @@ absl::Status ValidateLimits(const Limits& limits);
 
 }  // namespace caliper
 
-#endif  // CALIPER_CORE_SESSION_LIMITS_H_
+#endif  // CALIPER_CORE_LIMITS_LIMITS_H_

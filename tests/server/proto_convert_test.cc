@@ -1,0 +1,88 @@
+// The proto <-> core enum tables: every core value survives a round trip through the proto, and
+// a proto value no table lists is refused naming the field and the values it may take.
+#include "server/proto_convert.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace caliper {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ProtoConvertTest, EveryRecipeEnumValueRoundTrips) {
+  for (KvMode kv : {KvMode::kOff, KvMode::kPerTensor, KvMode::kPerHead}) {
+    for (Fp8Flavor flavor : {Fp8Flavor::kE4M3FN, Fp8Flavor::kE4M3FNUZ}) {
+      for (ActivationObserverKind a :
+           {ActivationObserverKind::kStaticMinMax, ActivationObserverKind::kMinMax,
+            ActivationObserverKind::kPercentile, ActivationObserverKind::kMse}) {
+        for (KvObserverKind k : {KvObserverKind::kStaticMinMax, KvObserverKind::kMinMax,
+                                 KvObserverKind::kPercentile, KvObserverKind::kMse}) {
+          for (Compat compat : {Compat::kCaliper, Compat::kLlmCompressor}) {
+            Recipe recipe;
+            recipe.kv = kv;
+            recipe.fp8_flavor = flavor;
+            recipe.activation_observer = a;
+            recipe.kv_observer = k;
+            recipe.compat = compat;
+            absl::StatusOr<Recipe> back = RecipeFromProto(RecipeToProto(recipe), Limits());
+            ASSERT_TRUE(back.ok()) << back.status();
+            EXPECT_EQ(back->kv, kv);
+            EXPECT_EQ(back->fp8_flavor, flavor);
+            EXPECT_EQ(back->activation_observer, a);
+            EXPECT_EQ(back->kv_observer, k);
+            EXPECT_EQ(back->compat, compat);
+          }
+        }
+      }
+    }
+  }
+  // The proto's default KV observer is static_minmax; the explicit spelling is what we send.
+  v1::Recipe unspecified;
+  EXPECT_EQ(RecipeFromProto(unspecified, Limits())->kv_observer, KvObserverKind::kStaticMinMax);
+  EXPECT_EQ(RecipeToProto(Recipe()).kv_observer(), v1::KV_OBSERVER_STATIC_MINMAX);
+  EXPECT_EQ(RecipeToProto(Recipe()).compat(), v1::COMPAT_UNSPECIFIED);
+}
+
+TEST(ProtoConvertTest, UnknownValuesAreRefusedNamingTheFieldAndTheChoices) {
+  v1::Recipe recipe;
+  recipe.set_kv(static_cast<v1::KvMode>(9));
+  absl::Status status = RecipeFromProto(recipe, Limits()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "recipe.kv: must be one of KV_OFF, KV_PER_TENSOR, KV_PER_HEAD, got 9");
+  recipe.set_kv(v1::KV_PER_HEAD);
+  recipe.set_compat(static_cast<v1::Compat>(7));
+  EXPECT_THAT(RecipeFromProto(recipe, Limits()).status().message(),
+              HasSubstr("recipe.compat: must be one of COMPAT_UNSPECIFIED, COMPAT_LLM_COMPRESSOR"));
+
+  v1::TensorChunk chunk;
+  chunk.set_dtype("F32");
+  chunk.set_kind(v1::TARGET_UNSPECIFIED);
+  EXPECT_THAT(ChunkFromProto(chunk, Limits()).status().message(),
+              HasSubstr("chunk.kind: must be one of KEY, VALUE, WEIGHT, INPUT_ACTIVATION, got 0"));
+  // The convention is an open enum: an unknown value is the default convention.
+  EXPECT_EQ(ConventionFromProto(v1::MODELOPT), Nvfp4Convention::kModelOpt);
+  EXPECT_EQ(ConventionFromProto(static_cast<v1::Nvfp4Convention>(5)),
+            Nvfp4Convention::kCompressedTensors);
+}
+
+TEST(ProtoConvertTest, SessionStateAndScalesUseTheSameTables) {
+  SessionStatus status;
+  status.state = SessionState::kFinalized;
+  EXPECT_EQ(SessionToProto(status).state(), v1::FINALIZED);
+  status.state = SessionState::kOpen;
+  EXPECT_EQ(SessionToProto(status).state(), v1::OPEN);
+  SessionScales scales;
+  scales.kv = KvMode::kOff;  // no engine files to render
+  scales.fp8_flavor = Fp8Flavor::kE4M3FNUZ;
+  scales.convention = Nvfp4Convention::kModelOpt;
+  absl::StatusOr<v1::ScalesResponse> out = ScalesToProto(scales, {}, status);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->kv(), v1::KV_OFF);
+  EXPECT_EQ(out->fp8_flavor(), v1::FP8_E4M3FNUZ);
+  EXPECT_EQ(out->convention(), v1::MODELOPT);
+}
+
+}  // namespace
+}  // namespace caliper
