@@ -8,11 +8,13 @@ from ._scales_files import WrittenFiles
 from ._tensors import TensorError
 from ._types import KvLayerScales, ModelInfo, ModuleScales, OutputFile, RankKvSlice, ScaleWarning
 from .client import MODES, Client, LayerProgress, Recipe, Scales, Session, SessionInfo, TensorLike
+from .fleets import FleetInfo, FleetWindow, InUseReport, ScalesVersion, refit
 
 __all__ = ["Client", "Session", "SessionInfo", "LayerProgress", "ModelInfo", "Recipe", "Scales",
            "KvLayerScales", "RankKvSlice", "ModuleScales", "ScaleWarning", "OutputFile",
            "WrittenFiles", "Handle", "TensorLike", "TensorError", "RejectedChunksError",
-           "ChunkRejected", "StreamError", "MODES", "__version__"]
+           "ChunkRejected", "StreamError", "MODES", "FleetInfo", "FleetWindow", "InUseReport",
+           "ScalesVersion", "refit", "__version__"]
 
 try:
     __version__ = _metadata.version("caliper-client")  # from the repository's VERSION file

@@ -457,16 +457,7 @@ class Session:
         """Raw pieces, or the statistic the session's observer needs (its recipe decides)."""
         if self.mode == "raw":
             return _tensors.raw_chunks(x, dtype, self.chunk_bytes)
-        recipe = self.proto.recipe
-        # Sessions that keep histograms need them from K/V and inputs (the server refuses less).
-        hist = kind != pb.WEIGHT and _histogram.recipe_needs_histograms(recipe)
-        if kind in (pb.KEY, pb.VALUE):
-            if recipe.kv_observer == pb.KV_OBSERVER_MINMAX:
-                return [_tensors.kv_minmax_statistics(x, dtype, where, hist)]
-            return [_tensors.kv_statistics(x, dtype, where, hist)]
-        if kind == pb.INPUT_ACTIVATION and recipe.activation_observer == pb.MINMAX:
-            return [_tensors.group_statistics(x, dtype, where, hist)]
-        return [_tensors.range_statistics(x, dtype, where, hist)]
+        return [statistic(self.proto.recipe, x, dtype, where, kind)]
 
     def _put(self, chunks: Sequence[Tuple[str, int, _tensors.Chunk]],
              fields: Dict[str, Union[int, str]]) -> None:
@@ -612,6 +603,21 @@ class Scales:
         self.files: List[OutputFile] = _files(response)
         self.scales_json: bytes = response.scales_json
         self.written = written
+
+
+def statistic(recipe: pb.Recipe, x: TensorLike, dtype: str, where: str,
+              kind: int) -> _tensors.Chunk:
+    """The statistic of x (a chunk `kind` of a session with `recipe`) its observer needs,
+    reduced on x's device."""
+    # Sessions that keep histograms need them from K/V and inputs (the server refuses less).
+    hist = kind != pb.WEIGHT and _histogram.recipe_needs_histograms(recipe)
+    if kind in (pb.KEY, pb.VALUE):
+        if recipe.kv_observer == pb.KV_OBSERVER_MINMAX:
+            return _tensors.kv_minmax_statistics(x, dtype, where, hist)
+        return _tensors.kv_statistics(x, dtype, where, hist)
+    if kind == pb.INPUT_ACTIVATION and recipe.activation_observer == pb.MINMAX:
+        return _tensors.group_statistics(x, dtype, where, hist)
+    return _tensors.range_statistics(x, dtype, where, hist)
 
 
 def _rows(chunk: _tensors.Chunk) -> str:

@@ -1,0 +1,437 @@
+"""The vLLM general plugin (caliper.vllm) on vLLM's CPU build, in real processes: discovered
+through its entry point and inert without CALIPER_*; sampling live traffic of vllm.LLM into a
+fleet window, bit for bit what the offline vllm_hooks capture sends on the same steps; hot
+reload of a published version into every copy of the scales vLLM keeps; caliper_refit and the
+trainer-side caliper.refit; the OpenAI server with the plugin, requests from the openai
+client, Caliper killed -9 mid-traffic. Runs in the vllm venv (CALIPER_PYTHON_SET=vllm)."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+import torch
+
+import caliper
+from caliper import fleets
+from conftest import Server, free_port
+
+pytest.importorskip("vllm")
+
+KV_CACHE_BYTES = 64 << 20  # explicit: a share of the machine fails under other load
+ENGINE = dict(enforce_eager=True, dtype="bfloat16", max_model_len=256,
+              kv_cache_memory_bytes=KV_CACHE_BYTES)
+
+
+def tiny_llama(directory: pathlib.Path) -> dict:
+    """A tiny random BF16 Llama with a word-level tokenizer ("t0".."t511"), saved to directory."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                   vocab_size=512, max_position_embeddings=512)
+    cfg.architectures = ["LlamaForCausalLM"]
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.no_grad():  # heavier tails than the default init
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(directory)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(512)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t1",
+                                         bos_token="t2").save_pretrained(directory)
+    return json.loads((directory / "config.json").read_text())
+
+
+def prompts(n: int, length: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 512, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def run_script(script: str, env: dict, *args) -> dict:
+    """Runs script in its own process (vLLM keeps per-process state); its last stdout line is
+    JSON."""
+    r = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
+                       text=True, env=env, timeout=800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALIPER_")
+           or k in ("CALIPER_BUILD_DIR", "CALIPER_SOURCE_DIR")}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.update(extra)
+    return env
+
+
+INERT_SCRIPT = r"""
+import json, os, sys
+import vllm
+from vllm.v1.worker.gpu_worker import Worker
+import caliper.vllm as plugin
+engine = json.loads(sys.argv[2])
+llm = vllm.LLM(model=sys.argv[1], skip_tokenizer_init=True, **engine)
+params = vllm.SamplingParams(max_tokens=6, temperature=0, prompt_logprobs=2, logprobs=2)
+outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[3])], params,
+                    use_tqdm=False)
+result = [[list(o.outputs[0].token_ids),
+           [{str(k): v.logprob for k, v in d.items()} for d in o.prompt_logprobs[1:]]]
+          for o in outs]
+print(json.dumps({"status": plugin.status, "patched": Worker.load_model.__name__,
+                  "outputs": result}))
+"""
+
+
+def test_plugin_discovered_and_inert_without_environment(tmp_path):
+    """The entry point is there, vLLM loads it, and without CALIPER_FLEET/SERVER it changes
+    nothing: greedy tokens and prompt logprobs equal those of a process that does not load it."""
+    from importlib.metadata import entry_points
+    found = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert found.get("caliper") == "caliper.vllm:register"
+    tiny_llama(tmp_path / "model")
+    ps = json.dumps(prompts(3, 24, seed=1))
+    engine = json.dumps(ENGINE)
+    inert = run_script(INERT_SCRIPT, clean_env(CALIPER_FLEET="only-the-fleet"),
+                       tmp_path / "model", engine, ps)
+    unloaded = run_script(INERT_SCRIPT, clean_env(VLLM_PLUGINS="none-of-them"),
+                          tmp_path / "model", engine, ps)
+    assert inert["status"] == {"loaded": True, "active": False, "error": ""}
+    assert inert["patched"] == "load_model"  # nothing of vLLM replaced
+    assert unloaded["status"]["loaded"] is False
+    assert inert["outputs"] == unloaded["outputs"]
+
+
+LIVE_SCRIPT = r"""
+import json, os, sys, time
+import torch, vllm, transformers
+import caliper
+import caliper.vllm as plugin
+from caliper import fleets, vllm_hooks
+address, model_dir, engine, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+client = caliper.Client(address)
+out = {}
+llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, **engine)
+greedy = vllm.SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=1)
+
+def state():
+    return llm.collective_rpc("caliper_state")[0]
+
+def run(ps):
+    outs = llm.generate([{"prompt_token_ids": p} for p in ps], greedy, use_tqdm=False)
+    return [[list(o.outputs[0].token_ids),
+             [{str(k): v.logprob for k, v in d.items()} for d in o.prompt_logprobs[1:]]]
+            for o in outs]
+
+def wait(cond, what, seconds=60):
+    deadline = time.time() + seconds
+    while not cond():
+        assert time.time() < deadline, (what, fleets.get_fleet(client, "f"), state())
+        time.sleep(0.2)
+
+def window_tokens(fleet, weight_version):
+    for w in fleets.get_fleet(client, fleet).windows:
+        if w.open and w.weight_version == weight_version:
+            return w.tokens
+    return -1
+
+# 1. Sampling into the window, next to the offline capture of the same steps.
+config = json.load(open(os.path.join(model_dir, "config.json")))
+offline = client.create_session(config, caliper.Recipe(kv="per_tensor"), name="offline")
+handle = vllm_hooks.attach(llm, offline)
+before = run(prompts[:2])
+handle.detach()
+offline.finalize()
+s = state()
+out["sampled"] = s["total_sampled_tokens"]
+out["first_window"] = s["window"]
+# Every statistic acknowledged (its stream closed with a summary) before the window closes.
+wait(lambda: state()["unacknowledged"] == 0, "statistics not acknowledged")
+wait(lambda: window_tokens("f", "initial") >= s["total_sampled_tokens"], "window tokens")
+window = fleets.close_window(client, "f", weight_version="initial")
+out["closed"] = [window.decision, window.version, window.tokens]
+live = client.session(window.session_id).scales()
+ref = offline.scales()
+out["absmax"] = [[(a.k_absmax, a.v_absmax), (b.k_absmax, b.v_absmax)]
+                 for a, b in zip(live.kv_layers, ref.kv_layers)]
+out["offline_tokens"] = [l.k_tokens for l in offline.refresh().layers]
+out["state1"] = {k: v for k, v in s.items() if k != "scales"}
+out["live_equals_offline"] = [(a.k_absmax, a.v_absmax) == (b.k_absmax, b.v_absmax)
+                              for a, b in zip(live.kv_layers, ref.kv_layers)]
+out["version1"] = [(l.k_scale, l.v_scale) for l in live.kv_layers]
+
+# 2. Hot reload: the next step switches; every copy equals what vLLM's loader makes of the
+#    same checkpoint values (BaseKVCacheMethod, as a fresh process loading them would run).
+wait(lambda: plugin.engine_versions["pending"] == 1, "WatchScales did not deliver version 1")
+after = run(prompts[:2])
+s = state()
+out["version_in_use"] = s["version"]
+out["outputs_unchanged"] = before == after
+from vllm.model_executor.layers.attention.attention import set_default_quant_scales
+from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+fresh = {}
+for layer, (k, v) in enumerate(out["version1"]):
+    m = torch.nn.Module()
+    set_default_quant_scales(m, register_buffer=True)
+    m.kv_cache_dtype = "fp8"
+    BaseKVCacheMethod(None).create_weights(m)
+    m.k_scale.data.fill_(max(k)); m.v_scale.data.fill_(max(v))
+    BaseKVCacheMethod(None).process_weights_after_loading(m)
+    fresh[str(layer)] = {n: (getattr(m, n).tolist() if hasattr(getattr(m, n), "tolist")
+                             else getattr(m, n)) for n in s["scales"][0]}
+out["reloaded"] = {str(k): v for k, v in s["scales"].items()}
+out["fresh"] = fresh
+wait(lambda: any(u.version == 1 for u in fleets.get_fleet(client, "f").in_use), "ReportInUse")
+out["in_use"] = [[u.version, u.stale] for u in fleets.get_fleet(client, "f").in_use]
+
+# 3. A weight update: caliper_refit opens the new window; a weight reload (collective_rpc)
+#    and sleep/wake_up keep the scales in use.
+r = llm.collective_rpc("caliper_refit", args=("step-2",))[0]
+out["refit_window"] = r["window"]
+llm.collective_rpc("reload_weights")
+out["reset_by_reload"] = state()["scales"][0]["_k_scale_float"]
+for call in ("sleep", "wake_up"):
+    llm.collective_rpc(call)
+run(prompts[2:4])
+s = state()
+out["after_reload"] = {str(k): v for k, v in s["scales"].items()}
+out["resets_repaired"] = s["resets_repaired"]
+out["weight_version"] = s["weight_version"]
+wait(lambda: state()["unacknowledged"] == 0, "statistics not acknowledged")
+wait(lambda: window_tokens("f", "step-2") >= s["sampled_tokens"] > 0, "step-2 tokens")
+engine_tokens = window_tokens("f", "step-2")
+
+# 4. Trainer side: the same weight version's window gets the transformers model's K/V too.
+ref_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto",
+                                                              attn_implementation="eager")
+w = caliper.refit(ref_model, "f", prompts[4:6], weight_version="step-2", client=client)
+out["trainer_window"] = w.session_id
+wait(lambda: window_tokens("f", "step-2") >= engine_tokens + 2 * len(prompts[4]), "trainer")
+window = fleets.close_window(client, "f", weight_version="step-2")
+out["closed2"] = [window.decision, window.version]
+wait(lambda: plugin.engine_versions["pending"] == 2, "WatchScales did not deliver version 2")
+run(prompts[:1])
+out["version_in_use2"] = state()["version"]
+print(json.dumps(out))
+"""
+
+
+def test_plugin_samples_llm_traffic_reloads_and_refits(server, tmp_path):
+    config = tiny_llama(tmp_path / "model")
+    client = caliper.Client(server.address)
+    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
+    ps = prompts(6, 32, seed=2)
+    env = clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
+                    CALIPER_SAMPLE_FRACTION="1", CALIPER_REPORT_S="0.5")
+    out = run_script(LIVE_SCRIPT, env, server.address, tmp_path / "model", json.dumps(ENGINE),
+                     json.dumps(ps))
+    print(json.dumps(out))
+    # prompts of 32 tokens, 4 generated: 2 x (32 + 3) tokens go through the model
+    assert out["sampled"] == 2 * (32 + 3)
+    assert out["closed"] == ["first_version", 1, out["sampled"]]
+    assert out["live_equals_offline"] == [True, True]
+    assert out["version_in_use"] == 1
+    assert out["outputs_unchanged"]  # a BF16 cache does not read the scales
+    assert out["reloaded"] == out["fresh"]
+    assert out["in_use"] == [[1, False]]
+    # the reload reset vLLM's scales to 1.0; the next step had version 1's back
+    assert out["reset_by_reload"] == 1.0
+    assert out["after_reload"] == out["fresh"] and out["resets_repaired"] >= 1
+    assert out["weight_version"] == "step-2"
+    assert out["trainer_window"] == out["refit_window"] != out["first_window"]
+    assert out["closed2"] == ["new_weight_version", 2]
+    assert out["version_in_use2"] == 2
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(url, timeout=2).status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif("openai" not in sys.modules and
+                    __import__("importlib").util.find_spec("openai") is None,
+                    reason="the openai package is not in this venv")
+def test_openai_server_survives_caliper_kill9(tmp_path):
+    """The OpenAI server with the plugin, requests from the openai client without pause;
+    caliper-server (with --state_dir) killed -9 and restarted mid-traffic: no request fails,
+    the statistics that found the queue full are counted, the stream resumes into the same
+    window, and a published version reaches the server's engine."""
+    import openai
+    config = tiny_llama(tmp_path / "model")
+    caliper_server = Server(tmp_path, state_dir=tmp_path / "state")
+    vllm_proc = None
+    try:
+        client = caliper.Client(caliper_server.address)
+        fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_head"), min_tokens=16)
+        port = free_port()
+        env = clean_env(CALIPER_FLEET="f", CALIPER_SERVER=caliper_server.address,
+                        CALIPER_SAMPLE_FRACTION="1", CALIPER_QUEUE_ITEMS="4",
+                        CALIPER_QUEUE_BYTES="2048", CALIPER_REPORT_S="0.5")
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        log = tmp_path / "vllm.log"
+        vllm_proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+             str(tmp_path / "model"), "--served-model-name", "tiny", "--host", "127.0.0.1",
+             "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
+             "--max-model-len", "256", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)],
+            env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 600
+        while not http_ok(f"http://127.0.0.1:{port}/health"):
+            assert vllm_proc.poll() is None, log.read_text()[-4000:]
+            assert time.time() < deadline, "the OpenAI server did not start"
+            time.sleep(1)
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                            max_retries=0, timeout=60)
+        texts = [" ".join(f"t{t}" for t in p) for p in prompts(8, 24, seed=3)]
+        results = {"ok": 0, "failed": []}
+        stop = threading.Event()
+
+        def traffic():
+            i = 0
+            while not stop.is_set():
+                try:
+                    r = api.completions.create(model="tiny", prompt=texts[i % len(texts)],
+                                               max_tokens=8, temperature=0)
+                    assert r.choices[0].text
+                    results["ok"] += 1
+                except Exception as e:  # noqa: BLE001 - counted, asserted below
+                    results["failed"].append(repr(e))
+                i += 1
+        thread = threading.Thread(target=traffic)
+        thread.start()
+
+        def window():
+            return next(w for w in fleets.get_fleet(client, "f").windows if w.open)
+
+        def wait(cond, what, seconds=120):
+            deadline = time.time() + seconds
+            while not cond():
+                assert time.time() < deadline, what + "\n" + log.read_text()[-3000:]
+                time.sleep(0.5)
+        try:
+            wait(lambda: window_tokens_safe(window) > 0, "no tokens reached the window")
+            first = window()
+            caliper_server.kill9()
+            served_before = results["ok"]
+            time.sleep(8)
+            served_while_down = results["ok"] - served_before
+            caliper_server.start()
+            client = caliper.Client(caliper_server.address)
+            wait(lambda: window().tokens > first.tokens + 100, "the stream did not resume")
+            assert window().session_id == first.session_id
+        finally:
+            stop.set()
+            thread.join(120)
+        print(f"requests: {results['ok']} served, {served_while_down} while Caliper was down, "
+              f"{len(results['failed'])} failed")
+        assert results["failed"] == [] and served_while_down > 0
+        text = log.read_text()
+        assert "statistics dropped so far" in text
+
+        closed = fleets.close_window(client, "f", session_id=first.session_id)
+        assert closed.version == 1, closed
+
+        def switched():  # the switch happens before the engine's next step
+            api.completions.create(model="tiny", prompt=texts[0], max_tokens=2, temperature=0)
+            return "caliper: fleet f version 1 in use" in log.read_text()
+        wait(switched, "no switch")
+        wait(lambda: [u.version for u in fleets.get_fleet(client, "f").in_use] == [1],
+             "no ReportInUse")
+    finally:
+        if vllm_proc is not None and vllm_proc.poll() is None:
+            vllm_proc.send_signal(signal.SIGINT)
+            try:
+                vllm_proc.wait(60)
+            except subprocess.TimeoutExpired:
+                vllm_proc.kill()
+                vllm_proc.wait()
+        caliper_server.kill9() if caliper_server.proc.poll() is None else None
+
+
+def window_tokens_safe(window) -> int:
+    try:
+        return window().tokens
+    except StopIteration:
+        return 0
+
+
+def fp8_kv_cache_missing() -> str:
+    """Why vLLM's CPU build cannot run an FP8 KV cache here ("" when it can)."""
+    if torch.cuda.is_available():
+        return ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line.split(":", 1)[1].split() for line in f
+                              if line.startswith("flags")), []))
+    except OSError as e:
+        return f"cannot read /proc/cpuinfo ({e})"
+    if flags & {"avx512f", "amx_tile"}:
+        return ""
+    return ("this CPU has neither AVX-512 (avx512f) nor AMX (amx_tile), which vLLM's CPU FP8 KV "
+            "cache needs")
+
+
+FP8_SCRIPT = r"""
+import json, sys, time
+import vllm
+import caliper, caliper.vllm as plugin
+from caliper import fleets
+mode, model_dir, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, kv_cache_dtype="fp8",
+               **json.loads(sys.argv[4]))
+params = vllm.SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=2)
+run = lambda: [[list(o.outputs[0].token_ids),
+                [{str(k): v.logprob for k, v in d.items()} for d in o.prompt_logprobs[1:]]]
+               for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                     use_tqdm=False)]
+out = {}
+if mode == "live":
+    client = caliper.Client(sys.argv[5])
+    run()
+    time.sleep(3)
+    window = fleets.close_window(client, "f", weight_version="initial")
+    out["window"] = window.session_id
+    deadline = time.time() + 60
+    while plugin.engine_versions["pending"] != 1:
+        assert time.time() < deadline
+        time.sleep(0.2)
+out["outputs"] = run()
+def scales(model):
+    from vllm.model_executor.layers.attention.attention import Attention
+    return {n: [float(m._k_scale), float(m._v_scale), m._k_scale_float, m._v_scale_float]
+            for n, m in model.named_modules() if isinstance(m, Attention)}
+out["scales"] = llm.apply_model(scales)[0]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(bool(fp8_kv_cache_missing()), reason=fp8_kv_cache_missing() or "runs")
+def test_hot_reload_equals_a_fresh_process_on_the_merged_checkpoint(server, tmp_path):
+    """With an FP8 KV cache: after the switch, the scales and the prompt logprobs and greedy
+    tokens are bit-identical to a fresh vLLM process started from the checkpoint holding the
+    same scales (`caliper merge`)."""
+    from conftest import run_cli
+    config = tiny_llama(tmp_path / "model")
+    client = caliper.Client(server.address)
+    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
+    ps = json.dumps(prompts(3, 32, seed=4))
+    live = run_script(FP8_SCRIPT, clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
+                                            CALIPER_SAMPLE_FRACTION="1"),
+                      "live", tmp_path / "model", ps, json.dumps(ENGINE), server.address)
+    client.session(live["window"]).scales(formats=["compressed-tensors"], out=tmp_path / "s")
+    run_cli("merge", "--checkpoint", tmp_path / "model", "--scales",
+            tmp_path / "s" / "compressed_tensors_scales.safetensors", "--out",
+            tmp_path / "merged", "--kv-only")
+    fresh = run_script(FP8_SCRIPT, clean_env(), "fresh", tmp_path / "merged", ps,
+                       json.dumps(ENGINE))
+    assert live["scales"] == fresh["scales"]
+    assert live["outputs"] == fresh["outputs"]
