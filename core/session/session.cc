@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,14 +17,9 @@ namespace {
 // producer summarized, so a session's progress reads the same in either mode.
 int64_t TensorBytes(const ChunkRef& chunk) {
   if (!chunk.statistics.has_value()) return static_cast<int64_t>(chunk.data.size());
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  int64_t bytes = static_cast<int64_t>(ItemSize(chunk.dtype));
-  for (int64_t dim : chunk.shape) {
-    if (dim <= 0) return 0;
-    if (bytes > kMax / dim) return kMax;
-    bytes *= dim;
-  }
-  return bytes;
+  // Validated before the fold; ShapeElements bounds the count so the product cannot overflow.
+  absl::StatusOr<int64_t> elements = ShapeElements(chunk.shape, "chunk");
+  return elements.ok() ? *elements * static_cast<int64_t>(ItemSize(chunk.dtype)) : 0;
 }
 
 // `caliper check`'s rules on a scale set the session finalized: a finding that breaks an engine
