@@ -172,7 +172,9 @@ def _attach(model, session, kv, inputs, weights, first_batch, moe_experts, insta
             if mla or (hasattr(module, "layer_idx") and hasattr(module, "k_proj") and hasattr(
                     module, "config")):
                 if mla:
-                    def keep_latent(_m, _args, output, module_id=id(module)):
+                    mla_id = id(module)
+
+                    def keep_latent(_m, _args, output, module_id=mla_id):
                         _MLA_LATENTS[module_id] = output
                     hook = module.kv_a_layernorm.register_forward_hook(keep_latent)
                     handle._removers.append(hook.remove)
