@@ -13,6 +13,7 @@
 #include "core/formats/safetensors.h"
 #include "core/session/scales_outputs.h"
 #include "core/session/session.h"
+#include "core/state/session_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -374,6 +375,26 @@ TEST_F(MlaSessionTest, CompressedTensorsFileHoldsTheEntryScale) {
     EXPECT_THAT(config->content, HasSubstr("kv_cache_scheme"));
     EXPECT_THAT(config->content, HasSubstr("\"tensor\""));
   }
+}
+
+// A restart (state file) keeps the MLA dims and the observed parts.
+TEST_F(MlaSessionTest, StateRoundTripKeepsMla) {
+  auto s = NewSession();
+  ObserveOk(*s, Latent(0, std::vector<float>(kTokens * kRank, 1.5f)));
+  ObserveOk(*s, Rope(0, std::vector<float>(kTokens * kRope, -7.0f)));
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> r = RestoreSession(SnapshotSession(*s).bytes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE((*r)->model().mla.has_value());
+  EXPECT_EQ(*(*r)->model().mla, *Model().mla);
+  EXPECT_EQ((*r)->model().head_dim, 24);
+  // Still refuses a 24-wide KEY chunk (the widths come from the MLA dims).
+  ChunkRef wide = Latent(0, std::vector<float>(kTokens * 24, 1.0f));
+  wide.shape = {kTokens, 24};
+  EXPECT_FALSE((*r)->Observe(wide, *backend_).ok());
+  const KvScales a = *Final(*s).kv_scales, b = *Final(**r).kv_scales;
+  EXPECT_EQ(a.k[0][0], b.k[0][0]);
+  EXPECT_FLOAT_EQ(b.k[0][0], 7.0f / 448.0f);
+  EXPECT_EQ(b.mla_latent_absmax[0], 1.5f);
 }
 
 // `caliper check` on an MLA model: llm-compressor's names and values (k_scale from the latent,
