@@ -50,23 +50,24 @@ def test_vllm_loader_resolves_caliper_mla_names(server, tmp_path):
         k_pe = 10 * torch.randn(1, 7, 8, generator=g)
         session.observe_mla(layer, latent, k_pe, batch=0)
     session.finalize()
-    session.scales(tp=1, out=tmp_path / "out", formats=["compressed-tensors"])
+    session.scales(tp=1, out=tmp_path / "out", formats=["compressed-tensors", "modelopt"])
     doc = json.loads((tmp_path / "out" / "scales.json").read_text())
-    files = list((tmp_path / "out").rglob("*.safetensors"))
-    assert len(files) == 1
+    files = sorted((tmp_path / "out").rglob("*.safetensors"))
+    assert len(files) == 2  # the compressed-tensors and the ModelOpt scale files
     params = vllm_params(2)
-    loaded = {}
-    with safe_open(str(files[0]), "pt") as f:
-        for name in f.keys():
-            target = maybe_remap_kv_scale_name(name, params)
-            assert target is not None and target in params, f"vLLM drops {name}"
-            t = f.get_tensor(name)
-            assert list(t.shape) == [1]  # per tensor, what MLAAttention's k_scale holds
-            loaded[target] = t.item()
-    for i in range(2):
-        k = loaded[f"model.layers.{i}.self_attn.mla_attn.mla_attn.k_scale"]
-        assert k == pytest.approx(doc["kv_cache"]["layers"][i]["k_scale"][0], rel=1e-7)
-        assert loaded[f"model.layers.{i}.self_attn.mla_attn.mla_attn.v_scale"] == k
+    for path in files:
+        loaded = {}
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                target = maybe_remap_kv_scale_name(name, params)
+                assert target is not None and target in params, f"vLLM drops {name} ({path})"
+                t = f.get_tensor(name)
+                assert t.numel() == 1  # per tensor, what MLAAttention's k_scale holds
+                loaded[target] = t.item()
+        for i in range(2):
+            k = loaded[f"model.layers.{i}.self_attn.mla_attn.mla_attn.k_scale"]
+            assert k == pytest.approx(doc["kv_cache"]["layers"][i]["k_scale"][0], rel=1e-7)
+            assert loaded[f"model.layers.{i}.self_attn.mla_attn.mla_attn.v_scale"] == k
     # The compressed-tensors names llm-compressor writes for the same model are dropped by this
     # loader (it looks for self_attn.attn.k_scale): the cache then runs with k_scale 1.0.
     assert maybe_remap_kv_scale_name("model.layers.0.self_attn.k_scale", params) is None
