@@ -84,5 +84,32 @@ TEST(ProtoConvertTest, SessionStateAndScalesUseTheSameTables) {
   EXPECT_EQ(out->convention(), v1::MODELOPT);
 }
 
+// MLA fields: by field, the cache geometry follows them; ModelToProto gives them back.
+TEST(ProtoConvertTest, MlaModelFieldsRoundTrip) {
+  v1::ModelDescription proto;
+  proto.set_architecture("DeepseekV3ForCausalLM");
+  proto.set_num_layers(61);
+  proto.set_num_attention_heads(128);
+  proto.set_num_kv_heads(128);
+  proto.set_hidden_size(7168);
+  proto.set_kv_lora_rank(512);
+  proto.set_qk_rope_head_dim(64);
+  proto.set_qk_nope_head_dim(128);
+  proto.set_v_head_dim(128);
+  absl::StatusOr<ModelConfig> model = ModelFromProto(proto);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(model->mla.has_value());
+  EXPECT_EQ(model->num_kv_heads, 1);
+  EXPECT_EQ(model->head_dim, 576);
+  absl::StatusOr<ModelConfig> again = ModelFromProto(ModelToProto(*model));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again->mla, *model->mla);
+  EXPECT_EQ(again->head_dim, 576);
+  proto.clear_qk_rope_head_dim();
+  absl::StatusOr<ModelConfig> missing = ModelFromProto(proto);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("model.qk_rope_head_dim: required"));
+}
+
 }  // namespace
 }  // namespace caliper
