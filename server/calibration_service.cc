@@ -261,6 +261,12 @@ grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CalibrationService::GetReport(grpc::CallbackServerContext* context,
                                                         const v1::ReportRequest* request,
                                                         v1::ReportResponse* response) {
+  if (!request->fleet().empty()) {
+    return FleetCall(context, "GetReport",
+                     [this, request, response](const std::string& tenant) {
+                       return FleetReportResponse(tenant, *request, response);
+                     });
+  }
   return Answer(context, "GetReport", request->session_id(),
                 [this, response](Call& call) -> absl::Status {
                   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =

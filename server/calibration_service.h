@@ -217,6 +217,8 @@ class CalibrationService final
   // GetScales of a fleet version (request.fleet set).
   absl::Status FleetScalesResponse(const std::string& tenant, const v1::ScalesRequest& request,
                                    v1::ScalesResponse* response);
+  absl::Status FleetReportResponse(const std::string& tenant, const v1::ReportRequest& request,
+                                   v1::ReportResponse* response);
 
   // Ends streams without a whole chunk for stream_idle_timeout and takes back the budget of
   // quiet reads (runs on idle_thread_).

@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/fleet/publish_policy.h"
+#include "core/fleet/version_report.h"
+#include "core/session/session_report.h"
 #include "server/calibration_service.h"
 #include "server/fleet_convert.h"
 #include "server/proto_convert.h"
@@ -65,6 +67,32 @@ absl::StatusOr<FleetStore::Updated> UpdateFleet(FleetStore& fleets, const FleetL
                                                 FleetStore::Change change) {
   if (absl::Status s = CheckFleet(name, limits); !s.ok()) return s;
   return fleets.Update(tenant, name, change);
+}
+
+// A fleet a request names and one of its retained versions.
+struct FleetVersionRef {
+  FleetState state;
+  int64_t id = 0;
+  const FleetVersion& version() const { return *state.Version(id); }
+};
+
+// The tenant's fleet `name` and its retained version `requested` (0: the current one);
+// FailedPrecondition when it has none yet, NotFound naming a version not retained.
+absl::StatusOr<FleetVersionRef> LoadVersion(FleetStore& fleets, const FleetLimits& limits,
+                                            const std::string& tenant, absl::string_view name,
+                                            int64_t requested) {
+  absl::StatusOr<FleetState> state = LoadFleet(fleets, limits, tenant, name);
+  if (!state.ok()) return state.status();
+  const int64_t id = requested != 0 ? requested : state->current();
+  if (id == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fleet ", name, " has no version yet: no window has published"));
+  }
+  if (state->Version(id) == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("version: ", id, " of fleet ", name, " is not retained"));
+  }
+  return FleetVersionRef{*std::move(state), id};
 }
 
 }  // namespace
@@ -676,20 +704,11 @@ grpc::ServerUnaryReactor* CalibrationService::GetVersion(grpc::CallbackServerCon
                                                          v1::FleetVersion* response) {
   return FleetCall(context, "GetVersion",
                    [this, request, response](const std::string& tenant) -> absl::Status {
-                     absl::StatusOr<FleetState> state = LoadFleet(
-                         *options_.fleets, options_.fleet_limits, tenant, request->fleet());
-                     if (!state.ok()) return state.status();
-                     const int64_t id =
-                         request->version() != 0 ? request->version() : state->current();
-                     const FleetVersion* version = state->Version(id);
-                     if (version == nullptr) {
-                       return absl::NotFoundError(
-                           id == 0 ? absl::StrCat("fleet ", request->fleet(),
-                                                  " has no version yet")
-                                   : absl::StrCat("version: ", id, " of fleet ",
-                                                  request->fleet(), " is not retained"));
-                     }
-                     *response = VersionToProto(*state, *version);
+                     absl::StatusOr<FleetVersionRef> found =
+                         LoadVersion(*options_.fleets, options_.fleet_limits, tenant,
+                                     request->fleet(), request->version());
+                     if (!found.ok()) return found.status();
+                     *response = VersionToProto(found->state, found->version());
                      return absl::OkStatus();
                    });
 }
@@ -764,23 +783,44 @@ absl::Status CalibrationService::FleetScalesResponse(const std::string& tenant,
   if (!request.session_id().empty()) {
     return absl::InvalidArgumentError("session_id and fleet: give one");
   }
-  absl::StatusOr<FleetState> state =
-      LoadFleet(*options_.fleets, options_.fleet_limits, tenant, request.fleet());
-  if (!state.ok()) return state.status();
-  const int64_t id = request.version() != 0 ? request.version() : state->current();
-  if (id == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("fleet ", request.fleet(), " has no version yet: no window has published"));
-  }
-  absl::StatusOr<FinalScales> final = options_.fleets->GetScales(tenant, request.fleet(), id);
+  absl::StatusOr<FleetVersionRef> found = LoadVersion(
+      *options_.fleets, options_.fleet_limits, tenant, request.fleet(), request.version());
+  if (!found.ok()) return found.status();
+  absl::StatusOr<FinalScales> final =
+      options_.fleets->GetScales(tenant, request.fleet(), found->id);
   if (!final.ok()) return final.status();
-  const FleetVersion* version = state->Version(id);
-  if (version == nullptr) {
-    return absl::NotFoundError(absl::StrCat("version: ", id, " of fleet ", request.fleet(),
-                                            " is not retained"));
+  const Fleet& fleet = found->state.fleet();
+  return ScalesResponseFor(fleet.model, fleet.recipe, *final,
+                           VersionSession(found->state, found->version()), request, response);
+}
+
+absl::Status CalibrationService::FleetReportResponse(const std::string& tenant,
+                                                     const v1::ReportRequest& request,
+                                                     v1::ReportResponse* response) {
+  if (!request.session_id().empty()) {
+    return absl::InvalidArgumentError("session_id and fleet: give one");
   }
-  return ScalesResponseFor(state->fleet().model, state->fleet().recipe, *final,
-                           VersionSession(*state, *version), request, response);
+  absl::StatusOr<FleetVersionRef> found = LoadVersion(
+      *options_.fleets, options_.fleet_limits, tenant, request.fleet(), request.version());
+  if (!found.ok()) return found.status();
+  const FleetVersion& version = found->version();
+  if (version.windows.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("version: ", version.id, " of fleet ", request.fleet(), " names no window"));
+  }
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> window =
+      options_.store->LoadSession(version.windows.front().session_id, tenant);
+  if (!window.ok()) return window.status();
+  absl::StatusOr<SessionObservations> observations = (*window)->Observations();
+  if (!observations.ok()) return observations.status();
+  absl::StatusOr<FinalScales> scales =
+      options_.fleets->GetScales(tenant, request.fleet(), version.id);
+  if (!scales.ok()) return scales.status();
+  absl::StatusOr<std::string> report = VersionReportJson(BuildSessionReportJson(*observations),
+                                                         found->state, version, *scales);
+  if (!report.ok()) return report.status();
+  response->set_report_json(*std::move(report));
+  return absl::OkStatus();
 }
 
 }  // namespace caliper

@@ -285,6 +285,16 @@ TEST_P(FleetCliTest, CalibrateStreamsDumpsIntoWindowsAndScalesFetchesVersions) {
   const std::string report = e2e::ReadFile(dir_ + "/report/report.json");
   EXPECT_THAT(report, HasSubstr("fleet/prod/step-2"));
   EXPECT_THAT(report, HasSubstr("fleet/prod/step-1"));
+  // Each carries its version's record; the page shows what moved from one to the other.
+  EXPECT_THAT(report, HasSubstr("\"reason\": \"new_weight_version\""));
+  EXPECT_THAT(report, HasSubstr("\"reason\": \"first_version\""));
+  const std::string html = e2e::ReadFile(dir_ + "/report/report.html");
+  EXPECT_THAT(html, HasSubstr("id=\"version-diff\""));
+  EXPECT_THAT(html, HasSubstr("Version 1 over version 2"));
+  // Head 0 peaked at 4 in step-1 and at 6 in step-2, the other heads at 0.5 in both.
+  EXPECT_THAT(html, HasSubstr("<td>50.00%</td><td style=\"text-align:left\">0.667 1.000</td>"));
+  EXPECT_THAT(html, HasSubstr(absl::StrCat(2 * kLayers, " of ", 2 * kLayers,
+                                           " layer K/V tensors moved beyond the drift")));
   r = Cli(absl::StrCat("report --fleet prod --version 9 --out ", dir_, "/report"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("NOT_FOUND"));
