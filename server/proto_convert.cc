@@ -111,6 +111,10 @@ absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto,
   fields.num_kv_heads = proto.num_kv_heads();
   fields.head_dim = proto.head_dim();
   fields.hidden_size = proto.hidden_size();
+  fields.kv_lora_rank = proto.kv_lora_rank();
+  fields.qk_rope_head_dim = proto.qk_rope_head_dim();
+  fields.qk_nope_head_dim = proto.qk_nope_head_dim();
+  fields.v_head_dim = proto.v_head_dim();
   absl::StatusOr<ModelConfig> model =
       ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.", limits);
   if (model.ok()) model->dtype = dtype;
@@ -127,6 +131,12 @@ v1::ModelDescription ModelToProto(const ModelConfig& model) {
   proto.set_head_dim(model.head_dim);
   proto.set_hidden_size(model.hidden_size);
   if (model.dtype.has_value()) proto.set_dtype(std::string(DTypeName(*model.dtype)));
+  if (model.mla.has_value()) {
+    proto.set_kv_lora_rank(model.mla->kv_lora_rank);
+    proto.set_qk_rope_head_dim(model.mla->qk_rope_head_dim);
+    proto.set_qk_nope_head_dim(model.mla->qk_nope_head_dim);
+    proto.set_v_head_dim(model.mla->v_head_dim);
+  }
   return proto;
 }
 

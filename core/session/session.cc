@@ -137,6 +137,17 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
         "recipe.compat: llm-compressor computes scales in the model's dtype, and the model has "
         "none (config.json \"torch_dtype\" / \"dtype\", or model.dtype)");
   }
+  if (model.mla.has_value() && recipe.kv == KvMode::kPerHead) {
+    return absl::InvalidArgumentError(
+        "recipe.kv: KV_PER_HEAD on an MLA model (model.kv_lora_rank is set): its cache holds one "
+        "latent per token shared by every head, quantized with one scale; use KV_PER_TENSOR");
+  }
+  if (model.mla.has_value() && recipe.kv != KvMode::kOff &&
+      IsHistogramObserver(recipe.kv_observer)) {
+    return absl::InvalidArgumentError(
+        "recipe.kv_observer: the percentile and mse observers are not defined for MLA models "
+        "(model.kv_lora_rank is set); use static_minmax or minmax");
+  }
   if (recipe.warmup_batches < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("recipe.warmup_batches: must be >= 0, got ", recipe.warmup_batches));
@@ -395,7 +406,8 @@ absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ObservationF
   if (IsKv(chunk.kind)) {
     absl::StatusOr<KvChunkStats> kv = KvStatsFromStatistics(
         chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, chunk.shape,
-        *chunk.statistics, chunk.placement, model_.num_kv_heads, model_.head_dim);
+        *chunk.statistics, chunk.placement, model_.num_kv_heads,
+        KvChunkWidth(model_, chunk.kind == ChunkKind::kKey));
     if (!kv.ok()) return kv.status();
     if (recipe_.kv_observer == KvObserverKind::kMinMax && kv->min.empty() && kv->tokens > 0) {
       return absl::InvalidArgumentError(
@@ -404,7 +416,8 @@ absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ObservationF
     }
     if (recipe_.kv_observer != KvObserverKind::kMinMax) kv->min.clear(), kv->max.clear();
     if (absl::Status s = AddKvHistogramsFromStatistics(
-            chunk.statistics->histograms, model_.head_dim, recipe_.NeedsHistograms(), &*kv);
+            chunk.statistics->histograms, KvChunkWidth(model_, chunk.kind == ChunkKind::kKey),
+            recipe_.NeedsHistograms(), &*kv);
         !s.ok()) {
       return s;
     }
@@ -444,7 +457,8 @@ absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ReduceChunk(
   if (IsKv(chunk.kind)) {
     absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(
         chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, *view, chunk.placement,
-        model_.num_kv_heads, model_.head_dim, backend, recipe_.NeedsHistograms(),
+        model_.num_kv_heads, KvChunkWidth(model_, chunk.kind == ChunkKind::kKey), backend,
+        recipe_.NeedsHistograms(),
         recipe_.kv_observer == KvObserverKind::kMinMax);
     if (!kv.ok()) return kv.status();
     observation.kv = *std::move(kv);
@@ -542,7 +556,10 @@ absl::Status CalibrationSession::Finalize() {
   if (state_ == SessionState::kFinalized) return absl::OkStatus();
 
   final_warnings_.clear();
-  if (recipe_.kv != KvMode::kOff) {
+  if (recipe_.kv != KvMode::kOff && model_.mla.has_value()) {
+    final_kv_ = FinalizeMlaKvScales(kv_layers_, recipe_.fp8_flavor,
+                                    {recipe_.kv_observer, recipe_.averaging_constant, Arithmetic()});
+  } else if (recipe_.kv != KvMode::kOff) {
     final_kv_ = FinalizeKvScales(kv_layers_,
                                  recipe_.kv == KvMode::kPerHead ? KvGranularity::kPerHead
                                                                 : KvGranularity::kPerTensor,

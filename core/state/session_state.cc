@@ -15,8 +15,8 @@ namespace {
 constexpr uint8_t kTagSession = 'S';
 // 2 adds the histogram recipe fields and the histograms section; 3 the model's dtype, the
 // recipe's compat and the moving-average observers' per-batch ranges (observer codec 2).
-// Versions 1 and 2 still load.
-constexpr uint8_t kSessionStateVersion = 3;
+// 4 the model's MLA dims. Versions 1 to 3 still load.
+constexpr uint8_t kSessionStateVersion = 4;
 
 void PutModel(StateEncoder& out, const ModelConfig& model) {
   out.PutString(model.architecture);
@@ -26,6 +26,13 @@ void PutModel(StateEncoder& out, const ModelConfig& model) {
     out.PutI64(value);
   }
   out.PutU8(model.dtype.has_value() ? 1 + static_cast<uint8_t>(*model.dtype) : 0);
+  out.PutU8(model.mla.has_value() ? 1 : 0);
+  if (model.mla.has_value()) {
+    for (int value : {model.mla->kv_lora_rank, model.mla->qk_rope_head_dim,
+                      model.mla->qk_nope_head_dim, model.mla->v_head_dim}) {
+      out.PutI64(value);
+    }
+  }
 }
 
 void PutRecipe(StateEncoder& out, const Recipe& recipe) {
@@ -95,6 +102,22 @@ absl::StatusOr<ModelConfig> GetModel(StateDecoder& in, uint8_t version) {
         GetEnum(in, "model.dtype", 1 + static_cast<uint8_t>(DType::kF32));
     if (!dtype.ok()) return dtype.status();
     if (*dtype > 0) model.dtype = static_cast<DType>(*dtype - 1);
+  }
+  if (version >= 4) {
+    absl::StatusOr<uint8_t> has_mla = GetEnum(in, "model.mla", 1);
+    if (!has_mla.ok()) return has_mla.status();
+    if (*has_mla == 1) {
+      MlaConfig mla;
+      for (IntField field : {IntField{"model.kv_lora_rank", &mla.kv_lora_rank},
+                             IntField{"model.qk_rope_head_dim", &mla.qk_rope_head_dim},
+                             IntField{"model.qk_nope_head_dim", &mla.qk_nope_head_dim},
+                             IntField{"model.v_head_dim", &mla.v_head_dim}}) {
+        absl::StatusOr<int> value = GetInt(in, field.name, 0, 1 << 30);
+        if (!value.ok()) return value.status();
+        *field.value = *value;
+      }
+      model.mla = mla;
+    }
   }
   return model;
 }
