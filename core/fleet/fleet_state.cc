@@ -66,6 +66,16 @@ absl::StatusOr<FleetState::Opened> FleetState::OpenWindow(absl::string_view weig
   return out;
 }
 
+bool FleetState::RecordTokens(absl::string_view session_id, const WindowTokens& committed) {
+  for (Window& w : windows_) {
+    if (w.session_id != session_id || w.state != WindowState::kOpen) continue;
+    const WindowTokens before = w.tokens;
+    w.tokens.Raise(committed);
+    return !(w.tokens == before);
+  }
+  return false;
+}
+
 void FleetState::AddTokens(absl::string_view session_id, const WindowTokens& tokens) {
   for (Window& w : windows_) {
     if (w.session_id == session_id && w.state == WindowState::kOpen) w.tokens.Add(tokens);

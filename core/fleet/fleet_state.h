@@ -84,6 +84,9 @@ class FleetState {
 
   // Adds K/V tokens counted by a replica to an open window (ignored once closed).
   void AddTokens(absl::string_view session_id, const WindowTokens& tokens);
+  // Raises an open window's counts to what its session committed (ignored once closed; a
+  // lagging read never lowers them). True when a count moved.
+  bool RecordTokens(absl::string_view session_id, const WindowTokens& committed);
 
   // Records the close of an open window and the policy's decision on it. When it publishes, the
   // version takes the next id, its scales go to `writes`, retention runs. FailedPrecondition

@@ -12,7 +12,10 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
@@ -94,6 +97,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     options.service.limits.max_sessions_per_tenant = max_sessions_per_tenant_;
     options.service.fleet_sweep_interval = absl::Milliseconds(20);
     options.service.fleet_clock_ms = [this] { return now_ms_.load(); };
+    options.state_flush_interval = flush_interval_;
     absl::StatusOr<std::unique_ptr<CaliperServer>> server =
         CaliperServer::Start(options, MakeCpuBackend(1), &log_);
     EXPECT_TRUE(server.ok()) << server.status();
@@ -257,6 +261,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
   testing_util::TempDir dir_;
   std::string state_store_;  // the PostgreSQL database's URI (Store::kPostgres)
   int max_sessions_per_tenant_ = 0;
+  absl::Duration flush_interval_ = absl::Seconds(1);  // --state_flush_interval
   std::atomic<int64_t> now_ms_{1'000'000};
   EventLog log_{LogFormat::kText, stderr};
   std::unique_ptr<CaliperServer> server_;
@@ -585,6 +590,48 @@ TEST_P(FleetServiceTest, DeleteRemovesTheFleetAndItsWindows) {
   get.set_fleet("prod");
   v1::Fleet fleet;
   EXPECT_EQ(stub_->GetFleet(&get_ctx, get, &fleet).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Chunks the server accepted (caliper_ingested_chunks_total over kinds).
+int64_t AcceptedChunks(CaliperServer& server) {
+  int64_t total = 0;
+  for (absl::string_view line : absl::StrSplit(server.metrics().Render(), '\n')) {
+    if (!absl::StartsWith(line, "caliper_ingested_chunks_total{")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      total += static_cast<int64_t>(value);
+    }
+  }
+  return total;
+}
+
+// A stream's chunks are accepted long before the flusher merges them (the interval is long
+// here): closing the window merges them first, so its count and its scales both hold them.
+TEST_P(FleetServiceTest, CloseWindowTakesChunksAcceptedButNotYetFlushed) {
+  flush_interval_ = absl::Minutes(10);
+  Start();
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  const std::string session = OpenOk("step-1");
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
+  for (const v1::TensorChunk& c : Traffic(session, 8, 4.0f)) ASSERT_TRUE(writer->Write(c));
+  for (int i = 0; i < 500 && AcceptedChunks(*server_) < 2 * kLayers; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(AcceptedChunks(*server_), 2 * kLayers);
+  const v1::FleetWindow closed = Close(session);  // the stream is still open
+  EXPECT_EQ(closed.tokens(), 8);
+  EXPECT_EQ(closed.decision(), "first_version") << closed.detail();
+  ASSERT_EQ(closed.version(), 1);
+  v1::ScalesResponse scales;
+  ASSERT_TRUE(FleetScales(1, &scales).ok());
+  ASSERT_EQ(scales.kv_layers_size(), kLayers);
+  EXPECT_FLOAT_EQ(scales.kv_layers(1).k_scale(1), 8.0f / 448.0f);
+  // Its chunks were committed before the window finalized: the stream ends OK.
+  writer->WritesDone();
+  EXPECT_TRUE(writer->Finish().ok());
+  EXPECT_EQ(summary.accepted_chunks(), 2 * kLayers);
 }
 
 TEST_P(FleetServiceTest, VersionsAndOpenWindowsSurviveARestart) {

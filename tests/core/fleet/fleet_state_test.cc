@@ -82,6 +82,18 @@ TEST_F(FleetStateTest, ANewerWeightVersionSupersedesAndAnOlderOneIsRefused) {
   EXPECT_TRUE(state_.OpenWindow("w2", "s5", now_, limits_)->created);
 }
 
+TEST_F(FleetStateTest, RecordTokensRaisesAnOpenWindowOnly) {
+  const std::string s1 = Open("w1", "s1");
+  EXPECT_TRUE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 9)));
+  EXPECT_FALSE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 9)));  // nothing moved
+  EXPECT_FALSE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 4)));  // never lowered
+  EXPECT_EQ(state_.FindWindow(s1)->tokens.Count(), 9);
+  EXPECT_FALSE(state_.RecordTokens("unknown", testing::TokensOn(2, {0, 1}, 20)));
+  Close(s1, Refused());
+  EXPECT_FALSE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 20)));
+  EXPECT_EQ(state_.FindWindow(s1)->tokens.Count(), 9);
+}
+
 TEST_F(FleetStateTest, VersionsAreNumberedInOrderWithParentsAndSources) {
   const std::string s1 = Open("w1", "s1");
   state_.AddTokens(s1, testing::TokensOn(2, {0, 1}, 7000));
