@@ -68,6 +68,8 @@ struct ServiceOptions {
   FleetLimits fleet_limits;
   // How often windows are checked for their policy's close and token counts committed.
   absl::Duration fleet_sweep_interval = absl::Milliseconds(500);
+  // Layers per fleet exported in caliper_fleet_layer_saturation (a label limit).
+  int fleet_saturation_layers = 128;
   // Milliseconds since the epoch for window ages and records; null: the wall clock.
   std::function<int64_t()> fleet_clock_ms;
 };

@@ -201,8 +201,10 @@ absl::StatusOr<Window> CalibrationService::CloseFleetWindow(const std::string& t
       absl::StatusOr<FinalScales> scales = options_.fleets->GetScales(tenant, fleet, current);
       if (!scales.ok()) return scales.status();
       current_scales = *std::move(scales);
-      base = PublishBase{state->Version(current)->weight_version, &*current_scales,
-                         state->SaturationUnderCurrent()};
+      int layer = -1;
+      const double saturation = state->SaturationUnderCurrent(&layer);
+      base = PublishBase{state->Version(current)->weight_version, &*current_scales, saturation,
+                         layer};
     }
     WindowTokens counted = window->tokens;
     counted.Raise(tokens);
@@ -712,20 +714,27 @@ grpc::ServerUnaryReactor* CalibrationService::ReportInUse(
       context, "ReportInUse",
       [this, request](const std::string& tenant) -> absl::Status {
         double saturation = 0;
+        std::vector<double> layers;
+        int64_t dropped = 0;
         absl::StatusOr<FleetStore::Updated> updated = UpdateFleet(
             *options_.fleets, options_.fleet_limits, tenant, request->fleet(),
             [&](FleetState& s, VersionWrites&) -> absl::Status {
-              if (absl::Status st = s.ReportInUse({request->producer_id(), request->version(),
-                                                   request->saturation(), NowMs()},
-                                                  options_.fleet_limits);
-                  !st.ok()) {
-                return st;
-              }
+              InUseReport report{request->producer_id(), request->version(),
+                                 request->saturation(), NowMs(),
+                                 {request->layer_saturation().begin(),
+                                  request->layer_saturation().end()},
+                                 request->dropped_statistics()};
+              absl::StatusOr<int64_t> d = s.ReportInUse(std::move(report), options_.fleet_limits);
+              if (!d.ok()) return d.status();
+              dropped = *d;
               saturation = s.SaturationUnderCurrent();
+              layers = s.LayerSaturationUnderCurrent();
               return absl::OkStatus();
             });
         if (!updated.ok()) return updated.status();
         fleet_metrics_->Saturation(request->fleet(), saturation);
+        fleet_metrics_->LayerSaturation(request->fleet(), layers);
+        fleet_metrics_->DroppedStatistics(request->fleet(), dropped);
         return absl::OkStatus();
       });
 }

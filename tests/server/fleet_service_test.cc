@@ -98,6 +98,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     options.service.fleet_sweep_interval = absl::Milliseconds(20);
     options.service.fleet_clock_ms = [this] { return now_ms_.load(); };
     options.state_flush_interval = flush_interval_;
+    options.service.fleet_saturation_layers = saturation_layers_;
     absl::StatusOr<std::unique_ptr<CaliperServer>> server =
         CaliperServer::Start(options, MakeCpuBackend(1), &log_);
     EXPECT_TRUE(server.ok()) << server.status();
@@ -262,6 +263,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
   std::string state_store_;  // the PostgreSQL database's URI (Store::kPostgres)
   int max_sessions_per_tenant_ = 0;
   absl::Duration flush_interval_ = absl::Seconds(1);  // --state_flush_interval
+  int saturation_layers_ = 128;                       // --fleet_saturation_layers
   std::atomic<int64_t> now_ms_{1'000'000};
   EventLog log_{LogFormat::kText, stderr};
   std::unique_ptr<CaliperServer> server_;
@@ -412,6 +414,61 @@ TEST_P(FleetServiceTest, PublishesOnSaturationReportedByEngines) {
   EXPECT_FALSE(fleet.in_use(0).stale());
   EXPECT_EQ(Window("step-1", 8, 4.0f).decision(), "saturation");
   EXPECT_TRUE(Get().in_use(0).stale());  // it runs version 1, 2 is current
+}
+
+// The metric value of the line starting `series` ("name{labels}"), or -1 when absent.
+double MetricValue(CaliperServer& server, absl::string_view series) {
+  for (absl::string_view line : absl::StrSplit(server.metrics().Render(), '\n')) {
+    if (!absl::StartsWith(line, series) || line.size() <= series.size() ||
+        line[series.size()] != ' ') {
+      continue;
+    }
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
+  }
+  return -1;
+}
+
+// The worst layer decides max_saturation; per-layer gauges up to the label limit; the engines'
+// running totals of dropped statistics become one counter per fleet.
+TEST_P(FleetServiceTest, PerLayerSaturationAndDroppedStatisticsReachPolicyAndMetrics) {
+  saturation_layers_ = 1;
+  Start();
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  Window("step-1", 8, 4.0f);
+  auto report = [&](const std::string& producer, double whole, std::vector<double> layers,
+                    int64_t dropped) {
+    grpc::ClientContext ctx;
+    v1::ReportInUseRequest req;
+    req.set_fleet("prod");
+    req.set_producer_id(producer);
+    req.set_version(1);
+    req.set_saturation(whole);
+    for (double s : layers) req.add_layer_saturation(s);
+    req.set_dropped_statistics(dropped);
+    v1::ReportInUseResponse out;
+    return stub_->ReportInUse(&ctx, req, &out);
+  };
+  // Within max_saturation (1e-4) as a whole, beyond it at layer 1.
+  ASSERT_TRUE(report("replica-0/tp0", 5e-5, {0, 2e-3}, 5).ok());
+  ASSERT_TRUE(report("replica-0/tp0", 5e-5, {0, 2e-3}, 12).ok());
+  ASSERT_TRUE(report("replica-1/tp0", 0, {1e-5, 0}, 4).ok());
+  EXPECT_EQ(report("replica-1/tp0", 0, {0, 0, 0}, 4).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  const v1::Fleet fleet = Get();
+  ASSERT_EQ(fleet.in_use_size(), 2);
+  EXPECT_THAT(fleet.in_use(0).layer_saturation(), ::testing::ElementsAre(0, 2e-3));
+  EXPECT_EQ(fleet.in_use(0).dropped_statistics(), 12);
+  EXPECT_DOUBLE_EQ(MetricValue(*server_, "caliper_fleet_saturation{fleet=\"prod\"}"), 2e-3);
+  EXPECT_DOUBLE_EQ(
+      MetricValue(*server_, "caliper_fleet_layer_saturation{fleet=\"prod\",layer=\"0\"}"), 1e-5);
+  EXPECT_EQ(  // beyond --fleet_saturation_layers=1
+      MetricValue(*server_, "caliper_fleet_layer_saturation{fleet=\"prod\",layer=\"1\"}"), -1);
+  EXPECT_DOUBLE_EQ(
+      MetricValue(*server_, "caliper_fleet_dropped_statistics_total{fleet=\"prod\"}"), 16);
+  const v1::FleetWindow closed = Window("step-1", 8, 4.0f);
+  EXPECT_EQ(closed.decision(), "saturation");
+  EXPECT_THAT(closed.detail(), HasSubstr("0.002 at layer 1"));
 }
 
 TEST_P(FleetServiceTest, OlderWeightVersionsAreRefusedAndNewerOnesCloseOlderWindows) {
