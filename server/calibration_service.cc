@@ -28,7 +28,8 @@ CalibrationService::CalibrationService(ServiceOptions options, ReductionBackend*
   if (options_.stream_idle_timeout > absl::ZeroDuration() || options_.inflight != nullptr) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
-  fleet_metrics_ = std::make_unique<FleetMetrics>(*metrics_->registry());
+  fleet_metrics_ = std::make_unique<FleetMetrics>(*metrics_->registry(),
+                                                 options_.fleet_saturation_layers);
   if (options_.fleets != nullptr) fleet_thread_ = std::thread([this] { FleetSweepLoop(); });
 }
 
