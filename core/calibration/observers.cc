@@ -228,6 +228,8 @@ void KvLayerObserver::Merge(const KvLayerObserver& other) {
   merge_max(v_absmax, other.v_absmax);
   merge_sum(k_tokens, other.k_tokens);
   merge_sum(v_tokens, other.v_tokens);
+  k_rank0_tokens += other.k_rank0_tokens;
+  v_rank0_tokens += other.v_rank0_tokens;
   auto merge_hist = [](std::vector<MagnitudeHistogram>& into,
                        const std::vector<MagnitudeHistogram>& from) {
     if (into.size() < from.size()) into.resize(from.size());

@@ -521,6 +521,10 @@ void CalibrationSession::AccumulateLocked(const ChunkRef& chunk, const Observati
       KvLayerObserver& layer = kv_layers_[chunk.layer];
       const size_t before = layer.k_batches.size() + layer.v_batches.size();
       layer.Accumulate(*observation.kv);
+      if (chunk.placement.tp_rank == 0 && observation.kv->tokens > 0) {
+        (chunk.kind == ChunkKind::kKey ? layer.k_rank0_tokens : layer.v_rank0_tokens) +=
+            observation.kv->tokens;
+      }
       batch_entries_ += static_cast<int64_t>(layer.k_batches.size() + layer.v_batches.size() -
                                              before);
       break;
@@ -745,6 +749,8 @@ SessionStatus CalibrationSession::Status() const {
     for (int64_t t : layer.v_tokens) info.v_tokens += t;
     if (!layer.k_tokens.empty()) info.k_tokens /= static_cast<int64_t>(layer.k_tokens.size());
     if (!layer.v_tokens.empty()) info.v_tokens /= static_cast<int64_t>(layer.v_tokens.size());
+    info.k_rank0_tokens = layer.k_rank0_tokens;
+    info.v_rank0_tokens = layer.v_rank0_tokens;
     s.layers.push_back(info);
   }
   for (const auto& [name, state] : modules_) {

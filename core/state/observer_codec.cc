@@ -114,6 +114,8 @@ void StateEncoder::PutKvLayer(const KvLayerObserver& observer) {
   }
   PutBatchRanges(observer.k_batches);
   PutBatchRanges(observer.v_batches);
+  PutI64(observer.k_rank0_tokens);
+  PutI64(observer.v_rank0_tokens);
 }
 
 void StateEncoder::PutKvHistograms(const KvLayerObserver& observer) {
@@ -295,6 +297,18 @@ absl::StatusOr<KvLayerObserver> StateDecoder::GetKvLayer(absl::string_view field
           GetBatchRanges(absl::StrCat(field, ".", name));
       if (!got.ok()) return got.status();
       *batches = *std::move(got);
+    }
+  }
+  if (codec_version_ >= 3) {
+    for (auto [name, count] : {std::pair{"k_rank0_tokens", &out.k_rank0_tokens},
+                               std::pair{"v_rank0_tokens", &out.v_rank0_tokens}}) {
+      absl::StatusOr<int64_t> value = GetI64(absl::StrCat(field, ".", name));
+      if (!value.ok()) return value.status();
+      if (*value < 0) {
+        return Invalid(absl::StrCat(field, ".", name), -1,
+                       absl::StrCat("negative token count ", *value));
+      }
+      *count = *value;
     }
   }
   return out;

@@ -22,8 +22,10 @@ namespace caliper {
 
 // 2 adds the moving-average observers' per-batch ranges (GroupRanges) to K/V layer and activation
 // bodies and the layer's histograms to K/V standalone blobs (those blobs say 2; min/max, producer
-// and histogram blobs say 1); version 1 bodies still decode (without them).
-inline constexpr uint8_t kObserverCodecVersion = 2;
+// and histogram blobs say 1); version 1 bodies still decode (without them). 3 adds the K/V
+// layer's TP rank 0 token counts (those blobs and activation blobs say 3; earlier ones decode
+// with counts of 0).
+inline constexpr uint8_t kObserverCodecVersion = 3;
 
 // Appends fields to a byte string. Never fails.
 class StateEncoder {

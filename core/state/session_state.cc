@@ -15,8 +15,9 @@ namespace {
 constexpr uint8_t kTagSession = 'S';
 // 2 adds the histogram recipe fields and the histograms section; 3 the model's dtype, the
 // recipe's compat and the moving-average observers' per-batch ranges (observer codec 2).
-// 4 the model's MLA dims. Versions 1 to 3 still load.
-constexpr uint8_t kSessionStateVersion = 4;
+// 4 the model's MLA dims; 5 the K/V layers' TP rank 0 token counts (observer codec 3).
+// Versions 1 to 4 still load.
+constexpr uint8_t kSessionStateVersion = 5;
 
 void PutModel(StateEncoder& out, const ModelConfig& model) {
   out.PutString(model.architecture);
@@ -291,7 +292,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> RestoreSession(absl::string_
     *counter.value = *value;
   }
 
-  in.set_codec_version(*version >= 3 ? 2 : 1);
+  in.set_codec_version(*version >= 5 ? 3 : *version >= 3 ? 2 : 1);
   absl::StatusOr<uint32_t> layers = in.GetCount("session.kv_layers", 8);
   if (!layers.ok()) return layers.status();
   if (absl::Status s = CheckLimit("session.kv_layers", *layers, "max_layers",
