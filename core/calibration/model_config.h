@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -13,6 +14,14 @@
 #include "core/tensor/dtype.h"
 
 namespace caliper {
+
+// What one decoder layer's attention is (config.json "layer_types"): hybrid models mix them.
+// Full and sliding-window layers keep a KV cache; linear-attention layers (Qwen3-Next's Gated
+// DeltaNet, Mamba-style mixers) keep a recurrent state and no KV cache, so no K/V scales.
+enum class LayerAttention { kFull, kSliding, kLinear };
+// config.json's spelling: "full_attention", "sliding_attention", "linear_attention".
+const char* LayerAttentionName(LayerAttention kind);
+inline bool HasKvCache(LayerAttention kind) { return kind != LayerAttention::kLinear; }
 
 struct ModelConfig {
   std::string architecture;     // architectures[0], e.g. "Qwen2ForCausalLM"
@@ -26,7 +35,13 @@ struct ModelConfig {
   // What the model computes in (config.json "torch_dtype" / "dtype"); llm-compressor observes
   // in it. Absent when unknown.
   std::optional<DType> dtype = std::nullopt;
+  // Per layer, for models whose layers differ (Gemma 3, Qwen3-Next); empty: every layer is full
+  // attention.
+  std::vector<LayerAttention> layer_attention = {};
 };
+
+// Whether `layer` keeps a KV cache (true for every layer of a model without layer kinds).
+bool LayerHasKvCache(const ModelConfig& model, int layer);
 
 // The fields as a caller has them; 0 means "absent". Errors name them with `prefix` and either
 // the config.json keys ("num_hidden_layers") or the ModelConfig names ("num_layers").
@@ -34,6 +49,9 @@ struct ModelFields {
   std::string architecture, model_type;
   int64_t num_layers = 0, num_attention_heads = 0, num_kv_heads = 0, head_dim = 0,
           hidden_size = 0;
+  // Per layer, config.json's spelling (LayerAttentionName; the legacy "attention" and "mamba"
+  // too); empty: every layer full attention. Else exactly num_layers entries.
+  std::vector<std::string> layer_types = {};
 };
 enum class ModelFieldNames { kConfigJson, kModelConfig };
 
@@ -47,7 +65,10 @@ absl::StatusOr<ModelConfig> ModelFromFields(const ModelFields& fields,
 
 // Parses config.json text into ModelFields, then ModelFromFields. Text configs nested under
 // "text_config" (multimodal models) are used when the top level lacks the fields. Errors start
-// with "config.json: " and name the missing or invalid key.
+// with "config.json: " and name the missing or invalid key. Layer kinds come from "layer_types",
+// else (as transformers derives them) from "sliding_window_pattern" (Gemma 3: every Nth layer
+// full, the others sliding) or "full_attention_interval" (Qwen3-Next: every Nth layer full, the
+// others linear).
 absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text,
                                           const ModelLimits& limits = ModelLimits());
 
