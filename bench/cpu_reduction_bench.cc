@@ -100,43 +100,46 @@ void BM_SingleThreadReadBandwidth(benchmark::State& state) {
   RunPaired(state, b, [&] { benchmark::DoNotOptimize(SumRead(b.data(), kBufferBytes)); });
 }
 
-// Args: dtype, backend threads (0 = all cores).
-void BM_AbsMaxPerHead(benchmark::State& state) {
+// Runs `reduce(backend, view)` paired with the read baseline over a [tokens, kHeads, kHeadDim]
+// view of the dtype's buffer. Args: dtype, backend threads (0 = all cores).
+template <typename Fn>
+void RunPerHead(benchmark::State& state, Fn&& reduce) {
   const auto dtype = static_cast<DType>(state.range(0));
   const std::vector<uint8_t>& b = Buffer(dtype);
   const int64_t tokens = kBufferBytes / ItemSize(dtype) / (kHeads * kHeadDim);
   auto view = TensorView::Create(dtype, {tokens, kHeads, kHeadDim}, b);
   auto backend = MakeCpuBackend(static_cast<int>(state.range(1)));
-  std::vector<float> out(kHeads);
-  int64_t bad = 0;
   RunPaired(state, b, [&] {
-    if (!backend->AbsMaxPerHead(*view, kHeads, kHeadDim, absl::MakeSpan(out), &bad).ok()) {
-      state.SkipWithError("AbsMaxPerHead failed");
+    if (absl::Status s = reduce(*backend, *view); !s.ok()) {
+      const std::string message = s.ToString();
+      state.SkipWithError(message.c_str());
     }
-    benchmark::DoNotOptimize(out.data());
   });
   state.SetLabel(std::string(DTypeName(dtype)));
+}
+
+void BM_AbsMaxPerHead(benchmark::State& state) {
+  std::vector<float> out(kHeads);
+  int64_t bad = 0;
+  RunPerHead(state, [&](ReductionBackend& backend, const TensorView& view) {
+    absl::Status s = backend.AbsMaxPerHead(view, kHeads, kHeadDim, absl::MakeSpan(out), &bad);
+    benchmark::DoNotOptimize(out.data());
+    return s;
+  });
 }
 
 // The one-pass absmax + histogram (sessions whose recipe asks for histograms); compare its
 // ratio_to_read_bw with BM_AbsMaxPerHead's in the same run.
 void BM_AbsMaxHistogramPerHead(benchmark::State& state) {
-  const auto dtype = static_cast<DType>(state.range(0));
-  const std::vector<uint8_t>& b = Buffer(dtype);
-  const int64_t tokens = kBufferBytes / ItemSize(dtype) / (kHeads * kHeadDim);
-  auto view = TensorView::Create(dtype, {tokens, kHeads, kHeadDim}, b);
-  auto backend = MakeCpuBackend(static_cast<int>(state.range(1)));
   std::vector<float> out(kHeads);
   std::vector<MagnitudeHistogram> hists(kHeads);
   int64_t bad = 0;
-  RunPaired(state, b, [&] {
-    if (!backend->AbsMaxHistogramPerHead(*view, kHeads, kHeadDim, absl::MakeSpan(out),
-                                         absl::MakeSpan(hists), &bad).ok()) {
-      state.SkipWithError("AbsMaxHistogramPerHead failed");
-    }
+  RunPerHead(state, [&](ReductionBackend& backend, const TensorView& view) {
+    absl::Status s = backend.AbsMaxHistogramPerHead(view, kHeads, kHeadDim, absl::MakeSpan(out),
+                                                     absl::MakeSpan(hists), &bad);
     benchmark::DoNotOptimize(hists.data());
+    return s;
   });
-  state.SetLabel(std::string(DTypeName(dtype)));
 }
 
 void BM_Range(benchmark::State& state) {

@@ -6,8 +6,19 @@
 //   b. Two replicas over a PostgreSQL this program starts (tests/support/postgres_instance.h),
 //      W watchers on replica B, windows closed on replica A: B's watchers learn of the version
 //      from B's sweep (every 0.5 s), so this is the polling delay.
-//   fleet_bench [--windows=20] [--watchers=10] [--layers=32] [--baseline=200] [--skip_postgres]
+//   c. Three replicas over PostgreSQL, --many_watchers (100) spread over all three, windows
+//      closed on the first: one replica's watchers hear at once, the others' after a sweep.
+// Statistics ingest at fleet scale: --ranks (1,024) simulated TP ranks in this process (TP 8
+// replicas), each a producer stream into one window sending, per round ("a second" of its
+// traffic), one merged K and one V statistics message per layer; --rounds rounds as fast as
+// they go. Server CPU per 1,000 messages (this process's CPU less the sender threads' own) and
+// the producers one core absorbs at one round a second, for one in-memory server (the
+// baseline) and one replica over PostgreSQL (its database's CPU is not counted), as a ratio.
+//   fleet_bench [--windows=20] [--watchers=10] [--many_watchers=100] [--layers=32]
+//               [--baseline=200] [--ranks=1024] [--rounds=2] [--skip_postgres] [--skip_latency]
 #include <libpq-fe.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -55,6 +66,7 @@ std::unique_ptr<CaliperServer> StartServer(const std::string& state_store, Event
   options.listen = "127.0.0.1:0";
   options.metrics_listen = "";
   options.state_store = state_store;
+  options.service.max_concurrent_streams = 0;  // the ingest's 1,024 producer streams and more
   absl::StatusOr<std::unique_ptr<CaliperServer>> server =
       CaliperServer::Start(options, MakeCpuBackend(1), log);
   if (!server.ok()) {
@@ -189,8 +201,10 @@ Stats GetScalesBaseline(v1::Calibration::Stub& stub, int count) {
 }
 
 // Windows filled and closed through `producer`, watched through `watched`; prints one block.
-void Run(const char* title, v1::Calibration::Stub& producer, v1::Calibration::Stub& watched,
-         int layers, int windows, int watchers, int baseline) {
+void Run(const char* title, v1::Calibration::Stub& producer,
+         const std::vector<v1::Calibration::Stub*>& watched_stubs, int layers, int windows,
+         int watchers, int baseline) {
+  v1::Calibration::Stub& watched = *watched_stubs.front();
   CreateFleet(producer, layers);
   const std::string first = FillWindow(producer, "w-0", layers, 4.0f);
   {
@@ -202,8 +216,22 @@ void Run(const char* title, v1::Calibration::Stub& producer, v1::Calibration::St
     Check(producer.CloseWindow(&ctx, req, &out), "CloseWindow");
   }
   const Stats get = GetScalesBaseline(watched, baseline);
-  Watchers subscribers(&watched, watchers);
-  subscribers.Await(1);  // every watcher has the current version
+  // Watchers spread evenly over the watched replicas.
+  std::vector<std::unique_ptr<Watchers>> groups;
+  for (size_t i = 0; i < watched_stubs.size(); ++i) {
+    const int n = watchers / static_cast<int>(watched_stubs.size()) +
+                  (static_cast<int>(i) < watchers % static_cast<int>(watched_stubs.size()));
+    groups.push_back(std::make_unique<Watchers>(watched_stubs[i], n));
+  }
+  auto await = [&](int64_t version) {
+    std::vector<Clock::time_point> all;
+    for (auto& g : groups) {
+      std::vector<Clock::time_point> got = g->Await(version);
+      all.insert(all.end(), got.begin(), got.end());
+    }
+    return all;
+  };
+  await(1);  // every watcher has the current version
   std::vector<double> close_ms, receive_ms;
   int missed = 0;
   for (int w = 1; w <= windows; ++w) {
@@ -216,12 +244,13 @@ void Run(const char* title, v1::Calibration::Stub& producer, v1::Calibration::St
     const Clock::time_point start = Clock::now();
     Check(producer.CloseWindow(&ctx, req, &closed), "CloseWindow");
     close_ms.push_back(Ms(Clock::now() - start));
-    const std::vector<Clock::time_point> got = subscribers.Await(closed.version());
+    const std::vector<Clock::time_point> got = await(closed.version());
     missed += watchers - static_cast<int>(got.size());
     for (const Clock::time_point& t : got) receive_ms.push_back(Ms(t - start));
   }
   const Stats close = Percentiles(close_ms), receive = Percentiles(receive_ms);
-  std::printf("%s (%d layers, %d windows, %d watchers)\n", title, layers, windows, watchers);
+  std::printf("%s (%d layers, %d windows, %d watchers over %zu replica(s))\n", title, layers,
+              windows, watchers, watched_stubs.size());
   std::printf("  baseline GetScales round trip      p50 %8.2f ms  p99 %8.2f ms\n", get.p50,
               get.p99);
   std::printf("  close to publish (CloseWindow)     p50 %8.2f ms  p99 %8.2f ms  (%.1fx, %.1fx)\n",
@@ -229,6 +258,127 @@ void Run(const char* title, v1::Calibration::Stub& producer, v1::Calibration::St
   std::printf("  close to watcher receive           p50 %8.2f ms  p99 %8.2f ms  (%.1fx, %.1fx)\n",
               receive.p50, receive.p99, receive.p50 / get.p50, receive.p99 / get.p99);
   if (missed > 0) std::printf("  MISSED: %d deliveries did not arrive within 10 s\n", missed);
+}
+
+double CpuSeconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+struct IngestResult {
+  double server_cpu_s = 0, wall_s = 0;
+  int64_t messages = 0, accepted = 0;
+};
+
+// --ranks producer streams into one window of a fresh fleet on `stub`, `rounds` rounds of one
+// K and one V statistics message per layer each; sender threads of 128 streams each.
+IngestResult Ingest(v1::Calibration::Stub& stub, const std::string& fleet, int layers,
+                    int ranks, int rounds) {
+  {
+    v1::CreateFleetRequest req;
+    req.set_name(fleet);
+    v1::ModelDescription* m = req.mutable_model();
+    m->set_architecture("LlamaForCausalLM");
+    m->set_model_type("llama");
+    m->set_num_layers(layers);
+    m->set_num_attention_heads(4 * kHeads);
+    m->set_num_kv_heads(kHeads);
+    m->set_head_dim(kHeadDim);
+    m->set_hidden_size(4 * kHeads * kHeadDim);
+    req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
+    grpc::ClientContext ctx;
+    v1::Fleet out;
+    Check(stub.CreateFleet(&ctx, req, &out), "CreateFleet");
+  }
+  v1::FleetWindow window;
+  {
+    grpc::ClientContext ctx;
+    v1::OpenWindowRequest req;
+    req.set_fleet(fleet);
+    req.set_weight_version("w-0");
+    Check(stub.OpenWindow(&ctx, req, &window), "OpenWindow");
+  }
+  constexpr int kTp = 8, kPerThread = 128;
+  const int threads = (ranks + kPerThread - 1) / kPerThread;
+  std::vector<double> sender_cpu(threads, 0);
+  std::atomic<int64_t> accepted{0};
+  const double process_before = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> senders;
+  for (int t = 0; t < threads; ++t) {
+    senders.emplace_back([&, t] {
+      const double cpu_before = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+      struct Rank {
+        int rank;
+        std::unique_ptr<grpc::ClientContext> ctx;
+        v1::ObserveSummary summary;
+        std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer;
+      };
+      std::vector<Rank> mine;
+      mine.reserve(kPerThread);  // each writer keeps a pointer to its rank's summary
+      for (int r = t * kPerThread; r < std::min(ranks, (t + 1) * kPerThread); ++r) {
+        mine.push_back({r, std::make_unique<grpc::ClientContext>(), {}, nullptr});
+        mine.back().writer = stub.Observe(mine.back().ctx.get(), &mine.back().summary);
+      }
+      v1::TensorChunk c;
+      c.set_session_id(window.session_id());
+      c.set_dtype("F32");
+      c.add_shape(kTokens);
+      c.add_shape(kHeads / kTp);
+      c.add_shape(kHeadDim);
+      c.set_tp_size(kTp);
+      for (int h = 0; h < kHeads / kTp; ++h) c.mutable_statistics()->add_absmax(2.0f);
+      for (int round = 0; round < rounds; ++round) {
+        for (Rank& rank : mine) {
+          c.set_producer_id(absl::StrCat("replica-", rank.rank / kTp, "/tp", rank.rank % kTp));
+          c.set_tp_rank(rank.rank % kTp);
+          c.set_batch(round);
+          for (int layer = 0; layer < layers; ++layer) {
+            for (v1::TargetKind kind : {v1::KEY, v1::VALUE}) {
+              c.set_kind(kind);
+              c.set_layer(layer);
+              c.set_sequence(static_cast<uint64_t>(round) * layers * 2 + layer * 2 +
+                             (kind == v1::VALUE) + 1);
+              rank.writer->Write(c);
+            }
+          }
+        }
+      }
+      for (Rank& rank : mine) rank.writer->WritesDone();
+      for (Rank& rank : mine) {
+        Check(rank.writer->Finish(), "Observe");
+        accepted += rank.summary.accepted_chunks();
+      }
+      sender_cpu[t] = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - cpu_before;
+    });
+  }
+  for (std::thread& s : senders) s.join();
+  IngestResult out;
+  out.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  double senders_cpu = 0;
+  for (double s : sender_cpu) senders_cpu += s;
+  out.server_cpu_s = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - process_before - senders_cpu;
+  out.messages = static_cast<int64_t>(ranks) * rounds * layers * 2;
+  out.accepted = accepted.load();
+  return out;
+}
+
+void PrintIngest(const char* title, const IngestResult& r, int layers, const IngestResult* base) {
+  const double per_1000_ms = r.server_cpu_s / static_cast<double>(r.messages) * 1e3 * 1e3;
+  // One round a second is 2 * layers messages per producer per second.
+  const double producers_per_core = 1.0 / (r.server_cpu_s / static_cast<double>(r.messages) *
+                                           2.0 * layers);
+  std::printf("  %-34s %8lld msgs (%lld accepted) in %6.2f s wall; server CPU %6.2f ms / 1000 "
+              "msgs; one core absorbs %7.0f producers",
+              title, static_cast<long long>(r.messages), static_cast<long long>(r.accepted),
+              r.wall_s, per_1000_ms, producers_per_core);
+  if (base != nullptr) {
+    const double base_per = base->server_cpu_s / static_cast<double>(base->messages);
+    std::printf(" (CPU %.2fx the in-memory server's)",
+                (r.server_cpu_s / static_cast<double>(r.messages)) / base_per);
+  }
+  std::printf("\n");
 }
 
 }  // namespace
@@ -240,13 +390,22 @@ int main(int argc, char** argv) {
   const int watchers = static_cast<int>(FlagInt(argc, argv, "watchers", 10));
   const int layers = static_cast<int>(FlagInt(argc, argv, "layers", 32));
   const int baseline = static_cast<int>(FlagInt(argc, argv, "baseline", 200));
+  const int many_watchers = static_cast<int>(FlagInt(argc, argv, "many_watchers", 100));
+  const int ranks = static_cast<int>(FlagInt(argc, argv, "ranks", 1024));
+  const int rounds = static_cast<int>(FlagInt(argc, argv, "rounds", 2));
+  const bool latency = !FlagSet(argc, argv, "skip_latency");
   FILE* devnull = std::fopen("/dev/null", "w");
   EventLog log(LogFormat::kText, devnull);
+  IngestResult memory_ingest;
   {
     std::unique_ptr<CaliperServer> server = StartServer("", &log);
     std::unique_ptr<v1::Calibration::Stub> stub = StubOf(*server);
-    Run("a. one in-memory server", *stub, *stub, layers, windows, watchers, baseline);
+    if (latency) Run("a. one in-memory server", *stub, {stub.get()}, layers, windows, watchers, baseline);
+    memory_ingest = Ingest(*stub, "ingest", layers, ranks, rounds);
   }
+  std::printf("statistics ingest (%d ranks at TP 8, %d layers, %d rounds)\n", ranks, layers,
+              rounds);
+  PrintIngest("one in-memory server", memory_ingest, layers, nullptr);
   if (FlagSet(argc, argv, "skip_postgres")) return 0;
   absl::StatusOr<std::unique_ptr<testing::PostgresInstance>> pg =
       testing::PostgresInstance::Start();
@@ -254,10 +413,33 @@ int main(int argc, char** argv) {
     std::printf("b. skipped: %s\n", std::string(pg.status().message()).c_str());
     return 0;
   }
-  std::unique_ptr<CaliperServer> a = StartServer((*pg)->uri(), &log);
-  std::unique_ptr<CaliperServer> b = StartServer((*pg)->uri(), &log);
-  std::unique_ptr<v1::Calibration::Stub> stub_a = StubOf(*a), stub_b = StubOf(*b);
-  Run("b. two replicas over PostgreSQL, watchers on the other replica (sweep 0.5 s)", *stub_a,
-      *stub_b, layers, windows, watchers, baseline);
+  {
+    std::unique_ptr<CaliperServer> one = StartServer((*pg)->uri(), &log);
+    std::unique_ptr<v1::Calibration::Stub> stub = StubOf(*one);
+    PrintIngest("one replica over PostgreSQL", Ingest(*stub, "ingest", layers, ranks, rounds),
+                layers, &memory_ingest);
+  }
+  if (!latency) return 0;
+  {
+    absl::StatusOr<std::string> db = (*pg)->NewDatabase();
+    if (!db.ok()) return 1;
+    std::unique_ptr<CaliperServer> a = StartServer(*db, &log);
+    std::unique_ptr<CaliperServer> b = StartServer(*db, &log);
+    std::unique_ptr<v1::Calibration::Stub> stub_a = StubOf(*a), stub_b = StubOf(*b);
+    Run("b. two replicas over PostgreSQL, watchers on the other replica (sweep 0.5 s)", *stub_a,
+        {stub_b.get()}, layers, windows, watchers, baseline);
+  }
+  {
+    absl::StatusOr<std::string> db = (*pg)->NewDatabase();
+    if (!db.ok()) return 1;
+    std::unique_ptr<CaliperServer> a = StartServer(*db, &log);
+    std::unique_ptr<CaliperServer> b = StartServer(*db, &log);
+    std::unique_ptr<CaliperServer> c = StartServer(*db, &log);
+    std::unique_ptr<v1::Calibration::Stub> stub_a = StubOf(*a), stub_b = StubOf(*b),
+                                           stub_c = StubOf(*c);
+    Run("c. three replicas over PostgreSQL, watchers on all three, windows closed on the first",
+        *stub_a, {stub_a.get(), stub_b.get(), stub_c.get()}, layers, windows, many_watchers,
+        baseline);
+  }
   return 0;
 }

@@ -10,29 +10,13 @@ usage: python bench/histogram_wire_bench.py --build build [--tokens 512,2048]
 import argparse
 import json
 import pathlib
-import re
-import subprocess
 import tempfile
-import time
 
 import torch
 import transformers
 
 import caliper
-import caliper.hooks
-
-
-def start_server(build: pathlib.Path, tmp: pathlib.Path):
-    log = tmp / "server.log"
-    proc = subprocess.Popen([str(build / "server" / "caliper-server"), "--listen=127.0.0.1:0",
-                             "--metrics_listen=127.0.0.1:0", "--device=cpu"],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    for _ in range(200):
-        m = re.search(r"listening on (\S+) \(metrics", log.read_text())
-        if m:
-            return proc, m.group(1)
-        time.sleep(0.05)
-    raise RuntimeError(log.read_text())
+from bench_support import capture, start_server
 
 
 def main():
@@ -51,7 +35,7 @@ def main():
     model = transformers.LlamaForCausalLM(cfg).eval().to(torch.bfloat16)
     config = json.loads(cfg.to_json_string())
     with tempfile.TemporaryDirectory() as tmp:
-        proc, addr = start_server(a.build, pathlib.Path(tmp))
+        proc, addr, _ = start_server(a.build, pathlib.Path(tmp))
         try:
             client = caliper.Client(addr)
             for tokens in map(int, a.tokens.split(",")):
@@ -65,12 +49,7 @@ def main():
                     for k, v in fields.items():
                         setattr(recipe, k, v)
                     s = client.create_session(config, recipe, mode=mode)
-                    h = caliper.hooks.attach(model, s)
-                    with torch.no_grad():
-                        for x in ids:
-                            model(x, use_cache=False)
-                    h.detach()
-                    s.finalize()
+                    capture(model, s, ids)
                     out[name] = (s.wire_bytes, s.tensor_bytes)
                     s.close()
                 raw = out["raw"][0]

@@ -24,6 +24,7 @@
 #include "proto/caliper.grpc.pb.h"
 #include "tests/e2e/e2e_support.h"
 #include "tests/support/hostile_peers.h"
+#include "tests/support/llama_description.h"
 
 namespace caliper {
 namespace {
@@ -68,12 +69,7 @@ Calls WellBehavedClient(const std::string& address, double bound_s) {
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(bound_s * 3000));
   v1::CreateSessionRequest request;
-  v1::ModelDescription* model = request.mutable_model();
-  model->set_architecture("LlamaForCausalLM");
-  model->set_num_layers(2);
-  model->set_num_attention_heads(4);
-  model->set_num_kv_heads(2);
-  model->set_head_dim(64);
+  *request.mutable_model() = testing::LlamaDescription({.head_dim = 64});
   request.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
   v1::Session session;
   grpc::ClientContext create;

@@ -46,6 +46,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/raw_observe.h"
 #include "proto/caliper.grpc.pb.h"
+#include "tests/support/llama_description.h"
 
 namespace {
 
@@ -164,14 +165,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int index
 std::string CreateSession(const std::string& address) {
   auto stub = v1::Calibration::NewStub(MakeChannel(address, -1));
   v1::CreateSessionRequest req;
-  auto* m = req.mutable_model();
-  m->set_architecture("LlamaForCausalLM");
-  m->set_model_type("llama");
-  m->set_num_layers(4);
-  m->set_num_attention_heads(32);
-  m->set_num_kv_heads(kHeads);
-  m->set_head_dim(kHeadDim);
-  m->set_hidden_size(32 * kHeadDim);
+  *req.mutable_model() = caliper::testing::LlamaDescription(
+      {.layers = 4, .attention_heads = 32, .kv_heads = kHeads, .head_dim = kHeadDim});
   req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
   req.set_name("ingest_bench");
   v1::Session session;

@@ -11,7 +11,6 @@ usage: python bench/python_capture_bench.py --build build [--only wire,overhead,
 """
 import argparse
 import json
-import os
 import pathlib
 import re
 import resource
@@ -26,19 +25,7 @@ import transformers
 
 import caliper
 import caliper.hooks
-
-
-def start_server(build: pathlib.Path, tmp: pathlib.Path):
-    log = tmp / "server.log"
-    proc = subprocess.Popen([str(build / "server" / "caliper-server"), "--listen=127.0.0.1:0",
-                             "--metrics_listen=127.0.0.1:0", "--device=cpu"],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    for _ in range(200):
-        m = re.search(r"listening on (\S+) \(metrics (\S+),", log.read_text())
-        if m:
-            return proc, m.group(1), m.group(2)
-        time.sleep(0.05)
-    raise RuntimeError(log.read_text())
+from bench_support import capture, start_server
 
 
 def llama(hidden, layers, heads, kv_heads, head_dim, inter, seed=0):
@@ -62,12 +49,7 @@ def bench_wire(addr, metrics):
         c = caliper.Client(addr)
         s = c.create_session(config, caliper.Recipe(kv="per_head"), mode=mode,
                              merge_batches=merge)
-        h = caliper.hooks.attach(model, s)
-        with torch.no_grad():
-            for x in ids:
-                model(x, use_cache=False)
-        h.detach()
-        s.finalize()
+        capture(model, s, ids)
         out[name] = (s.wire_bytes, s.tensor_bytes, s.proto.accepted_chunks)
         s.close()
     import urllib.request
@@ -78,7 +60,7 @@ def bench_wire(addr, metrics):
     raw_wire, tensor, raw_n = out["raw"]
     un_wire, _, un_n = out["unmerged"]
     st_wire, st_tensor, st_n = out["statistics"]
-    print(f"wire bytes, K/V only, 4 samples x 512 tokens, 4 layers, 8 KV heads x 128, BF16:")
+    print("wire bytes, K/V only, 4 samples x 512 tokens, 4 layers, 8 KV heads x 128, BF16:")
     print(f"  raw mode        {raw_wire:>12} B on the wire for {tensor} tensor bytes, "
           f"{raw_n} chunks")
     print(f"  statistics, one per observe call {un_wire:>8} B, {un_n} chunks")
@@ -116,8 +98,8 @@ def bench_overhead(addr, reps=15):
     s.flush()
     ratio = stats.median(hooked) / stats.median(base)
     cpu_ratio = stats.median(hooked_cpu) / stats.median(base_cpu)
-    print(f"capture overhead, statistics mode, CPU 1 thread, Llama 4 layers hidden 1024, 256 tokens,"
-          f" K/V + all Linear inputs:")
+    print("capture overhead, statistics mode, CPU 1 thread, Llama 4 layers hidden 1024, 256 tokens,"
+          " K/V + all Linear inputs:")
     print(f"  forward without hooks {stats.median(base) * 1e3:.1f} ms, with hooks "
           f"{stats.median(hooked) * 1e3:.1f} ms (median of {reps}); ratio {ratio:.3f} (goal <= 1.10)")
     # The forward thread's own CPU time: the hooks' work without the machine's other load (the

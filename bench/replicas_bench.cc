@@ -46,6 +46,7 @@
 #include "server/postgres/postgres_store.h"
 #include "tests/e2e/e2e_support.h"
 #include "tests/support/postgres_instance.h"
+#include "tests/support/llama_description.h"
 
 namespace caliper {
 namespace {
@@ -273,14 +274,8 @@ void SteadyBench(const std::string& dir, int replicas, int streams, int seconds,
     auto stub = v1::Calibration::NewStub(
         grpc::CreateChannel(servers[0]->address(), grpc::InsecureChannelCredentials()));
     v1::CreateSessionRequest req;
-    auto* m = req.mutable_model();
-    m->set_architecture("LlamaForCausalLM");
-    m->set_model_type("llama");
-    m->set_num_layers(4);
-    m->set_num_attention_heads(32);
-    m->set_num_kv_heads(kHeads);
-    m->set_head_dim(kHeadDim);
-    m->set_hidden_size(32 * kHeadDim);
+    *req.mutable_model() = testing::LlamaDescription(
+        {.layers = 4, .attention_heads = 32, .kv_heads = kHeads, .head_dim = kHeadDim});
     req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
     req.set_name("steady");
     v1::Session session;

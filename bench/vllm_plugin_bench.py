@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from histogram_wire_bench import start_server  # noqa: E402 - the benches' one server start
+from bench_support import start_server  # noqa: E402 - the benches' one server start
 
 LOOP = r"""
 import json, os, sys, time
@@ -80,7 +80,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
         config = tiny_llama(tmp / "model")
-        proc, address = start_server(args.build, tmp)
+        proc, address, _ = start_server(args.build, tmp)
         try:
             fleets.create_fleet(caliper.Client(address), "bench", config,
                                 caliper.Recipe(kv="per_head"))

@@ -10,75 +10,63 @@
 #include "client/rpc_error.h"
 #include "client/server_connection.h"
 #include "client/rpc_retry.h"
+#include "client/session_or_fleet.h"
 #include "core/formats/report_html.h"
+#include "nlohmann/json.hpp"
 
 namespace caliper::cli {
 namespace {
 
-// The session of a fleet version's window (`version` 0: the current one).
-absl::StatusOr<std::string> VersionSession(ServerConnection& server, const std::string& fleet,
-                                           int64_t version, std::ostream& out,
-                                           std::ostream& err) {
-  v1::GetVersionRequest request;
-  request.set_fleet(fleet);
-  request.set_version(version);
-  v1::FleetVersion response;
-  if (absl::Status s = UnaryWithRetry(*server.stub, &v1::Calibration::Stub::GetVersion, "report",
-                                      "GetVersion", request, &response, server.retry, err);
-      !s.ok()) {
-    return s;
-  }
-  if (response.windows().empty()) {
-    return ServerError(absl::StrCat("version ", response.id(), " of fleet ", fleet,
-                                    " names no window"));
-  }
-  out << "version   " << response.id() << " of fleet " << fleet << ": window "
-      << response.windows(0).session_id();
-  if (!response.kept_layers().empty()) {
+// What a fleet version's report is of, from its "fleet_version" record (schema in docs/report.md).
+void PrintVersion(const std::string& report_json, std::ostream& out) {
+  const nlohmann::json report = nlohmann::json::parse(report_json, nullptr, false);
+  if (!report.is_object() || !report.contains("fleet_version")) return;
+  const nlohmann::json& v = report["fleet_version"];
+  out << "version   " << v.value("id", int64_t{0}) << " of fleet " << v.value("fleet", "")
+      << ": window " << report["session"].value("id", "");
+  if (v.contains("kept_layers") && !v["kept_layers"].empty()) {
     out << " (layers it kept from its parent are not in this window's report)";
   }
   out << "\n";
-  return response.windows(0).session_id();
 }
 
 absl::Status RunReport(const CliArgs& flags, std::ostream& out, std::ostream& err) {
-  const bool fleet = flags.Has("fleet");
-  if (fleet == flags.Has("session")) return UsageError("give --session or --fleet (one)");
+  absl::StatusOr<SessionOrFleet> target = SessionOrFleetFromFlags(flags);
+  if (!target.ok()) return target.status();
+  const bool fleet = !target->fleet.empty();
   if (fleet && flags.Has("compare")) return UsageError("--compare: with --fleet, --compare-version");
-  if (!fleet && (flags.Has("version") || flags.Has("compare-version"))) {
-    return UsageError("--version and --compare-version need --fleet");
-  }
-  auto version = flags.GetInt("version", 1, int64_t{1} << 62);
   auto compare_version = flags.GetInt("compare-version", 1, int64_t{1} << 62);
-  for (const auto* st : {&version.status(), &compare_version.status()}) {
-    if (!st->ok()) return UsageError(st->message());
-  }
+  if (!compare_version.ok()) return UsageError(compare_version.status().message());
+  if (!fleet && compare_version->has_value()) return UsageError("--compare-version needs --fleet");
   absl::StatusOr<ServerConnection> server = Connect(*flags.Get("server"), flags);
   if (!server.ok()) return server.status();
-  std::vector<std::string> ids;
+  // A version's report is its window's (the traffic its scales were computed from) plus the
+  // version's record and published scales.
+  std::vector<v1::ReportRequest> requests(1);
   if (fleet) {
-    // A version's report is its window's: the traffic its scales were computed from.
-    for (const std::optional<int64_t>& v : {*version, *compare_version}) {
-      if (!v.has_value() && !ids.empty()) break;  // no --compare-version
-      absl::StatusOr<std::string> id =
-          VersionSession(*server, *flags.Get("fleet"), v.value_or(0), out, err);
-      if (!id.ok()) return id.status();
-      ids.push_back(*id);
+    requests[0].set_fleet(target->fleet);
+    requests[0].set_version(target->version.value_or(0));
+    if (compare_version->has_value()) {
+      requests.push_back(requests[0]);
+      requests[1].set_version(**compare_version);
     }
   } else {
-    ids.push_back(*flags.Get("session"));
-    if (flags.Has("compare")) ids.push_back(*flags.Get("compare"));
+    requests[0].set_session_id(target->session);
+    if (flags.Has("compare")) {
+      requests.push_back(requests[0]);
+      requests[1].set_session_id(*flags.Get("compare"));
+    }
   }
   std::vector<std::string> reports;
-  for (const std::string& id : ids) {
-    v1::ReportRequest request;
-    request.set_session_id(id);
+  for (const v1::ReportRequest& request : requests) {
     v1::ReportResponse response;
-    Backoff backoff(server->retry, &err, "caliper report: GetReport");
-    grpc::Status status = CallWithRetry(backoff, [&](grpc::ClientContext& context) {
-      return server->stub->GetReport(&context, request, &response);
-    });
-    if (!status.ok()) return RpcError(absl::StrCat("GetReport ", id), status);
+    if (absl::Status s = UnaryWithRetry(*server->stub, &v1::Calibration::Stub::GetReport,
+                                        "report", "GetReport", request, &response, server->retry,
+                                        err);
+        !s.ok()) {
+      return s;
+    }
+    if (fleet) PrintVersion(response.report_json(), out);
     reports.push_back(response.report_json());
   }
   absl::StatusOr<std::string> html = RenderReportHtml(reports);
@@ -113,22 +101,13 @@ const CommandSpec& ReportCommand() {
           "created with --histograms or a histogram observer. --compare puts a second session beside it.\n"
           "With --fleet, the report of a version's window (the traffic its scales came from).",
       .server = ServerUse::kAlways,
-      .flags = WithConnectionFlags({
-          {.name = "server", .value_name = "ADDR", .help = "caliper-server address",
-           .required = true},
-          {.name = "session", .value_name = "ID",
-           .help = "session id (see `caliper sessions`); or --fleet"},
-          {.name = "out", .value_name = "DIR", .help = "output directory (created)",
-           .required = true},
+      .flags = WithConnectionFlags(WithSessionOrFleetFlags(
+          "instead of --session: the report of a fleet version's window", {
           {.name = "compare", .value_name = "ID2",
            .help = "a second session shown side by side (e.g. another calibration set)"},
-          {.name = "fleet", .value_name = "NAME",
-           .help = "instead of --session: the report of a fleet version's window"},
-          {.name = "version", .value_name = "N",
-           .help = "with --fleet: the version (absent: the current one)"},
           {.name = "compare-version", .value_name = "N2",
            .help = "with --fleet: a second version shown side by side"},
-      }),
+      })),
       .run = RunReport,
   };
   return command;

@@ -8,6 +8,7 @@
 #include "client/scales_output.h"
 #include "client/server_connection.h"
 #include "client/rpc_retry.h"
+#include "client/session_or_fleet.h"
 
 namespace caliper::cli {
 namespace {
@@ -25,11 +26,8 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
   if (rank->has_value() && !tp->has_value()) return UsageError("--rank needs --tp");
   const v1::Nvfp4Convention convention = ConventionFromFlag(*flags.Get("convention"));
 
-  const bool fleet = flags.Has("fleet");
-  if (fleet == flags.Has("session")) return UsageError("give --session or --fleet (one)");
-  auto version = flags.GetInt("version", 1, int64_t{1} << 62);
-  if (!version.ok()) return UsageError(version.status().message());
-  if (version->has_value() && !fleet) return UsageError("--version needs --fleet");
+  absl::StatusOr<SessionOrFleet> target = SessionOrFleetFromFlags(flags);
+  if (!target.ok()) return target.status();
 
   absl::StatusOr<ServerConnection> server = Connect(*flags.Get("server"), flags);
   if (!server.ok()) return server.status();
@@ -37,9 +35,9 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
   const RetryPolicy& retry = server->retry;
   v1::ScalesRequest request;
   v1::Recipe recipe;
-  if (fleet) {
+  if (!target->fleet.empty()) {
     v1::GetFleetRequest get;
-    get.set_fleet(*flags.Get("fleet"));
+    get.set_fleet(target->fleet);
     v1::Fleet described;
     if (absl::Status s = UnaryWithRetry(*stub, &v1::Calibration::Stub::GetFleet, "scales",
                                         "GetFleet", get, &described, retry, err);
@@ -50,13 +48,13 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
     request.set_fleet(described.name());
     // The version named, else the current one as read here (so a publish meanwhile cannot mix
     // the summary of one version with the files of another).
-    request.set_version(version->value_or(described.current_version()));
+    request.set_version(target->version.value_or(described.current_version()));
     out << "fleet     " << described.name() << " version " << request.version()
-        << (version->has_value() ? "" : " (current)") << "\n";
+        << (target->version.has_value() ? "" : " (current)") << "\n";
   } else {
     v1::Session session;
     v1::GetSessionRequest get;
-    get.set_session_id(*flags.Get("session"));
+    get.set_session_id(target->session);
     if (absl::Status s = UnaryWithRetry(*stub, &v1::Calibration::Stub::GetSession, "scales",
                                         "GetSession", get, &session, retry, err);
         !s.ok()) {
@@ -93,17 +91,8 @@ const CommandSpec& ScalesCommand() {
           "With --fleet, the same files for a version of the fleet (default: its current one).\n"
           "The server refuses e.g. a session not finalized or head counts that do not divide.",
       .server = ServerUse::kAlways,
-      .flags = WithConnectionFlags({
-          {.name = "server", .value_name = "ADDR", .help = "caliper-server address",
-           .required = true},
-          {.name = "session", .value_name = "ID",
-           .help = "session id (see `caliper sessions`); or --fleet"},
-          {.name = "fleet", .value_name = "NAME",
-           .help = "instead of --session: a fleet's version (docs/fleets.md)"},
-          {.name = "version", .value_name = "N",
-           .help = "with --fleet: the version (absent: the current one)"},
-          {.name = "out", .value_name = "DIR", .help = "output directory (created)",
-           .required = true},
+      .flags = WithConnectionFlags(WithSessionOrFleetFlags(
+          "instead of --session: a fleet's version (docs/fleets.md)", {
           {.name = "tp", .value_name = "T",
            .help = "deployment TP size (1 when neither --tp nor --total-kv-heads is given)"},
           {.name = "total-kv-heads", .value_name = "M",
@@ -113,7 +102,7 @@ const CommandSpec& ScalesCommand() {
            .help = "also put TP rank R's K/V slice into scales.json (needs --tp)"},
           ConventionFlag(),
           FormatFlag(),
-      }),
+      })),
       .run = RunScales,
   };
   return command;

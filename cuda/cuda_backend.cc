@@ -63,8 +63,7 @@ class CudaBackend : public ReductionBackend {
   // staging-sized runs costs less than a round trip per 64 KiB slice.
   int64_t min_run_bytes() const override { return staging_bytes_; }
 
-  absl::Status Range(const TensorView& t, RangeStats* out) override {
-    if (out == nullptr) return absl::InvalidArgumentError("out: must not be null");
+  absl::Status CheckedRange(const TensorView& t, RangeStats* out) override {
     cuda::HostRange range;
     Lease lease(*this);
     absl::Status s =
@@ -79,12 +78,8 @@ class CudaBackend : public ReductionBackend {
     return absl::OkStatus();
   }
 
-  absl::Status AbsMaxPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
-                             absl::Span<float> out, int64_t* nonfinite) override {
-    if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, out, nonfinite);
-        !args.ok()) {
-      return args;
-    }
+  absl::Status CheckedAbsMaxPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
+                                    absl::Span<float> out, int64_t* nonfinite) override {
     Lease lease(*this);
     return ToStatus(lease.reducer->AbsMaxPerHead(t.data(), ToElementType(t.dtype()),
                                                  t.num_elements(), num_heads, head_dim,
@@ -92,9 +87,9 @@ class CudaBackend : public ReductionBackend {
   }
 
   // Same bytes as the CPU reference (cuda/nvfp4_pack.h); weights are copied over whole.
-  absl::Status PackNvfp4(const TensorView& t, const Nvfp4PackParams& params,
-                         absl::Span<uint8_t> packed, absl::Span<uint8_t> scales) override {
-    if (absl::Status s = CheckNvfp4PackArgs(t, params, packed, scales); !s.ok()) return s;
+  absl::StatusOr<int64_t> CheckedPackNvfp4(const TensorView& t, const Nvfp4PackParams& params,
+                                           absl::Span<uint8_t> packed,
+                                           absl::Span<uint8_t> scales) override {
     cuda::Nvfp4PackArgs args;
     args.global_scale = params.global_scale;
     args.group_scale_in_weight_dtype = params.group_scale_in_weight_dtype;
@@ -107,23 +102,13 @@ class CudaBackend : public ReductionBackend {
         !s.ok()) {
       return s;
     }
-    if (bad > 0) {
-      return absl::InvalidArgumentError(absl::StrCat("weight.data: ", bad,
-                                                     " non-finite values (NaN/Inf) in ",
-                                                     t.ShapeString(), "; cannot quantize"));
-    }
-    return absl::OkStatus();
+    return bad;
   }
 
-  absl::Status AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
-                                      absl::Span<float> absmax,
-                                      absl::Span<MagnitudeHistogram> hists,
-                                      int64_t* nonfinite) override {
-    if (absl::Status args =
-            CheckAbsMaxHistogramPerHeadArgs(t, num_heads, head_dim, absmax, hists, nonfinite);
-        !args.ok()) {
-      return args;
-    }
+  absl::Status CheckedAbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads,
+                                             int64_t head_dim, absl::Span<float> absmax,
+                                             absl::Span<MagnitudeHistogram> hists,
+                                             int64_t* nonfinite) override {
     std::vector<uint64_t> counts(num_heads * MagnitudeHistogram::kSlots);
     std::vector<uint64_t> max_count(num_heads);
     Lease lease(*this);

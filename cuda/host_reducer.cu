@@ -286,20 +286,16 @@ Error HostReducer::AbsMaxHistogramPerHead(const void* host, ElementType type, in
     CALIPER_CUDA_RETURN(cudaMemsetAsync(s.nonfinite, 0, sizeof(unsigned long long), s.stream),
                         "cudaMemsetAsync");
   }
-  const int64_t size = ElementSize(type);
-  const int64_t piece = options_.staging_bytes / size;
-  const auto* src = static_cast<const uint8_t*>(host);
-  for (int64_t off = 0, index = 0; off < n; off += piece, ++index) {
-    const int64_t count = std::min(piece, n - off);
-    Slot* s = nullptr;
-    if (Error e = Stage(src + off * size, count * size, index, &s); !e.ok()) {
-      (void)Drain();
-      return e;
-    }
-    CALIPER_CUDA_RETURN(LaunchAbsMaxHistogramPerHead(s->device, type, count, off % period,
-                                                     num_heads, head_dim, s->hist, s->packed,
-                                                     s->nonfinite, s->stream),
-                        "LaunchAbsMaxHistogramPerHead");
+  if (Error e = ForEachPiece(
+          host, type, n, options_.staging_bytes / ElementSize(type),
+          [&](Slot* s, int64_t off, int64_t count) {
+            return LaunchAbsMaxHistogramPerHead(s->device, type, count, off % period, num_heads,
+                                                head_dim, s->hist, s->packed, s->nonfinite,
+                                                s->stream);
+          },
+          "LaunchAbsMaxHistogramPerHead");
+      !e.ok()) {
+    return e;
   }
   for (Slot& s : slots_) {
     auto* result = static_cast<unsigned char*>(s.hist_host);

@@ -28,7 +28,8 @@ CalibrationService::CalibrationService(ServiceOptions options, ReductionBackend*
   if (options_.stream_idle_timeout > absl::ZeroDuration() || options_.inflight != nullptr) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
-  fleet_metrics_ = std::make_unique<FleetMetrics>(*metrics_->registry());
+  fleet_metrics_ = std::make_unique<FleetMetrics>(*metrics_->registry(),
+                                                 options_.fleet_saturation_layers);
   if (options_.fleets != nullptr) fleet_thread_ = std::thread([this] { FleetSweepLoop(); });
 }
 
@@ -261,6 +262,12 @@ grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CalibrationService::GetReport(grpc::CallbackServerContext* context,
                                                         const v1::ReportRequest* request,
                                                         v1::ReportResponse* response) {
+  if (!request->fleet().empty()) {
+    return FleetCall(context, "GetReport",
+                     [this, request, response](const std::string& tenant) {
+                       return FleetReportResponse(tenant, *request, response);
+                     });
+  }
   return Answer(context, "GetReport", request->session_id(),
                 [this, response](Call& call) -> absl::Status {
                   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =

@@ -68,6 +68,8 @@ struct ServiceOptions {
   FleetLimits fleet_limits;
   // How often windows are checked for their policy's close and token counts committed.
   absl::Duration fleet_sweep_interval = absl::Milliseconds(500);
+  // Layers per fleet exported in caliper_fleet_layer_saturation (a label limit).
+  int fleet_saturation_layers = 128;
   // Milliseconds since the epoch for window ages and records; null: the wall clock.
   std::function<int64_t()> fleet_clock_ms;
 };
@@ -152,17 +154,6 @@ class CalibrationService final
   class ObserveReactor;
   class WatchReactor;
 
-  // The K/V tokens this replica's streams counted into one open window since the last commit.
-  struct LiveWindow {
-    std::string tenant, fleet, session_id;
-    std::mutex mu;
-    WindowTokens pending;  // guarded by mu
-    void Count(const ChunkRef& chunk);
-  };
-  // The live counter of a window's session (windows are named "fleet/NAME/WEIGHT_VERSION");
-  // null for any other session.
-  std::shared_ptr<LiveWindow> LiveWindowFor(const CalibrationSession& session);
-
   // What a unary call's body knows of its call: the calling tenant, and the session the log
   // line names (the request's; CreateSession sets the new one).
   struct Call {
@@ -200,10 +191,13 @@ class CalibrationService final
   absl::StatusOr<std::string> CreateWindowSession(const Fleet& fleet,
                                                   absl::string_view weight_version);
   void DropSessions(const std::vector<std::string>& ids, absl::string_view tenant);
+  // Finalizes the window's session; its scales, and in `tokens` its committed counts.
   absl::StatusOr<FinalScales> FinalizeWindowSession(const std::string& id,
-                                                    const std::string& tenant);
-  // Commits what this replica counted into the window (all windows when session_id is empty).
-  void CommitWindowTokens(absl::string_view session_id);
+                                                    const std::string& tenant,
+                                                    WindowTokens* tokens);
+  // Raises the fleet's record of its open windows' counts to what their sessions committed;
+  // returns the state after (as given when nothing moved).
+  FleetState RecordWindowTokens(FleetState state);
   // Closes the window, runs the publish policy and commits the outcome; notifies watchers.
   absl::StatusOr<Window> CloseFleetWindow(const std::string& tenant, const std::string& fleet,
                                           const std::string& session_id,
@@ -217,6 +211,8 @@ class CalibrationService final
   // GetScales of a fleet version (request.fleet set).
   absl::Status FleetScalesResponse(const std::string& tenant, const v1::ScalesRequest& request,
                                    v1::ScalesResponse* response);
+  absl::Status FleetReportResponse(const std::string& tenant, const v1::ReportRequest& request,
+                                   v1::ReportResponse* response);
 
   // Ends streams without a whole chunk for stream_idle_timeout and takes back the budget of
   // quiet reads (runs on idle_thread_).
@@ -241,10 +237,9 @@ class CalibrationService final
   std::unique_ptr<ThreadPool> store_workers_;
 
   std::unique_ptr<FleetMetrics> fleet_metrics_;
-  std::mutex fleet_mu_;  // guards live_windows_, watchers_ and fleet_stopping_
+  std::mutex fleet_mu_;  // guards watchers_ and fleet_stopping_
   std::condition_variable fleet_cv_;
   bool fleet_stopping_ = false;
-  std::map<std::string, std::shared_ptr<LiveWindow>> live_windows_;  // by session id
   std::set<WatchReactor*> watchers_;
   std::thread fleet_thread_;
 };

@@ -1,8 +1,8 @@
 // CalibrationService's fleet calls (docs/fleets.md): transport over core/fleet. A window is a
 // session named "fleet/NAME/WEIGHT_VERSION" (in the registry, or the state store with
-// --state_dir) that producers stream into as into any session; this replica's streams count its
-// K/V tokens (TP rank 0) and a sweep commits them to the fleet store and closes windows whose
-// policy says so. Every decision (ordering, publish, retention) is core's.
+// --state_dir) that producers stream into as into any session; its K/V token counts (TP rank 0)
+// are the session's, committed with its statistics; a sweep copies them into the fleet's record
+// and closes windows whose policy says so. Every decision (ordering, publish, retention) is core's.
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/fleet/publish_policy.h"
+#include "core/fleet/version_report.h"
+#include "core/session/session_report.h"
 #include "server/calibration_service.h"
 #include "server/fleet_convert.h"
 #include "server/proto_convert.h"
@@ -67,67 +69,56 @@ absl::StatusOr<FleetStore::Updated> UpdateFleet(FleetStore& fleets, const FleetL
   return fleets.Update(tenant, name, change);
 }
 
+// A fleet a request names and one of its retained versions.
+struct FleetVersionRef {
+  FleetState state;
+  int64_t id = 0;
+  const FleetVersion& version() const { return *state.Version(id); }
+};
+
+// The tenant's fleet `name` and its retained version `requested` (0: the current one);
+// FailedPrecondition when it has none yet, NotFound naming a version not retained.
+absl::StatusOr<FleetVersionRef> LoadVersion(FleetStore& fleets, const FleetLimits& limits,
+                                            const std::string& tenant, absl::string_view name,
+                                            int64_t requested) {
+  absl::StatusOr<FleetState> state = LoadFleet(fleets, limits, tenant, name);
+  if (!state.ok()) return state.status();
+  const int64_t id = requested != 0 ? requested : state->current();
+  if (id == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fleet ", name, " has no version yet: no window has published"));
+  }
+  if (state->Version(id) == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("version: ", id, " of fleet ", name, " is not retained"));
+  }
+  return FleetVersionRef{*std::move(state), id};
+}
+
 }  // namespace
 
 // --- window accounting -------------------------------------------------------------------
 
-void CalibrationService::LiveWindow::Count(const ChunkRef& chunk) {
-  if (chunk.shape.empty()) return;
-  std::lock_guard<std::mutex> lock(mu);
-  pending.Count(chunk.kind, chunk.layer, chunk.placement.tp_rank, chunk.shape[0]);
-}
-
-std::shared_ptr<CalibrationService::LiveWindow> CalibrationService::LiveWindowFor(
-    const CalibrationSession& session) {
-  if (options_.fleets == nullptr) return nullptr;
-  const std::string name = session.Status().name;
-  if (!absl::StartsWith(name, kWindowPrefix)) return nullptr;
-  const absl::string_view rest = absl::string_view(name).substr(kWindowPrefix.size());
-  const std::string fleet(rest.substr(0, rest.find('/')));
-  std::lock_guard<std::mutex> lock(fleet_mu_);
-  std::shared_ptr<LiveWindow>& live = live_windows_[session.id()];
-  if (live == nullptr) {
-    live = std::make_shared<LiveWindow>();
-    live->tenant = session.tenant();
-    live->fleet = fleet;
-    live->session_id = session.id();
-    live->pending = WindowTokens(session.model().num_layers);
+FleetState CalibrationService::RecordWindowTokens(FleetState state) {
+  const Fleet fleet = state.fleet();
+  std::vector<std::pair<std::string, WindowTokens>> committed;
+  for (const Window& window : state.windows()) {
+    if (window.state != WindowState::kOpen) continue;
+    absl::StatusOr<SessionStatus> status =
+        options_.store->GetStatus(window.session_id, fleet.tenant);
+    if (!status.ok()) continue;  // the next sweep reads it again
+    WindowTokens tokens = WindowTokens::Committed(*status, fleet.model.num_layers);
+    WindowTokens raised = window.tokens;
+    raised.Raise(tokens);
+    if (!(raised == window.tokens)) committed.emplace_back(window.session_id, std::move(tokens));
   }
-  return live;
-}
-
-void CalibrationService::CommitWindowTokens(absl::string_view session_id) {
-  std::vector<std::shared_ptr<LiveWindow>> windows;
-  {
-    std::lock_guard<std::mutex> lock(fleet_mu_);
-    for (const auto& [id, live] : live_windows_) {
-      if (session_id.empty() || id == session_id) windows.push_back(live);
-    }
-  }
-  for (const std::shared_ptr<LiveWindow>& live : windows) {
-    WindowTokens counted;
-    {
-      std::lock_guard<std::mutex> lock(live->mu);
-      if (live->pending.Empty()) continue;
-      counted = live->pending;
-      live->pending = WindowTokens(counted.num_layers());
-    }
-    bool open = false;
-    absl::StatusOr<FleetStore::Updated> updated = options_.fleets->Update(
-        live->tenant, live->fleet, [&](FleetState& state, VersionWrites&) {
-          const Window* window = state.FindWindow(live->session_id);
-          open = window != nullptr && window->state == WindowState::kOpen;
-          state.AddTokens(live->session_id, counted);
-          return absl::OkStatus();
-        });
-    if (updated.ok() && !open) {
-      std::lock_guard<std::mutex> lock(fleet_mu_);
-      live_windows_.erase(live->session_id);  // closed or not a window: nothing to count
-    } else if (!updated.ok() && !absl::IsNotFound(updated.status())) {
-      std::lock_guard<std::mutex> lock(live->mu);
-      live->pending.Add(counted);  // the next sweep retries
-    }
-  }
+  if (committed.empty()) return state;
+  absl::StatusOr<FleetStore::Updated> updated = options_.fleets->Update(
+      fleet.tenant, fleet.name, [&](FleetState& s, VersionWrites&) {
+        for (const auto& [id, tokens] : committed) s.RecordTokens(id, tokens);
+        return absl::OkStatus();
+      });
+  return updated.ok() ? std::move(updated->state) : state;
 }
 
 // --- window sessions ---------------------------------------------------------------------
@@ -172,17 +163,19 @@ void CalibrationService::DropSessions(const std::vector<std::string>& ids,
       log_->Log(Severity::kWarning, "fleet_session_drop_failed",
                 {{"session", id}, {"message", std::string(status.message())}});
     }
-    std::lock_guard<std::mutex> lock(fleet_mu_);
-    live_windows_.erase(id);
   }
 }
 
 absl::StatusOr<FinalScales> CalibrationService::FinalizeWindowSession(const std::string& id,
-                                                                      const std::string& tenant) {
+                                                                      const std::string& tenant,
+                                                                      WindowTokens* tokens) {
   absl::Status status = options_.store->FinalizeSession(id, tenant);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
       status.ok() ? options_.store->LoadSession(id, tenant)
                   : absl::StatusOr<std::unique_ptr<CalibrationSession>>(status);
+  if (session.ok()) {
+    *tokens = WindowTokens::Committed((*session)->Status(), (*session)->model().num_layers);
+  }
   absl::StatusOr<FinalScales> final =
       session.ok() ? (*session)->Final() : absl::StatusOr<FinalScales>(session.status());
   metrics_->Finalization(final.ok());
@@ -193,7 +186,13 @@ absl::StatusOr<Window> CalibrationService::CloseFleetWindow(const std::string& t
                                                             const std::string& fleet,
                                                             const std::string& session_id,
                                                             WindowCloseReason reason) {
-  CommitWindowTokens(session_id);
+  // What this replica's streams accepted into the window is committed first (the flusher
+  // would take up to --state_flush_interval), so the window decides on it.
+  if (options_.flusher != nullptr) {
+    if (absl::Status flushed = options_.flusher->Flush(session_id); !flushed.ok()) {
+      return flushed;
+    }
+  }
   {
     absl::StatusOr<FleetState> state = options_.fleets->Get(tenant, fleet);
     if (!state.ok()) return state.status();
@@ -207,8 +206,10 @@ absl::StatusOr<Window> CalibrationService::CloseFleetWindow(const std::string& t
           absl::StrCat("window ", session_id, " of fleet ", fleet, " is already closed"));
     }
   }
-  // Finalizing first stops every stream into it; the counts committed so far are the window's.
-  absl::StatusOr<FinalScales> final = FinalizeWindowSession(session_id, tenant);
+  // Finalizing first stops every stream into it; its scales and its counts both come from
+  // what the session committed, in the same transactions.
+  WindowTokens tokens;
+  absl::StatusOr<FinalScales> final = FinalizeWindowSession(session_id, tenant, &tokens);
   if (!final.ok()) return final.status();
   const int64_t closed_ms = NowMs();
   const auto closed_at = std::chrono::steady_clock::now();
@@ -228,10 +229,14 @@ absl::StatusOr<Window> CalibrationService::CloseFleetWindow(const std::string& t
       absl::StatusOr<FinalScales> scales = options_.fleets->GetScales(tenant, fleet, current);
       if (!scales.ok()) return scales.status();
       current_scales = *std::move(scales);
-      base = PublishBase{state->Version(current)->weight_version, &*current_scales,
-                         state->SaturationUnderCurrent()};
+      int layer = -1;
+      const double saturation = state->SaturationUnderCurrent(&layer);
+      base = PublishBase{state->Version(current)->weight_version, &*current_scales, saturation,
+                         layer};
     }
-    const PublishDecision decision = DecidePublish(state->fleet().policy, *final, window->tokens,
+    WindowTokens counted = window->tokens;
+    counted.Raise(tokens);
+    const PublishDecision decision = DecidePublish(state->fleet().policy, *final, counted,
                                                    window->weight_version, base);
     bool raced = false;
     Window closed;
@@ -241,6 +246,7 @@ absl::StatusOr<Window> CalibrationService::CloseFleetWindow(const std::string& t
             raced = true;
             return absl::AbortedError("the current version moved");
           }
+          s.RecordTokens(session_id, tokens);
           absl::StatusOr<const FleetVersion*> version = s.CloseWindow(
               session_id, reason, decision, closed_ms, options_.fleet_limits, &writes);
           if (!version.ok()) return version.status();
@@ -250,10 +256,6 @@ absl::StatusOr<Window> CalibrationService::CloseFleetWindow(const std::string& t
     if (raced) continue;
     if (!updated.ok()) return updated.status();
     DropSessions(updated->writes.dropped_sessions, tenant);
-    {
-      std::lock_guard<std::mutex> lock(fleet_mu_);
-      live_windows_.erase(session_id);
-    }
     fleet_metrics_->WindowClosed(WindowCloseReasonName(reason));
     fleet_metrics_->Decision(PublishReasonName(decision.reason), closed.tokens.Count());
     fleet_metrics_->CurrentVersion(fleet, updated->state.current());
@@ -288,7 +290,6 @@ void CalibrationService::FleetSweepLoop() {
     fleet_cv_.wait_for(lock, period);
     if (fleet_stopping_) break;
     lock.unlock();
-    CommitWindowTokens("");
     absl::StatusOr<std::vector<std::pair<std::string, std::string>>> fleets =
         options_.fleets->ListAll();
     if (!fleets.ok()) fleets.emplace();
@@ -296,6 +297,7 @@ void CalibrationService::FleetSweepLoop() {
     for (const auto& [tenant, name] : *fleets) {
       absl::StatusOr<FleetState> state = options_.fleets->Get(tenant, name);
       if (!state.ok()) continue;
+      state = RecordWindowTokens(*std::move(state));
       const std::pair<std::string, std::string> key(tenant, name);
       auto last = current_seen.find(key);
       const bool moved = last == current_seen.end() || last->second != state->current();
@@ -676,20 +678,11 @@ grpc::ServerUnaryReactor* CalibrationService::GetVersion(grpc::CallbackServerCon
                                                          v1::FleetVersion* response) {
   return FleetCall(context, "GetVersion",
                    [this, request, response](const std::string& tenant) -> absl::Status {
-                     absl::StatusOr<FleetState> state = LoadFleet(
-                         *options_.fleets, options_.fleet_limits, tenant, request->fleet());
-                     if (!state.ok()) return state.status();
-                     const int64_t id =
-                         request->version() != 0 ? request->version() : state->current();
-                     const FleetVersion* version = state->Version(id);
-                     if (version == nullptr) {
-                       return absl::NotFoundError(
-                           id == 0 ? absl::StrCat("fleet ", request->fleet(),
-                                                  " has no version yet")
-                                   : absl::StrCat("version: ", id, " of fleet ",
-                                                  request->fleet(), " is not retained"));
-                     }
-                     *response = VersionToProto(*state, *version);
+                     absl::StatusOr<FleetVersionRef> found =
+                         LoadVersion(*options_.fleets, options_.fleet_limits, tenant,
+                                     request->fleet(), request->version());
+                     if (!found.ok()) return found.status();
+                     *response = VersionToProto(found->state, found->version());
                      return absl::OkStatus();
                    });
 }
@@ -740,20 +733,27 @@ grpc::ServerUnaryReactor* CalibrationService::ReportInUse(
       context, "ReportInUse",
       [this, request](const std::string& tenant) -> absl::Status {
         double saturation = 0;
+        std::vector<double> layers;
+        int64_t dropped = 0;
         absl::StatusOr<FleetStore::Updated> updated = UpdateFleet(
             *options_.fleets, options_.fleet_limits, tenant, request->fleet(),
             [&](FleetState& s, VersionWrites&) -> absl::Status {
-              if (absl::Status st = s.ReportInUse({request->producer_id(), request->version(),
-                                                   request->saturation(), NowMs()},
-                                                  options_.fleet_limits);
-                  !st.ok()) {
-                return st;
-              }
+              InUseReport report{request->producer_id(), request->version(),
+                                 request->saturation(), NowMs(),
+                                 {request->layer_saturation().begin(),
+                                  request->layer_saturation().end()},
+                                 request->dropped_statistics()};
+              absl::StatusOr<int64_t> d = s.ReportInUse(std::move(report), options_.fleet_limits);
+              if (!d.ok()) return d.status();
+              dropped = *d;
               saturation = s.SaturationUnderCurrent();
+              layers = s.LayerSaturationUnderCurrent();
               return absl::OkStatus();
             });
         if (!updated.ok()) return updated.status();
         fleet_metrics_->Saturation(request->fleet(), saturation);
+        fleet_metrics_->LayerSaturation(request->fleet(), layers);
+        fleet_metrics_->DroppedStatistics(request->fleet(), dropped);
         return absl::OkStatus();
       });
 }
@@ -764,23 +764,44 @@ absl::Status CalibrationService::FleetScalesResponse(const std::string& tenant,
   if (!request.session_id().empty()) {
     return absl::InvalidArgumentError("session_id and fleet: give one");
   }
-  absl::StatusOr<FleetState> state =
-      LoadFleet(*options_.fleets, options_.fleet_limits, tenant, request.fleet());
-  if (!state.ok()) return state.status();
-  const int64_t id = request.version() != 0 ? request.version() : state->current();
-  if (id == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("fleet ", request.fleet(), " has no version yet: no window has published"));
-  }
-  absl::StatusOr<FinalScales> final = options_.fleets->GetScales(tenant, request.fleet(), id);
+  absl::StatusOr<FleetVersionRef> found = LoadVersion(
+      *options_.fleets, options_.fleet_limits, tenant, request.fleet(), request.version());
+  if (!found.ok()) return found.status();
+  absl::StatusOr<FinalScales> final =
+      options_.fleets->GetScales(tenant, request.fleet(), found->id);
   if (!final.ok()) return final.status();
-  const FleetVersion* version = state->Version(id);
-  if (version == nullptr) {
-    return absl::NotFoundError(absl::StrCat("version: ", id, " of fleet ", request.fleet(),
-                                            " is not retained"));
+  const Fleet& fleet = found->state.fleet();
+  return ScalesResponseFor(fleet.model, fleet.recipe, *final,
+                           VersionSession(found->state, found->version()), request, response);
+}
+
+absl::Status CalibrationService::FleetReportResponse(const std::string& tenant,
+                                                     const v1::ReportRequest& request,
+                                                     v1::ReportResponse* response) {
+  if (!request.session_id().empty()) {
+    return absl::InvalidArgumentError("session_id and fleet: give one");
   }
-  return ScalesResponseFor(state->fleet().model, state->fleet().recipe, *final,
-                           VersionSession(*state, *version), request, response);
+  absl::StatusOr<FleetVersionRef> found = LoadVersion(
+      *options_.fleets, options_.fleet_limits, tenant, request.fleet(), request.version());
+  if (!found.ok()) return found.status();
+  const FleetVersion& version = found->version();
+  if (version.windows.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("version: ", version.id, " of fleet ", request.fleet(), " names no window"));
+  }
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> window =
+      options_.store->LoadSession(version.windows.front().session_id, tenant);
+  if (!window.ok()) return window.status();
+  absl::StatusOr<SessionObservations> observations = (*window)->Observations();
+  if (!observations.ok()) return observations.status();
+  absl::StatusOr<FinalScales> scales =
+      options_.fleets->GetScales(tenant, request.fleet(), version.id);
+  if (!scales.ok()) return scales.status();
+  absl::StatusOr<std::string> report = VersionReportJson(BuildSessionReportJson(*observations),
+                                                         found->state, version, *scales);
+  if (!report.ok()) return report.status();
+  response->set_report_json(*std::move(report));
+  return absl::OkStatus();
 }
 
 }  // namespace caliper

@@ -1,8 +1,10 @@
 #include "server/fleet_metrics.h"
 
+#include <algorithm>
+
 namespace caliper {
 
-FleetMetrics::FleetMetrics(prometheus::Registry& registry)
+FleetMetrics::FleetMetrics(prometheus::Registry& registry, int saturation_layers)
     : current_(prometheus::BuildGauge()
                    .Name("caliper_fleet_current_version")
                    .Help("The version watchers of a fleet get (0: none yet), by fleet.")
@@ -21,8 +23,21 @@ FleetMetrics::FleetMetrics(prometheus::Registry& registry)
       saturation_(prometheus::BuildGauge()
                       .Name("caliper_fleet_saturation")
                       .Help("The most saturation an engine reported under the fleet's current "
-                            "version (fraction of K/V elements beyond the FP8 range), by fleet.")
+                            "version (fraction of K/V elements beyond the FP8 range; its worst "
+                            "layer), by fleet.")
                       .Register(registry)),
+      layer_saturation_(prometheus::BuildGauge()
+                            .Name("caliper_fleet_layer_saturation")
+                            .Help("The most saturation an engine reported under the fleet's "
+                                  "current version, by fleet and layer (the first "
+                                  "--fleet_saturation_layers layers).")
+                            .Register(registry)),
+      dropped_(prometheus::BuildCounter()
+                   .Name("caliper_fleet_dropped_statistics_total")
+                   .Help("Statistics engines of the fleet dropped (their queue full or Caliper "
+                         "unreachable), as ReportInUse reports them, by fleet.")
+                   .Register(registry)),
+      saturation_layers_(std::max(saturation_layers, 0)),
       opened_(prometheus::BuildCounter()
                   .Name("caliper_fleet_windows_opened_total")
                   .Help("Windows opened.")
@@ -69,6 +84,14 @@ void FleetMetrics::ForgetFleet(absl::string_view fleet) {
     (map == &current_by_fleet_ ? current_ : saturation_).Remove(it->second);
     map->erase(it);
   }
+  if (auto it = layer_saturation_by_fleet_.find(fleet); it != layer_saturation_by_fleet_.end()) {
+    for (prometheus::Gauge* g : it->second) layer_saturation_.Remove(g);
+    layer_saturation_by_fleet_.erase(it);
+  }
+  if (auto it = dropped_by_fleet_.find(fleet); it != dropped_by_fleet_.end()) {
+    dropped_.Remove(it->second);
+    dropped_by_fleet_.erase(it);
+  }
 }
 
 void FleetMetrics::Decision(absl::string_view reason, int64_t tokens) {
@@ -95,6 +118,27 @@ void FleetMetrics::Saturation(absl::string_view fleet, double saturation) {
              .first;
   }
   it->second->Set(saturation);
+}
+
+void FleetMetrics::LayerSaturation(absl::string_view fleet, const std::vector<double>& layers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<prometheus::Gauge*>& gauges = layer_saturation_by_fleet_[std::string(fleet)];
+  const size_t n = std::min(layers.size(), static_cast<size_t>(saturation_layers_));
+  while (gauges.size() < n) {
+    gauges.push_back(&layer_saturation_.Add(
+        {{"fleet", std::string(fleet)}, {"layer", std::to_string(gauges.size())}}));
+  }
+  for (size_t l = 0; l < gauges.size(); ++l) gauges[l]->Set(l < n ? layers[l] : 0.0);
+}
+
+void FleetMetrics::DroppedStatistics(absl::string_view fleet, int64_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = dropped_by_fleet_.find(fleet);
+  if (it == dropped_by_fleet_.end()) {
+    it = dropped_by_fleet_.emplace(std::string(fleet), &dropped_.Add({{"fleet", std::string(fleet)}}))
+             .first;
+  }
+  if (count > 0) it->second->Increment(static_cast<double>(count));
 }
 
 void FleetMetrics::CloseToPublish(double seconds) { close_to_publish_.Observe(seconds); }

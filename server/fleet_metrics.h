@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -19,7 +20,9 @@ namespace caliper {
 
 class FleetMetrics {
  public:
-  explicit FleetMetrics(prometheus::Registry& registry);
+  // `saturation_layers`: layers per fleet exported in caliper_fleet_layer_saturation (the
+  // first ones; the label limit of --fleet_saturation_layers).
+  FleetMetrics(prometheus::Registry& registry, int saturation_layers);
 
   void CurrentVersion(absl::string_view fleet, int64_t version);
   void ForgetFleet(absl::string_view fleet);
@@ -30,6 +33,10 @@ class FleetMetrics {
   void OpenRefused();  // OpenWindow for a weight version older than the newest
   void Watchers(int64_t count);
   void Saturation(absl::string_view fleet, double saturation);
+  // Per layer, the most saturation under the current version (layers beyond the limit left out).
+  void LayerSaturation(absl::string_view fleet, const std::vector<double>& layers);
+  // Statistics an engine of the fleet dropped since its previous report.
+  void DroppedStatistics(absl::string_view fleet, int64_t count);
   void CloseToPublish(double seconds);
 
  private:
@@ -37,6 +44,9 @@ class FleetMetrics {
   prometheus::Family<prometheus::Counter>& decisions_;
   prometheus::Family<prometheus::Counter>& closed_;
   prometheus::Family<prometheus::Gauge>& saturation_;
+  prometheus::Family<prometheus::Gauge>& layer_saturation_;
+  prometheus::Family<prometheus::Counter>& dropped_;
+  const int saturation_layers_;
   prometheus::Counter& opened_;
   prometheus::Counter& refused_;
   prometheus::Gauge& watchers_;
@@ -44,6 +54,8 @@ class FleetMetrics {
   prometheus::Histogram& close_to_publish_;
   std::mutex mu_;  // guards the label maps below
   std::map<std::string, prometheus::Gauge*, std::less<>> current_by_fleet_, saturation_by_fleet_;
+  std::map<std::string, std::vector<prometheus::Gauge*>, std::less<>> layer_saturation_by_fleet_;
+  std::map<std::string, prometheus::Counter*, std::less<>> dropped_by_fleet_;
 };
 
 }  // namespace caliper

@@ -163,10 +163,8 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       CompleteStream(status);
       return;
     }
+    // A window's token counts are part of what is committed (its session's K/V observers).
     service_->options_.flusher->WhenCommitted(partial_, [this, status](absl::Status committed) {
-      // A window's token counts are committed before the acknowledgement too, so a restart
-      // right after it decides on the tokens the stream delivered.
-      if (committed.ok() && window_ != nullptr) service_->CommitWindowTokens(session_id_);
       CompleteStream(status.ok() ? committed : status);
     });
   }
@@ -292,7 +290,6 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       }
       session_ = *std::move(session);
       session_id_ = chunk_.session_id();
-      window_ = service_->LiveWindowFor(*session_);
     } else if (!chunk_.session_id().empty() && chunk_.session_id() != session_id_) {
       session_->RecordRejected();
       RejectChunk(absl::InvalidArgumentError(
@@ -348,7 +345,6 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         summary_.set_accepted_bytes(summary_.accepted_bytes() +
                                      static_cast<int64_t>(chunk->data.size()));
         service_->metrics_->ChunkAccepted(chunk->kind, static_cast<int64_t>(chunk->data.size()));
-        if (window_ != nullptr) window_->Count(*chunk);
         if (chunk->statistics.has_value()) {
           service_->metrics_->StatisticsAccepted(
               chunk->kind, static_cast<int64_t>(chunk_.statistics().ByteSizeLong()),
@@ -427,7 +423,6 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   grpc::ByteBuffer request_;
   RawTensorChunk raw_;
   const v1::TensorChunk& chunk_ = raw_.header();  // every field but data, which stays in raw_
-  std::shared_ptr<LiveWindow> window_;  // when the session is a fleet's window
   std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
   std::shared_ptr<PartialFlusher::Partial> partial_;  // bound with session_
   std::optional<ProducerLedger::Stream> producer_;  // bound by the first chunk with a producer

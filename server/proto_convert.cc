@@ -123,6 +123,10 @@ absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto,
                                                    limits.max_layers));
   }
   fields.layer_types.assign(proto.layer_types().begin(), proto.layer_types().end());
+  fields.kv_lora_rank = proto.kv_lora_rank();
+  fields.qk_rope_head_dim = proto.qk_rope_head_dim();
+  fields.qk_nope_head_dim = proto.qk_nope_head_dim();
+  fields.v_head_dim = proto.v_head_dim();
   absl::StatusOr<ModelConfig> model =
       ModelFromFields(fields, ModelFieldNames::kModelConfig, "model.", limits);
   if (model.ok()) model->dtype = dtype;
@@ -140,6 +144,12 @@ v1::ModelDescription ModelToProto(const ModelConfig& model) {
   proto.set_hidden_size(model.hidden_size);
   if (model.dtype.has_value()) proto.set_dtype(std::string(DTypeName(*model.dtype)));
   for (LayerAttention kind : model.layer_attention) proto.add_layer_types(LayerAttentionName(kind));
+  if (model.mla.has_value()) {
+    proto.set_kv_lora_rank(model.mla->kv_lora_rank);
+    proto.set_qk_rope_head_dim(model.mla->qk_rope_head_dim);
+    proto.set_qk_nope_head_dim(model.mla->qk_nope_head_dim);
+    proto.set_v_head_dim(model.mla->v_head_dim);
+  }
   return proto;
 }
 

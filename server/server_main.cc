@@ -100,6 +100,8 @@ ABSL_FLAG(int, max_fleets, caliper::FleetLimits().max_fleets,
           "Fleets the server holds at once (all tenants; docs/fleets.md)");
 ABSL_FLAG(int, max_watchers, caliper::FleetLimits().max_watchers,
           "WatchScales streams open at once");
+ABSL_FLAG(int, fleet_saturation_layers, caliper::ServiceOptions().fleet_saturation_layers,
+          "Layers per fleet exported in caliper_fleet_layer_saturation (the first ones)");
 ABSL_FLAG(int, max_modules_per_session, caliper::Limits().max_modules_per_session,
           "Distinct NVFP4 modules a session may track (a 61-layer, 384-expert MoE has ~70k)");
 ABSL_FLAG(absl::Duration, stream_idle_timeout, caliper::ServiceOptions().stream_idle_timeout,
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
   options.service.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.service.fleet_limits.max_fleets = absl::GetFlag(FLAGS_max_fleets);
   options.service.fleet_limits.max_watchers = absl::GetFlag(FLAGS_max_watchers);
+  options.service.fleet_saturation_layers = absl::GetFlag(FLAGS_fleet_saturation_layers);
   options.service.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);

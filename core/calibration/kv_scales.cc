@@ -136,6 +136,51 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
   return out;
 }
 
+KvScales FinalizeMlaKvScales(absl::Span<const KvLayerObserver> layers, Fp8Flavor flavor,
+                             const KvScaleRule& rule) {
+  const bool moving_average = rule.observer == KvObserverKind::kMinMax;
+  // The parts' own absmax (and their warnings: "layer 3 K" would name the wrong thing, so the
+  // per-part pass is only used for its numbers).
+  KvScales parts = FinalizeKvScales(layers, KvGranularity::kPerTensor, flavor, rule);
+  KvScales out;
+  out.granularity = KvGranularity::kPerTensor;
+  out.flavor = flavor;
+  out.num_kv_heads = 1;
+  const float qmax = Fp8Max(flavor);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const KvLayerObserver& layer = layers[l];
+    const float latent = parts.k_absmax[l][0], rope = parts.v_absmax[l][0];
+    auto observed = [](const std::vector<int64_t>& tokens) {
+      return !tokens.empty() && tokens[0] > 0;
+    };
+    const bool latent_seen = observed(layer.k_tokens), rope_seen = observed(layer.v_tokens);
+    const std::string where = absl::StrCat("layer ", l, " MLA cache");
+    if (latent_seen != rope_seen) {
+      out.warnings.push_back(
+          {where, absl::StrCat(latent_seen ? "k_pe" : "kv_c_normed",
+                               " never observed; the entry's scale covers the other part only")});
+    }
+    float entry = (std::isnan(latent) || std::isnan(rope)) ? NAN : std::max(latent, rope);
+    if (moving_average) {
+      // One range per batch over both parts, then the same moving average as one head.
+      KvLayerObserver merged(1);
+      merged.k_batches = layer.k_batches;
+      for (const auto& [batch, ranges] : layer.v_batches) merged.k_batches[batch].Merge(ranges);
+      entry = merged.MovingAverageAbsMax(KvKind::kKey, true, rule.averaging_constant,
+                                         rule.arithmetic)[0];
+    }
+    const float scale = ScaleOrWarn(entry, latent_seen || rope_seen, qmax, rule.arithmetic,
+                                    where, out.warnings);
+    out.mla_latent_absmax.push_back(latent);
+    out.mla_rope_absmax.push_back(rope);
+    out.k_absmax.push_back({entry});
+    out.v_absmax.push_back({entry});
+    out.k.push_back({scale});
+    out.v.push_back({scale});
+  }
+  return out;
+}
+
 float CompressedTensorsKvScale(float absmax, float scale) {
   if (!std::isfinite(absmax)) return scale;
   return absmax / Fp8Max(Fp8Flavor::kE4M3FN) < kFloat32Eps ? kFloat32Eps : scale;

@@ -35,6 +35,10 @@ struct KvScales {
   // (linear attention) has empty rows: it has no K/V (or Q) scales.
   std::vector<LayerAttention> layer_attention;
   std::vector<ScaleWarning> warnings;    // one per zero, non-finite or unobserved entry
+  // MLA models only (else empty): per layer, the absmax of each cached part, kv_c_normed
+  // (latent) and k_pe (rope). k / v then hold the one scale of the cached entry (both equal),
+  // k_absmax / v_absmax its absmax: max of the parts, so neither part saturates.
+  std::vector<float> mla_latent_absmax, mla_rope_absmax;
 };
 
 // How the observed statistics become absmax and scales: the observer (kMinMax averages per-batch
@@ -65,6 +69,15 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
                           absl::Span<const LayerAttention> layer_attention = {});
 // Whether layer `layer` of `scales` has K/V scales (a KV cache).
 bool KvLayerHasScales(const KvScales& scales, size_t layer);
+
+// MLA: one per-tensor scale per layer for the cached entry [kv_c_normed | k_pe], the way vLLM
+// and SGLang quantize it (one scale for both parts). Each layer observer holds kv_c_normed in
+// its K slot and k_pe in its V slot (one head: the latent is shared by every attention head).
+// The entry's absmax is the max of both parts (kMinMax: the moving average of the per-batch
+// range over both parts); a part never observed while the other was gets a warning naming it.
+// Histogram observers are not defined for MLA (the caller refuses them).
+KvScales FinalizeMlaKvScales(absl::Span<const KvLayerObserver> layers, Fp8Flavor flavor,
+                             const KvScaleRule& rule = KvScaleRule());
 
 // torch.finfo(torch.float32).eps: compressed-tensors clamps every FP8 scale to at least this.
 inline constexpr float kFloat32Eps = 1.1920929e-07f;

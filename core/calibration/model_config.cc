@@ -45,6 +45,65 @@ absl::StatusOr<LayerAttention> ParseLayerType(const std::string& name, const std
       "\" (known: full_attention, sliding_attention, linear_attention)"));
 }
 
+// MLA: the four dims all present and within max_head_dim, the cache entry too; then the cache
+// geometry is one latent per token (vLLM's get_num_kv_heads / get_head_size for MLA).
+absl::Status ApplyMla(const ModelFields& fields, bool json_names, absl::string_view prefix,
+                      const ModelLimits& limits, ModelConfig* config) {
+  auto name = [&](const char* key) {
+    return json_names ? absl::StrCat("\"", key, "\"") : absl::StrCat(prefix, key);
+  };
+  struct Dim {
+    const char* key;
+    int64_t value;
+  };
+  const Dim dims[] = {{"kv_lora_rank", fields.kv_lora_rank},
+                      {"qk_rope_head_dim", fields.qk_rope_head_dim},
+                      {"qk_nope_head_dim", fields.qk_nope_head_dim},
+                      {"v_head_dim", fields.v_head_dim}};
+  if (fields.kv_lora_rank == 0) {
+    for (const Dim& dim : dims) {
+      if (dim.value != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name(dim.key), ": set without ", name("kv_lora_rank"),
+            " (MLA needs kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and v_head_dim)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (const Dim& dim : dims) {
+    if (dim.value == 0) {
+      return absl::InvalidArgumentError(
+          json_names ? absl::StrCat("missing key ", name(dim.key), " (MLA: ",
+                                    name("kv_lora_rank"), " is set)")
+                     : absl::StrCat(name(dim.key), ": required with kv_lora_rank (MLA)"));
+    }
+    if (dim.value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(dim.key), ": must be positive, got ", dim.value));
+    }
+    if (absl::Status s = CheckLimit(name(dim.key), dim.value, "max_head_dim", limits.max_head_dim);
+        !s.ok()) {
+      return s;
+    }
+  }
+  const int64_t entry = fields.kv_lora_rank + fields.qk_rope_head_dim;
+  if (absl::Status s = CheckLimit(absl::StrCat(name("kv_lora_rank"), " + ",
+                                               name("qk_rope_head_dim")),
+                                  entry, "max_head_dim", limits.max_head_dim);
+      !s.ok()) {
+    return s;
+  }
+  MlaConfig mla;
+  mla.kv_lora_rank = static_cast<int>(fields.kv_lora_rank);
+  mla.qk_rope_head_dim = static_cast<int>(fields.qk_rope_head_dim);
+  mla.qk_nope_head_dim = static_cast<int>(fields.qk_nope_head_dim);
+  mla.v_head_dim = static_cast<int>(fields.v_head_dim);
+  config->mla = mla;
+  config->num_kv_heads = 1;
+  config->head_dim = static_cast<int>(entry);
+  return absl::OkStatus();
+}
+
 // ModelFromFields without the prefix on config.json errors (ModelFromFields adds it).
 absl::StatusOr<ModelConfig> BuildModel(const ModelFields& fields, bool json_names,
                                        absl::string_view prefix, const ModelLimits& limits) {
@@ -104,7 +163,8 @@ absl::StatusOr<ModelConfig> BuildModel(const ModelFields& fields, bool json_name
   config.num_kv_heads = static_cast<int>(fields.num_kv_heads > 0 ? fields.num_kv_heads
                                                                  : fields.num_attention_heads);
   config.hidden_size = static_cast<int>(fields.hidden_size);
-  if (fields.head_dim > 0) {
+  if (fields.head_dim > 0 || fields.kv_lora_rank > 0) {
+    // MLA sets the cache's head_dim from its own dims (ApplyMla).
     config.head_dim = static_cast<int>(fields.head_dim);
   } else if (fields.hidden_size == 0) {
     return absl::InvalidArgumentError(
@@ -121,6 +181,7 @@ absl::StatusOr<ModelConfig> BuildModel(const ModelFields& fields, bool json_name
       return s;
     }
   }
+  if (absl::Status s = ApplyMla(fields, json_names, prefix, limits, &config); !s.ok()) return s;
   if (config.num_kv_heads > limits.max_kv_heads) {
     return CheckLimit(kv_heads, config.num_kv_heads, "max_kv_heads", limits.max_kv_heads);
   }
@@ -197,7 +258,11 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, const Mod
   for (Key key : {Key{"num_hidden_layers", &fields.num_layers},
                   Key{"num_attention_heads", &fields.num_attention_heads},
                   Key{"num_key_value_heads", &fields.num_kv_heads},
-                  Key{"head_dim", &fields.head_dim}, Key{"hidden_size", &fields.hidden_size}}) {
+                  Key{"head_dim", &fields.head_dim}, Key{"hidden_size", &fields.hidden_size},
+                  Key{"kv_lora_rank", &fields.kv_lora_rank},
+                  Key{"qk_rope_head_dim", &fields.qk_rope_head_dim},
+                  Key{"qk_nope_head_dim", &fields.qk_nope_head_dim},
+                  Key{"v_head_dim", &fields.v_head_dim}}) {
     absl::StatusOr<int64_t> value = PositiveInt(FindKey(root, key.key), key.key);
     if (!value.ok()) return value.status();
     *key.value = *value;
@@ -285,6 +350,16 @@ absl::Status ValidateModelConfig(const ModelConfig& config, const ModelLimits& l
   for (LayerAttention kind : config.layer_attention) {
     fields.layer_types.push_back(LayerAttentionName(kind));
   }
+  if (config.mla.has_value()) {
+    fields.kv_lora_rank = config.mla->kv_lora_rank;
+    fields.qk_rope_head_dim = config.mla->qk_rope_head_dim;
+    fields.qk_nope_head_dim = config.mla->qk_nope_head_dim;
+    fields.v_head_dim = config.mla->v_head_dim;
+    if (fields.kv_lora_rank <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_lora_rank: must be positive, got ", fields.kv_lora_rank));
+    }
+  }
   if (config.num_kv_heads <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_kv_heads: must be positive, got ", config.num_kv_heads));
@@ -294,7 +369,21 @@ absl::Status ValidateModelConfig(const ModelConfig& config, const ModelLimits& l
         absl::StrCat("head_dim: must be positive, got ", config.head_dim));
   }
   absl::StatusOr<ModelConfig> built = ModelFromFields(fields, ModelFieldNames::kModelConfig, "", limits);
-  return built.status();
+  if (!built.ok()) return built.status();
+  if (built->num_kv_heads != config.num_kv_heads || built->head_dim != config.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_kv_heads/head_dim: ", config.num_kv_heads, "/", config.head_dim,
+        " do not match the model's cache (", built->num_kv_heads, "/", built->head_dim, ")"));
+  }
+  return absl::OkStatus();
+}
+
+int MlaPartWidth(const MlaConfig& mla, bool key) {
+  return key ? mla.kv_lora_rank : mla.qk_rope_head_dim;
+}
+
+int KvChunkWidth(const ModelConfig& model, bool key) {
+  return model.mla.has_value() ? MlaPartWidth(*model.mla, key) : model.head_dim;
 }
 
 }  // namespace caliper

@@ -285,6 +285,8 @@ void KvLayerObserver::Merge(const KvLayerObserver& other) {
     if (into.size() < from.size()) into.resize(from.size(), 0);
     for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
   };
+  k_rank0_tokens += other.k_rank0_tokens;
+  v_rank0_tokens += other.v_rank0_tokens;
   auto merge_hist = [](std::vector<MagnitudeHistogram>& into,
                        const std::vector<MagnitudeHistogram>& from) {
     if (into.size() < from.size()) into.resize(from.size());

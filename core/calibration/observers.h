@@ -105,6 +105,10 @@ struct KvLayerObserver {
 
   std::vector<float> k_absmax, v_absmax;     // per original head, seeded with 0
   std::vector<int64_t> k_tokens, v_tokens;   // tokens seen per original head
+  // Tokens from TP rank 0 chunks only, summed over replicas: every rank of a replica sees the
+  // same tokens, so this counts each once (a fleet window's count, core/fleet/window.h). Set
+  // by the session, which knows the chunk's rank; committed with the rest of the observer.
+  int64_t k_rank0_tokens = 0, v_rank0_tokens = 0;
   // Per original head, only for recipes that ask for histograms (else empty). Replicas under
   // TP > heads each add their copy: counts scale, fractions (all that observers use) do not.
   std::vector<MagnitudeHistogram> k_hist, v_hist;

@@ -651,6 +651,75 @@ bool ExpertOfModule(const std::string& module, std::string* layer_key, int* expe
   return true;
 }
 
+// MLA models (config.json kv_lora_rank): one cached entry [kv_c_normed | k_pe] per token, which
+// vLLM 0.32 quantizes with k_scale alone (docs/mla.md).
+constexpr char kVllmMlaWrite[] =
+    "vLLM 0.32 layers/attention/mla_attention.py MLAAttention.forward: update_kv_cache(..., "
+    "self._k_scale) -> concat_and_cache_mla(kv_c_normed, k_pe, ..., scale=k_scale)";
+constexpr char kVllmMlaNames[] =
+    "vLLM 0.32 model_loader/weight_utils.py maybe_remap_kv_scale_name: \".k_scale\" -> "
+    "\".attn.k_scale\"; the MLA attention is self_attn.mla_attn.mla_attn (models/deepseek_v2.py, "
+    "layers/mla.py); only .self_attn.k_proj.k_scale / v_proj.v_scale map onto it";
+constexpr char kNotRead[] = "not read for this engine by Caliper";
+
+std::vector<EngineRow> MlaRows(CheckSeverity vllm, std::string vllm_effect, const char* evidence) {
+  std::vector<EngineRow> rows = {{CheckEngine::kVllm, vllm, std::move(vllm_effect), evidence}};
+  for (CheckEngine e : {CheckEngine::kSglang, CheckEngine::kTensorRtLlm, CheckEngine::kLightLlm}) {
+    rows.push_back({e, CheckSeverity::kNone, "not established", kNotRead});
+  }
+  return rows;
+}
+
+void CheckMla(const ScaleSet& scales, Collector* out) {
+  if (!scales.model.has_value() || !scales.model->mla.has_value()) return;
+  for (const auto& [layer, kv] : scales.kv) {
+    for (const auto* t : {&kv.k, &kv.v}) {
+      if (!t->has_value()) continue;
+      const ScaleValues& tensor = **t;
+      // A name vLLM's MLA loader drops (what llm-compressor writes: self_attn.k_scale).
+      if (scales.format != kFormatLightLlm && !absl::StrContains(tensor.tensor, "_proj.") &&
+          !absl::StrContains(tensor.tensor, "mla_attn.")) {
+        CheckFinding& f = out->Add(
+            "mla-kv-scale-name", tensor.tensor, "name",
+            "an MLA model's K/V scale under a name vLLM's MLA loader does not resolve: it is "
+            "not loaded and the cache runs at 1.0; name it self_attn.k_proj.k_scale / "
+            "self_attn.v_proj.v_scale",
+            MlaRows(CheckSeverity::kDegrades,
+                    "warns \"k_scale is not loaded\" and quantizes the MLA cache with 1.0",
+                    kVllmMlaNames));
+        f.details["layer"] = layer;
+      }
+      if (tensor.values.size() > 1) {
+        CheckFinding& f = out->Add(
+            "mla-kv-per-head", tensor.tensor, absl::StrCat(tensor.values.size(), " values"),
+            "an MLA cache holds one latent per token shared by every head: its scale is one "
+            "value, not one per head",
+            MlaRows(CheckSeverity::kBreaks,
+                    "load error: the MLA attention's k_scale / v_scale hold one element",
+                    kVllmMlaWrite));
+        f.details["layer"] = layer;
+      }
+    }
+    // vLLM applies k_scale to the whole entry: a larger v_scale (llm-compressor's is k_pe's
+    // absmax) means k_pe is clipped by that ratio.
+    if (Usable(kv.k) && Usable(kv.v) && kv.k->values[0] > 0 &&
+        kv.v->values[0] > kv.k->values[0] * (1.0f + 1e-6f)) {
+      const double ratio = kv.v->values[0] / kv.k->values[0];
+      CheckFinding& f = out->Add(
+          "mla-k-below-v", kv.k->tensor, absl::StrFormat("ratio %.3g", ratio),
+          absl::StrCat("k_scale is ", Num(kv.k->values[0]), " and v_scale ",
+                       Num(kv.v->values[0]), ": an engine quantizing the MLA entry with k_scale "
+                       "alone clips the larger part (k_pe when v_scale is its absmax) up to ",
+                       absl::StrFormat("%.3g", ratio), "x"),
+          MlaRows(CheckSeverity::kDegrades,
+                  "silent accuracy loss: the cache uses k_scale only, v_scale is not read",
+                  kVllmMlaWrite));
+      f.details["layer"] = layer;
+      f.details["ratio"] = ratio;
+    }
+  }
+}
+
 std::vector<CheckFinding> CheckScaleSet(const ScaleSet& scales, const CheckOptions& options) {
   Collector out(options);
   for (const auto& [name, module] : scales.modules) {
@@ -664,6 +733,7 @@ std::vector<CheckFinding> CheckScaleSet(const ScaleSet& scales, const CheckOptio
   CheckFusedGroups(scales, &out);
   CheckExperts(scales, options, &out);
   CheckKv(scales, options, &out);
+  CheckMla(scales, &out);
   CheckConfig(scales, &out);
   CheckBlockScales(scales, &out);
   std::vector<CheckFinding> findings = out.Take();

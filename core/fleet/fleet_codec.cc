@@ -84,6 +84,9 @@ class Reader {
     return v;
   }
   std::string Path(absl::string_view key) const { return absl::StrCat(path_, ".", key); }
+  bool Has(absl::string_view key) const {
+    return j_.is_object() && j_.find(std::string(key)) != j_.end();
+  }
 
  private:
   const json& j_;
@@ -264,10 +267,14 @@ absl::StatusOr<std::string> EncodeFleetState(const FleetState& state) {
   for (const Window& w : parts.windows) windows.push_back(WindowJson(w));
   for (const FleetVersion& v : parts.versions) versions.push_back(VersionJson(v));
   for (const InUseReport& r : parts.in_use) {
-    in_use.push_back({{"producer_id", r.producer_id},
-                      {"version", r.version},
-                      {"saturation", r.saturation},
-                      {"unix_ms", r.unix_ms}});
+    json report = {{"producer_id", r.producer_id},
+                   {"version", r.version},
+                   {"saturation", r.saturation},
+                   {"unix_ms", r.unix_ms}};
+    // Absent in records written before they existed (and when empty / zero).
+    if (!r.layer_saturation.empty()) report["layer_saturation"] = r.layer_saturation;
+    if (r.dropped_statistics != 0) report["dropped_statistics"] = r.dropped_statistics;
+    in_use.push_back(std::move(report));
   }
   const PublishPolicy& p = parts.fleet.policy;
   json out = {
@@ -396,7 +403,21 @@ absl::StatusOr<FleetState> DecodeFleetState(absl::string_view bytes,
          {producer.status(), version.status(), saturation.status(), ms.status()}) {
       if (!s.ok()) return s;
     }
-    parts.in_use.push_back({*producer, *version, *saturation, *ms});
+    InUseReport report{*producer, *version, *saturation, *ms, {}, 0};
+    if (u.Has("layer_saturation")) {
+      absl::StatusOr<const json*> layer = u.Array("layer_saturation", static_cast<size_t>(layers));
+      if (!layer.ok()) return layer.status();
+      for (const json& s : **layer) {
+        if (!s.is_number()) return Bad(u.Path("layer_saturation"), "entry is not a number");
+        report.layer_saturation.push_back(s.get<double>());
+      }
+    }
+    if (u.Has("dropped_statistics")) {
+      absl::StatusOr<int64_t> dropped = u.Int("dropped_statistics", 0, INT64_MAX);
+      if (!dropped.ok()) return dropped.status();
+      report.dropped_statistics = *dropped;
+    }
+    parts.in_use.push_back(std::move(report));
   }
   absl::StatusOr<int64_t> pinned = r.Int("pinned", 0, INT64_MAX);
   absl::StatusOr<int64_t> newest = r.Int("newest", 0, INT64_MAX);

@@ -66,6 +66,16 @@ absl::StatusOr<FleetState::Opened> FleetState::OpenWindow(absl::string_view weig
   return out;
 }
 
+bool FleetState::RecordTokens(absl::string_view session_id, const WindowTokens& committed) {
+  for (Window& w : windows_) {
+    if (w.session_id != session_id || w.state != WindowState::kOpen) continue;
+    const WindowTokens before = w.tokens;
+    w.tokens.Raise(committed);
+    return !(w.tokens == before);
+  }
+  return false;
+}
+
 void FleetState::AddTokens(absl::string_view session_id, const WindowTokens& tokens) {
   for (Window& w : windows_) {
     if (w.session_id == session_id && w.state == WindowState::kOpen) w.tokens.Add(tokens);
@@ -153,7 +163,20 @@ absl::Status FleetState::Pin(int64_t id) {
   return absl::OkStatus();
 }
 
-absl::Status FleetState::ReportInUse(InUseReport report, const FleetLimits& limits) {
+double InUseReport::Worst(int* layer) const {
+  double worst = saturation;
+  int at = -1;
+  for (size_t l = 0; l < layer_saturation.size(); ++l) {
+    if (layer_saturation[l] > worst) {
+      worst = layer_saturation[l];
+      at = static_cast<int>(l);
+    }
+  }
+  if (layer != nullptr) *layer = at;
+  return worst;
+}
+
+absl::StatusOr<int64_t> FleetState::ReportInUse(InUseReport report, const FleetLimits& limits) {
   if (report.producer_id.empty()) {
     return absl::InvalidArgumentError("producer_id: required");
   }
@@ -170,12 +193,31 @@ absl::Status FleetState::ReportInUse(InUseReport report, const FleetLimits& limi
     return absl::InvalidArgumentError(
         absl::StrCat("saturation: ", report.saturation, " must be a fraction in [0, 1]"));
   }
-  for (InUseReport& r : in_use_) {
-    if (r.producer_id == report.producer_id) {
-      r = std::move(report);
-      return absl::OkStatus();
+  if (report.layer_saturation.size() > static_cast<size_t>(fleet_.model.num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer_saturation: ", report.layer_saturation.size(), " entries, more than the model's ",
+        fleet_.model.num_layers, " layers"));
+  }
+  for (size_t l = 0; l < report.layer_saturation.size(); ++l) {
+    const double s = report.layer_saturation[l];
+    if (!std::isfinite(s) || s < 0 || s > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer_saturation[", l, "]: ", s, " must be a fraction in [0, 1]"));
     }
   }
+  if (report.dropped_statistics < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dropped_statistics: ", report.dropped_statistics, " must be a count >= 0"));
+  }
+  for (InUseReport& r : in_use_) {
+    if (r.producer_id == report.producer_id) {
+      const int64_t before = r.dropped_statistics;
+      const int64_t now = report.dropped_statistics;
+      r = std::move(report);
+      return now >= before ? now - before : now;  // a smaller total: the engine restarted
+    }
+  }
+  const int64_t dropped = report.dropped_statistics;
   in_use_.push_back(std::move(report));
   if (static_cast<int>(in_use_.size()) > limits.max_in_use_reports) {
     auto oldest = std::min_element(in_use_.begin(), in_use_.end(),
@@ -184,15 +226,35 @@ absl::Status FleetState::ReportInUse(InUseReport report, const FleetLimits& limi
                                    });
     in_use_.erase(oldest);
   }
-  return absl::OkStatus();
+  return dropped;
 }
 
-double FleetState::SaturationUnderCurrent() const {
+double FleetState::SaturationUnderCurrent(int* layer) const {
   double most = 0.0;
+  int at = -1;
   for (const InUseReport& r : in_use_) {
-    if (r.version == current()) most = std::max(most, r.saturation);
+    if (r.version != current()) continue;
+    int worst_layer = -1;
+    const double worst = r.Worst(&worst_layer);
+    if (worst > most) {
+      most = worst;
+      at = worst_layer;
+    }
   }
+  if (layer != nullptr) *layer = at;
   return most;
+}
+
+std::vector<double> FleetState::LayerSaturationUnderCurrent() const {
+  std::vector<double> out;
+  for (const InUseReport& r : in_use_) {
+    if (r.version != current()) continue;
+    if (out.size() < r.layer_saturation.size()) out.resize(r.layer_saturation.size(), 0.0);
+    for (size_t l = 0; l < r.layer_saturation.size(); ++l) {
+      out[l] = std::max(out[l], r.layer_saturation[l]);
+    }
+  }
+  return out;
 }
 
 FleetState::Catchup FleetState::After(int64_t after) const {

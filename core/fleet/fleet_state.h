@@ -41,6 +41,10 @@ struct InUseReport {
   int64_t version = 0;
   double saturation = 0.0;  // fraction of its K/V elements beyond the FP8 range of `version`
   int64_t unix_ms = 0;
+  std::vector<double> layer_saturation;  // the same per layer (may be empty)
+  int64_t dropped_statistics = 0;        // the engine's running total of statistics not sent
+  // The worst of `saturation` and every layer's, and the layer it is at (-1: `saturation`).
+  double Worst(int* layer = nullptr) const;
 };
 
 // Changes a state update asks the store to make to version scales in the same commit.
@@ -84,6 +88,9 @@ class FleetState {
 
   // Adds K/V tokens counted by a replica to an open window (ignored once closed).
   void AddTokens(absl::string_view session_id, const WindowTokens& tokens);
+  // Raises an open window's counts to what its session committed (ignored once closed; a
+  // lagging read never lowers them). True when a count moved.
+  bool RecordTokens(absl::string_view session_id, const WindowTokens& committed);
 
   // Records the close of an open window and the policy's decision on it. When it publishes, the
   // version takes the next id, its scales go to `writes`, retention runs. FailedPrecondition
@@ -100,9 +107,14 @@ class FleetState {
   void Unpin() { pinned_ = 0; }
 
   // Keeps the engine's last report (bounded by max_in_use_reports: the oldest report goes).
-  absl::Status ReportInUse(InUseReport report, const FleetLimits& limits);
-  // The most saturation any engine reported running the current version.
-  double SaturationUnderCurrent() const;
+  // Returns how many statistics the engine dropped since its previous report (its running
+  // total's increase; the whole total when it restarted or is new).
+  absl::StatusOr<int64_t> ReportInUse(InUseReport report, const FleetLimits& limits);
+  // The most saturation any engine reported running the current version (its worst layer),
+  // and in `layer` that layer (-1 when no layer was reported worse than the whole).
+  double SaturationUnderCurrent(int* layer = nullptr) const;
+  // Per layer, the most saturation any engine reported running the current version.
+  std::vector<double> LayerSaturationUnderCurrent() const;
 
   // Versions after `after` a watcher resuming there must get, oldest first: the retained ones
   // up to the current one (just the pinned one while pinned). `gap` when some version after

@@ -207,6 +207,9 @@ PublishDecision DecidePublish(const PublishPolicy& policy, const FinalScales& ca
   } else if (current->saturation > policy.max_saturation) {
     out.reason = PublishReason::kSaturation;
     out.detail = absl::StrCat("engines reported saturation ", current->saturation,
+                              current->saturation_layer >= 0
+                                  ? absl::StrCat(" at layer ", current->saturation_layer)
+                                  : "",
                               " under the current version (> max_saturation=",
                               policy.max_saturation, ")");
   } else {

@@ -41,6 +41,7 @@ struct PublishBase {
   std::string weight_version;
   const FinalScales* scales = nullptr;
   double saturation = 0.0;  // the most any engine reported running it (fraction of K/V elements)
+  int saturation_layer = -1;  // the layer it was at, -1 when reported for the whole model
 };
 
 struct PublishDecision {

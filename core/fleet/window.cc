@@ -53,6 +53,24 @@ std::optional<WindowTokens> WindowTokens::FromCounts(std::vector<int64_t> k,
   return out;
 }
 
+WindowTokens WindowTokens::Committed(const SessionStatus& status, int num_layers) {
+  WindowTokens out(num_layers);
+  const size_t n = std::min(status.layers.size(), static_cast<size_t>(std::max(num_layers, 0)));
+  for (size_t l = 0; l < n; ++l) {
+    out.k_[l] = status.layers[l].k_rank0_tokens;
+    out.v_[l] = status.layers[l].v_rank0_tokens;
+  }
+  return out;
+}
+
+void WindowTokens::Raise(const WindowTokens& other) {
+  const size_t n = std::min(k_.size(), other.k_.size());
+  for (size_t l = 0; l < n; ++l) {
+    k_[l] = std::max(k_[l], other.k_[l]);
+    v_[l] = std::max(v_[l], other.v_[l]);
+  }
+}
+
 absl::string_view WindowCloseReasonName(WindowCloseReason reason) {
   switch (reason) {
     case WindowCloseReason::kTokens: return "tokens";

@@ -1,7 +1,9 @@
 // A calibration window: a session bound to a fleet and a weight version, open until its policy
 // closes it. WindowTokens counts the K/V tokens a window saw per layer from TP rank 0 of each
 // replica only (every rank of a replica sees the same tokens), so a window's count is the
-// minimum over layers of min(K, V): the tokens every layer has seen.
+// minimum over layers of min(K, V): the tokens every layer has seen. The counts are the
+// session's own (KvLayerObserver's rank 0 counts, committed with its statistics), so a chunk
+// counts exactly when its statistics do.
 #ifndef CALIPER_CORE_FLEET_WINDOW_H_
 #define CALIPER_CORE_FLEET_WINDOW_H_
 
@@ -33,6 +35,12 @@ class WindowTokens {
   const std::vector<int64_t>& v() const { return v_; }
   // Rebuilds from stored counts (each >= 0, the two of one size).
   static std::optional<WindowTokens> FromCounts(std::vector<int64_t> k, std::vector<int64_t> v);
+  // What the window's session committed (SessionStatus::layers' TP rank 0 counts): the count
+  // always matches the statistics the store holds, merged in the same transaction.
+  static WindowTokens Committed(const SessionStatus& status, int num_layers);
+  // Raises each layer's counts to `other`'s where higher (sizes as this one's).
+  void Raise(const WindowTokens& other);
+  bool operator==(const WindowTokens& other) const = default;
 
  private:
   std::vector<int64_t> k_, v_;

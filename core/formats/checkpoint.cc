@@ -1,6 +1,7 @@
 #include "core/formats/checkpoint.h"
 
 #include <algorithm>
+#include <regex>
 #include <set>
 #include <utility>
 
@@ -24,6 +25,15 @@ bool IsPlainFileName(const std::string& name) {
 }
 
 }  // namespace
+
+std::string DetectLayersPrefix(const std::vector<std::string>& names) {
+  static const std::regex pattern(R"(^(.*layers\.)\d+\.self_attn\..*)");
+  std::smatch match;
+  for (const std::string& name : names) {
+    if (std::regex_match(name, match, pattern)) return match[1];
+  }
+  return "model.layers.";
+}
 
 bool IsQuantizableLinearWeight(const SafetensorsEntry& entry) {
   return absl::EndsWith(entry.name, ".weight") && entry.shape.size() == 2 &&

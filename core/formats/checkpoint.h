@@ -27,6 +27,10 @@ inline constexpr char kSingleSafetensorsName[] = "model.safetensors";
 // embeddings and lm_head (the same rule the client's weight streaming uses).
 bool IsQuantizableLinearWeight(const SafetensorsEntry& entry);
 
+// The prefix before the layer index in a checkpoint's tensor names: "model.layers." for text
+// models, "model.language_model.layers." etc. for wrapped ones (the first attention tensor says).
+std::string DetectLayersPrefix(const std::vector<std::string>& names);
+
 class HfCheckpoint {
  public:
   // Reads the index (or lists the single file / *.safetensors). NotFound when `dir` has no

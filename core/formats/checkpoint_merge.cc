@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 #include <utility>
 
@@ -29,16 +28,6 @@ absl::StatusOr<ojson> ParseObject(const std::string& text, const std::string& wh
     return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
   }
   return parsed;
-}
-
-// "model.layers." for text models, "model.language_model.layers." etc. for wrapped ones.
-std::string DetectLayersPrefix(const std::vector<std::string>& names) {
-  static const std::regex pattern(R"(^(.*layers\.)\d+\.self_attn\..*)");
-  std::smatch match;
-  for (const std::string& name : names) {
-    if (std::regex_match(name, match, pattern)) return match[1];
-  }
-  return "model.layers.";
 }
 
 // The ignore list the scale file was rendered with, when it says.

@@ -58,7 +58,7 @@ absl::StatusOr<std::string> CompressedTensorsScalesFile(const RenderInputs& inpu
         for (size_t h = 0; l < absmax.size() && h < absmax[l].size() && h < row.size(); ++h) {
           row[h] = CompressedTensorsKvScale(absmax[l][h], row[h]);
         }
-        absl::Status s = writer.Add(absl::StrCat(LayerPrefix(inputs, l), key ? "k" : "v", "_scale"),
+        absl::Status s = writer.Add(absl::StrCat(LayerPrefix(inputs, l), KvScaleLeaf(inputs, key)),
                                     "F32", shape, FloatBytes(row));
         if (!s.ok()) return s;
       }

@@ -27,6 +27,15 @@ std::string LayerPrefix(const RenderInputs& inputs, size_t layer) {
   return absl::StrCat(inputs.layers_prefix, layer, ".self_attn.");
 }
 
+std::string KvScaleLeaf(const RenderInputs& inputs, bool key) {
+  // vLLM 0.32's maybe_remap_kv_scale_name maps "<attn>.k_scale" to "<attn>.attn.k_scale", which
+  // its DeepSeek MLA attention does not have ("...self_attn.mla_attn.mla_attn.k_scale"): the scale
+  // is dropped with a warning and the cache runs at 1.0. Its k_proj / v_proj pattern resolves to
+  // the MLA attention (docs/mla.md).
+  if (inputs.model.mla.has_value()) return key ? "k_proj.k_scale" : "v_proj.v_scale";
+  return key ? "k_scale" : "v_scale";
+}
+
 std::vector<std::string> IgnoreList(const RenderInputs& inputs, bool modelopt) {
   if (!inputs.ignore.empty()) return inputs.ignore;
   std::vector<std::string> out = {"lm_head"};

@@ -22,6 +22,9 @@ inline constexpr float kE4M3FnMax = 448.0f;
 std::string FloatBytes(absl::Span<const float> values);
 // "<layers_prefix><layer>.self_attn."
 std::string LayerPrefix(const RenderInputs& inputs, size_t layer);
+// The compressed-tensors K / V scale tensor after LayerPrefix: "k_scale" / "v_scale", or for MLA
+// models "k_proj.k_scale" / "v_proj.v_scale" (the names vLLM's MLA loader resolves).
+std::string KvScaleLeaf(const RenderInputs& inputs, bool key);
 // inputs.ignore, or the default: lm_head plus MoE router gates (in each toolkit's syntax).
 std::vector<std::string> IgnoreList(const RenderInputs& inputs, bool modelopt);
 // KV rows must cover every layer with one (per tensor) or num_kv_heads (per head) entries.

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include "absl/status/status.h"
@@ -41,15 +40,6 @@ struct Source {
   std::string input;  // input tensor (kCopy, kPacked)
   std::vector<float> values;  // kScalar payload
 };
-
-std::string DetectLayersPrefix(const std::vector<std::string>& names) {
-  static const std::regex pattern(R"(^(.*layers\.)\d+\.self_attn\..*)");
-  std::smatch match;
-  for (const std::string& name : names) {
-    if (std::regex_match(name, match, pattern)) return match[1];
-  }
-  return "model.layers.";
-}
 
 std::string StripWeight(const std::string& name) { return name.substr(0, name.size() - 7); }
 

@@ -403,6 +403,117 @@ std::string CompareSection(const json& a, const json& b) {
   return t + "</table></section>";
 }
 
+// A fleet version's record (reports from GetReport with a fleet): which version, why it was
+// published, from what traffic.
+std::string VersionSection(const json& r, const std::string& label) {
+  const json& v = r["fleet_version"];
+  std::string windows;
+  for (const json& w : v["windows"]) {
+    absl::StrAppend(&windows, windows.empty() ? "" : ", ", Escape(w["session_id"].get<std::string>()),
+                    " (", w["tokens"].get<int64_t>(), " K/V tokens)");
+  }
+  std::string kept;
+  for (const json& l : v["kept_layers"]) absl::StrAppend(&kept, kept.empty() ? "" : ", ", l.get<int>());
+  const std::string detail = v["detail"].get<std::string>();
+  return absl::StrCat(
+      "<div class=\"summary\" id=\"version-", label, "\"><h3>Fleet ", Escape(v["fleet"].get<std::string>()),
+      ", version ", v["id"].get<int64_t>(), v["current"].get<bool>() ? " (current)" : "", "</h3><p>Weight version <b>",
+      Escape(v["weight_version"].get<std::string>()), "</b>; published because <b>",
+      Escape(v["reason"].get<std::string>()), "</b>", detail.empty() ? "" : " (" + Escape(detail) + ")",
+      "; parent ", v["parent"].get<int64_t>() == 0 ? std::string("none") : absl::StrCat("version ", v["parent"].get<int64_t>()),
+      ". Window ", windows.empty() ? "none" : windows, ". ",
+      kept.empty() ? std::string("Every layer was seen by its window.")
+                   : absl::StrCat("Layers kept from the parent (not in the window, so not in the charts below): ", kept, "."),
+      "</p></div>");
+}
+
+// Two versions of one fleet: per layer and head, B's published K/V scale over A's, the moves
+// beyond the fleet's drift threshold marked.
+std::string VersionDiffSection(const json& a, const json& b) {
+  const json& va = a["fleet_version"];
+  const json& vb = b["fleet_version"];
+  const double drift = Get(vb, "drift", 0.05);
+  std::string t = absl::StrCat(
+      "<section id=\"version-diff\"><h2>Version ", vb["id"].get<int64_t>(), " over version ",
+      va["id"].get<int64_t>(), "</h2><p>Per layer and head, the published K/V scale of version ",
+      vb["id"].get<int64_t>(), " (weight ", Escape(vb["weight_version"].get<std::string>()), ", ",
+      Escape(vb["reason"].get<std::string>()), ") divided by version ", va["id"].get<int64_t>(), "'s (weight ",
+      Escape(va["weight_version"].get<std::string>()), ", ", Escape(va["reason"].get<std::string>()),
+      "). Marked: a move beyond the fleet's drift of ", Fmt(drift, "%g"), ".</p>");
+  if (va["kv_scales"].is_null() || vb["kv_scales"].is_null()) {
+    return t + "<p>KV is off in one of them.</p></section>";
+  }
+  auto kept = [](const json& v, int layer) {
+    for (const json& l : v["kept_layers"]) if (l.get<int>() == layer) return true;
+    return false;
+  };
+  absl::StrAppend(&t, "<div class=\"scroll\"><table><tr><th>layer</th><th>kind</th><th>largest move</th>"
+                      "<th>B / A per head</th></tr>");
+  const json& la = va["kv_scales"];
+  const json& lb = vb["kv_scales"];
+  int moved = 0;
+  for (size_t i = 0; i < std::min(la.size(), lb.size()); ++i) {
+    const int layer = la[i]["layer"].get<int>();
+    for (const char* kind : {"k_scale", "v_scale"}) {
+      const json& sa = la[i][kind];
+      const json& sb = lb[i][kind];
+      std::string heads;
+      double worst = 0;
+      for (size_t h = 0; h < std::min(sa.size(), sb.size()); ++h) {
+        const double x = sa[h].is_number() ? sa[h].get<double>() : NAN;
+        const double y = sb[h].is_number() ? sb[h].get<double>() : NAN;
+        const double ratio = x > 0 ? y / x : NAN;
+        const double move = ratio > 0 ? std::max(ratio, 1 / ratio) - 1 : INFINITY;
+        worst = std::max(worst, move);
+        absl::StrAppend(&heads, heads.empty() ? "" : " ", Fmt(ratio, "%.3f"));
+      }
+      const bool beyond = worst > drift;
+      moved += beyond ? 1 : 0;
+      absl::StrAppendFormat(&t, "<tr%s><td>%d%s</td><td>%s</td><td>%s</td><td style=\"text-align:left\">%s</td></tr>",
+                            beyond ? " class=\"outlier\"" : "", layer,
+                            kept(vb, layer) ? " (kept)" : "", kind[0] == 'k' ? "K" : "V",
+                            Fmt(100 * worst, "%.2f%%"), heads);
+    }
+  }
+  absl::StrAppend(&t, "</table></div><p>", moved, " of ", 2 * std::min(la.size(), lb.size()),
+                  " layer K/V tensors moved beyond the drift threshold.</p></section>");
+  return t;
+}
+
+// The fields VersionSection and VersionDiffSection read, with their types.
+bool ValidVersion(const json& v) {
+  if (!v.is_object()) return false;
+  for (const char* key : {"fleet", "weight_version", "reason", "detail"}) {
+    if (!v.contains(key) || !v[key].is_string()) return false;
+  }
+  for (const char* key : {"id", "parent"}) {
+    if (!v.contains(key) || !v[key].is_number_integer()) return false;
+  }
+  if (!v.contains("current") || !v["current"].is_boolean()) return false;
+  if (!v.contains("windows") || !v["windows"].is_array()) return false;
+  for (const json& w : v["windows"]) {
+    if (!w.is_object() || !w.contains("session_id") || !w["session_id"].is_string() ||
+        !w.contains("tokens") || !w["tokens"].is_number_integer()) {
+      return false;
+    }
+  }
+  if (!v.contains("kept_layers") || !v["kept_layers"].is_array()) return false;
+  for (const json& l : v["kept_layers"]) if (!l.is_number_integer()) return false;
+  if (!v.contains("kv_scales") || !(v["kv_scales"].is_null() || v["kv_scales"].is_array())) {
+    return false;
+  }
+  if (v["kv_scales"].is_array()) {
+    for (const json& l : v["kv_scales"]) {
+      if (!l.is_object() || !l.contains("layer") || !l["layer"].is_number_integer() ||
+          !l.contains("k_scale") || !l["k_scale"].is_array() || !l.contains("v_scale") ||
+          !l["v_scale"].is_array()) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<json>> Parse(const std::vector<std::string>& reports) {
   if (reports.empty() || reports.size() > 2) {
     return absl::InvalidArgumentError(absl::StrCat("reports: need 1 or 2, got ", reports.size()));
@@ -414,6 +525,10 @@ absl::StatusOr<std::vector<json>> Parse(const std::vector<std::string>& reports)
         !j.contains("session") || !j.contains("kv") || !j.contains("nvfp4")) {
       return absl::InvalidArgumentError(
           absl::StrCat("reports[", i, "]: not a caliper.report.v1 JSON"));
+    }
+    if (j.contains("fleet_version") && !ValidVersion(j["fleet_version"])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reports[", i, "].fleet_version: not a fleet version record"));
     }
     out.push_back(std::move(j));
   }
@@ -454,12 +569,18 @@ absl::StatusOr<std::string> RenderReportHtml(const std::vector<std::string>& rep
       "&times; its layer's median; mse is recommended where it gains at least ",
       Fmt(Get(r[0]["thresholds"], "recommend_min_gain_db"), "%g"), " dB over static_minmax.</p>");
   // What to deploy first, then the evidence.
+  auto version = [&](const json& report, const std::string& label) {
+    return report.contains("fleet_version") ? VersionSection(report, label) : std::string();
+  };
   if (r.size() == 2) {
-    absl::StrAppend(&html, "<div class=\"pair\">", Summary(r[0], "a"), Summary(r[1], "b"), "</div>",
-                    CompareSection(r[0], r[1]), "<div class=\"pair\">", SessionSection(r[0], "a"),
-                    SessionSection(r[1], "b"), "</div>");
+    const bool versions = r[0].contains("fleet_version") && r[1].contains("fleet_version");
+    absl::StrAppend(&html, "<div class=\"pair\"><div>", version(r[0], "a"), Summary(r[0], "a"),
+                    "</div><div>", version(r[1], "b"), Summary(r[1], "b"), "</div></div>",
+                    versions ? VersionDiffSection(r[0], r[1]) : "", CompareSection(r[0], r[1]),
+                    "<div class=\"pair\">", SessionSection(r[0], "a"), SessionSection(r[1], "b"),
+                    "</div>");
   } else {
-    absl::StrAppend(&html, Summary(r[0], "a"), SessionSection(r[0], "a"));
+    absl::StrAppend(&html, version(r[0], "a"), Summary(r[0], "a"), SessionSection(r[0], "a"));
   }
   return html + "</body></html>\n";
 }

@@ -272,14 +272,19 @@ absl::Status SafetensorsFile::ParseHeader(absl::string_view origin) {
     return absl::InvalidArgumentError(absl::StrCat(
         origin, ": the data section holds ", data_size, " bytes but tensors cover only ", cursor));
   }
+  by_name_.resize(tensors_.size());
+  for (uint32_t i = 0; i < by_name_.size(); ++i) by_name_[i] = i;
+  std::sort(by_name_.begin(), by_name_.end(),
+            [this](uint32_t a, uint32_t b) { return tensors_[a].name < tensors_[b].name; });
   return absl::OkStatus();
 }
 
 const SafetensorsEntry* SafetensorsFile::Find(absl::string_view name) const {
-  for (const SafetensorsEntry& entry : tensors_) {
-    if (entry.name == name) return &entry;
-  }
-  return nullptr;
+  auto it = std::lower_bound(
+      by_name_.begin(), by_name_.end(), name,
+      [this](uint32_t index, absl::string_view key) { return tensors_[index].name < key; });
+  if (it == by_name_.end() || tensors_[*it].name != name) return nullptr;
+  return &tensors_[*it];
 }
 
 absl::Span<const uint8_t> SafetensorsFile::Data(const SafetensorsEntry& entry) const {

@@ -48,6 +48,7 @@ class SafetensorsFile {
   // In data order (ascending begin).
   const std::vector<SafetensorsEntry>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // O(log n) by name: `caliper check` and the merges look up thousands of names per file.
   const SafetensorsEntry* Find(absl::string_view name) const;
   absl::Span<const uint8_t> Data(const SafetensorsEntry& entry) const;
   // A view for statistics; InvalidArgument for dtypes other than BF16/F16/F32.
@@ -69,6 +70,7 @@ class SafetensorsFile {
   void* mapping_ = nullptr;           // mmap result, or nullptr
   uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> tensors_;
+  std::vector<uint32_t> by_name_;     // indices into tensors_, sorted by name
   std::map<std::string, std::string> metadata_;
 };
 

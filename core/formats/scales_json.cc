@@ -39,12 +39,22 @@ ordered_json KvCache(const ScalesJsonInputs& in) {
   ordered_json layers = ordered_json::array();
   if (in.kv != nullptr) {
     for (size_t layer = 0; layer < in.kv->k.size(); ++layer) {
-      layers.push_back({{"layer", static_cast<int>(layer)},
-                        {"k_absmax", FloatList(in.kv->k_absmax[layer])},
-                        {"v_absmax", FloatList(in.kv->v_absmax[layer])},
-                        {"k_scale", FloatList(in.kv->k[layer])},
-                        {"v_scale", FloatList(in.kv->v[layer])}});
+      ordered_json entry = {{"layer", static_cast<int>(layer)},
+                            {"k_absmax", FloatList(in.kv->k_absmax[layer])},
+                            {"v_absmax", FloatList(in.kv->v_absmax[layer])},
+                            {"k_scale", FloatList(in.kv->k[layer])},
+                            {"v_scale", FloatList(in.kv->v[layer])}};
+      if (layer < in.kv->mla_latent_absmax.size() && layer < in.kv->mla_rope_absmax.size()) {
+        // Each cached part's own absmax, so a part the entry's scale would saturate is visible.
+        entry["mla_kv_c_normed_absmax"] = ShortFloat(in.kv->mla_latent_absmax[layer]);
+        entry["mla_k_pe_absmax"] = ShortFloat(in.kv->mla_rope_absmax[layer]);
+      }
+      layers.push_back(std::move(entry));
     }
+  }
+  if (in.kv != nullptr && !in.kv->mla_latent_absmax.empty()) {
+    kv["mla"] = "one scale per layer for the cached entry [kv_c_normed | k_pe] (k_scale == "
+                "v_scale), from the max of both parts";
   }
   kv["layers"] = layers;
   if (!in.rank_slices.empty()) {

@@ -184,9 +184,25 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
         "recipe.compat: llm-compressor computes scales in the model's dtype, and the model has "
         "none (config.json \"torch_dtype\" / \"dtype\", or model.dtype)");
   }
+  if (model.mla.has_value() && recipe.kv == KvMode::kPerHead) {
+    return absl::InvalidArgumentError(
+        "recipe.kv: KV_PER_HEAD on an MLA model (model.kv_lora_rank is set): its cache holds one "
+        "latent per token shared by every head, quantized with one scale; use KV_PER_TENSOR");
+  }
+  if (model.mla.has_value() && recipe.kv != KvMode::kOff &&
+      IsHistogramObserver(recipe.kv_observer)) {
+    return absl::InvalidArgumentError(
+        "recipe.kv_observer: the percentile and mse observers are not defined for MLA models "
+        "(model.kv_lora_rank is set); use static_minmax or minmax");
+  }
   if (recipe.warmup_batches < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("recipe.warmup_batches: must be >= 0, got ", recipe.warmup_batches));
+  }
+  if (recipe.ObservesQuery() && model.mla.has_value()) {
+    return absl::InvalidArgumentError(
+        "recipe.attention: q is not supported for MLA models (their query is not grouped by KV "
+        "head; the latent cache has one entry per token)");
   }
   if (recipe.ObservesQuery() && recipe.kv == KvMode::kOff) {
     return absl::InvalidArgumentError(
@@ -459,7 +475,7 @@ absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ObservationF
   }
   if (IsKv(chunk.kind)) {
     std::vector<int64_t> shape = chunk.shape;
-    int head_dim = model_.head_dim;
+    int head_dim = KvChunkWidth(model_, chunk.kind == ChunkKind::kKey);
     if (chunk.kind == ChunkKind::kQuery) {
       absl::StatusOr<QueryChunkLayout> layout = QueryChunkAsKv(chunk.shape, chunk.placement, model_);
       if (!layout.ok()) return layout.status();
@@ -510,7 +526,7 @@ absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ReduceChunk(
     const ChunkRef& chunk, ReductionBackend& backend, bool warmup) const {
   Observation observation;
   std::vector<int64_t> shape = chunk.shape;
-  int head_dim = model_.head_dim;
+  int head_dim = KvChunkWidth(model_, chunk.kind == ChunkKind::kKey);
   if (chunk.kind == ChunkKind::kQuery) {
     absl::StatusOr<PiecewiseTensor> as_sent =
         PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
@@ -589,10 +605,15 @@ void CalibrationSession::AccumulateLocked(const ChunkRef& chunk, const Observati
     case ChunkKind::kKey:
     case ChunkKind::kValue:
     case ChunkKind::kQuery: {
-      std::map<int64_t, GroupRanges>& batches =
-          kv_layers_[chunk.layer].batches(KvKindOf(chunk.kind));
+      KvLayerObserver& layer = kv_layers_[chunk.layer];
+      std::map<int64_t, GroupRanges>& batches = layer.batches(KvKindOf(chunk.kind));
       const size_t before = batches.size();
-      kv_layers_[chunk.layer].Accumulate(*observation.kv);
+      layer.Accumulate(*observation.kv);
+      if (chunk.kind != ChunkKind::kQuery && chunk.placement.tp_rank == 0 &&
+          observation.kv->tokens > 0) {
+        (chunk.kind == ChunkKind::kKey ? layer.k_rank0_tokens : layer.v_rank0_tokens) +=
+            observation.kv->tokens;
+      }
       batch_entries_ += static_cast<int64_t>(batches.size() - before);
       break;
     }
@@ -627,7 +648,10 @@ absl::Status CalibrationSession::Finalize() {
   if (state_ == SessionState::kFinalized) return absl::OkStatus();
 
   final_warnings_.clear();
-  if (recipe_.kv != KvMode::kOff) {
+  if (recipe_.kv != KvMode::kOff && model_.mla.has_value()) {
+    final_kv_ = FinalizeMlaKvScales(kv_layers_, recipe_.fp8_flavor,
+                                    {recipe_.kv_observer, recipe_.averaging_constant, Arithmetic()});
+  } else if (recipe_.kv != KvMode::kOff) {
     final_kv_ = FinalizeKvScales(kv_layers_,
                                  recipe_.kv == KvMode::kPerHead ? KvGranularity::kPerHead
                                                                 : KvGranularity::kPerTensor,
@@ -820,6 +844,8 @@ SessionStatus CalibrationSession::Status() const {
     for (int64_t t : layer.v_tokens) info.v_tokens += t;
     if (!layer.k_tokens.empty()) info.k_tokens /= static_cast<int64_t>(layer.k_tokens.size());
     if (!layer.v_tokens.empty()) info.v_tokens /= static_cast<int64_t>(layer.v_tokens.size());
+    info.k_rank0_tokens = layer.k_rank0_tokens;
+    info.v_rank0_tokens = layer.v_rank0_tokens;
     s.layers.push_back(info);
   }
   for (const auto& [name, state] : modules_) {

@@ -209,6 +209,8 @@ struct SessionSnapshot {
 struct LayerProgressInfo {
   int64_t k_tokens = 0;  // tokens per head, averaged over original heads
   int64_t v_tokens = 0;
+  int64_t k_rank0_tokens = 0;  // from TP rank 0 only (KvLayerObserver::k_rank0_tokens)
+  int64_t v_rank0_tokens = 0;
 };
 
 struct SessionStatus {

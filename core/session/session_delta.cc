@@ -63,7 +63,8 @@ bool Untouched(const KvLayerObserver& layer) {
     return std::all_of(values.begin(), values.end(), [](auto v) { return v == 0; });
   };
   return zero(layer.k_tokens) && zero(layer.v_tokens) && zero(layer.q_tokens) &&
-         zero(layer.k_absmax) && zero(layer.v_absmax) && zero(layer.q_absmax);
+         zero(layer.k_absmax) && zero(layer.v_absmax) && zero(layer.q_absmax) &&
+         layer.k_rank0_tokens == 0 && layer.v_rank0_tokens == 0;
 }
 
 }  // namespace

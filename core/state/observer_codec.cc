@@ -34,10 +34,10 @@ absl::Status CheckMinMax(const MinMaxObserver& observer, absl::string_view field
   return absl::OkStatus();
 }
 
-// The newest version a tag's body has: version 2 extended K/V layers and activations, version 3
-// K/V layers; the others keep version 1 (unchanged bytes).
+// The newest version a tag's body has: versions 2 and 3 extended K/V layers and activations,
+// version 4 K/V layers; the others keep version 1 (unchanged bytes).
 uint8_t VersionOf(uint8_t tag) {
-  return tag == kTagKvLayer ? kObserverCodecVersion : tag == kTagActivation ? 2 : 1;
+  return tag == kTagKvLayer ? kObserverCodecVersion : tag == kTagActivation ? 3 : 1;
 }
 
 // `version`: what the body was written as (0: VersionOf(tag)).
@@ -116,6 +116,8 @@ void StateEncoder::PutKvLayer(const KvLayerObserver& observer, bool query) {
   }
   PutBatchRanges(observer.k_batches);
   PutBatchRanges(observer.v_batches);
+  PutI64(observer.k_rank0_tokens);
+  PutI64(observer.v_rank0_tokens);
   if (!query) return;
   PutU32(static_cast<uint32_t>(observer.q_absmax.size()));
   for (float v : observer.q_absmax) PutF32(v);
@@ -309,6 +311,18 @@ absl::StatusOr<KvLayerObserver> StateDecoder::GetKvLayer(absl::string_view field
     }
   }
   if (codec_version_ >= 3) {
+    for (auto [name, count] : {std::pair{"k_rank0_tokens", &out.k_rank0_tokens},
+                               std::pair{"v_rank0_tokens", &out.v_rank0_tokens}}) {
+      absl::StatusOr<int64_t> value = GetI64(absl::StrCat(field, ".", name));
+      if (!value.ok()) return value.status();
+      if (*value < 0) {
+        return Invalid(absl::StrCat(field, ".", name), -1,
+                       absl::StrCat("negative token count ", *value));
+      }
+      *count = *value;
+    }
+  }
+  if (codec_version_ >= 4) {
     const std::string absmax_name = absl::StrCat(field, ".q_absmax");
     absl::StatusOr<uint32_t> count = GetCount(absmax_name, 4);
     if (!count.ok()) return count.status();
@@ -347,7 +361,7 @@ absl::StatusOr<KvLayerObserver> StateDecoder::GetKvLayer(absl::string_view field
 
 absl::Status StateDecoder::GetKvHistograms(absl::string_view field, KvLayerObserver* observer) {
   const size_t heads = observer->k_absmax.size();
-  for (int kv = 0; kv < (codec_version_ >= 3 ? 3 : 2); ++kv) {
+  for (int kv = 0; kv < (codec_version_ >= 4 ? 3 : 2); ++kv) {
     const std::string name =
         absl::StrCat(field, ".", kv == 0 ? "k_hist" : kv == 1 ? "v_hist" : "q_hist");
     absl::StatusOr<uint32_t> count = GetCount(name, 1);
@@ -516,13 +530,13 @@ absl::Status StateDecoder::ExpectEnd(absl::string_view field) const {
 // ---- Standalone blobs ----
 
 std::string EncodeKvLayerObserver(const KvLayerObserver& observer) {
-  // A layer without the query keeps its version-2 bytes.
+  // A layer without the query keeps its version-3 bytes.
   const bool query = !observer.q_absmax.empty() || !observer.q_tokens.empty() ||
                      !observer.q_hist.empty() || !observer.q_batches.empty();
   StateEncoder body;
   body.PutKvLayer(observer, query);
   body.PutKvHistograms(observer, query);
-  return Standalone(kTagKvLayer, body, query ? 3 : 2);
+  return Standalone(kTagKvLayer, body, query ? 4 : 3);
 }
 
 std::string EncodeHistogram(const MagnitudeHistogram& histogram) {
@@ -561,11 +575,11 @@ absl::StatusOr<KvLayerObserver> DecodeKvLayerObserver(absl::string_view bytes) {
         absl::StatusOr<KvLayerObserver> layer = in.GetKvLayer("kv_layer");
         if (!layer.ok() || in.codec_version() < 2) return layer;
         if (absl::Status s = in.GetKvHistograms("kv_layer", &*layer); !s.ok()) return s;
-        if (in.codec_version() >= 3 && layer->q_absmax.empty() && layer->q_hist.empty() &&
+        if (in.codec_version() >= 4 && layer->q_absmax.empty() && layer->q_hist.empty() &&
             layer->q_batches.empty()) {
           // Encoding is canonical: a layer without a query is written as version 2.
           return absl::InvalidArgumentError(
-              "kv_layer.version: 3 without a query (such a layer is version 2)");
+              "kv_layer.version: 4 without a query (such a layer is version 3)");
         }
         return layer;
       });

@@ -22,11 +22,13 @@ namespace caliper {
 
 // 2 adds the moving-average observers' per-batch ranges (GroupRanges) to K/V layer and activation
 // bodies and the layer's histograms to K/V standalone blobs (those blobs say 2; min/max, producer
-// and histogram blobs say 1); version 1 bodies still decode (without them).
-// 3 adds the query's arrays (q_absmax, q_tokens, q_batches; q_hist after the K/V histograms) to
-// K/V layer bodies; only bodies that carry a query are written as 3, so every other blob keeps
-// its version-2 bytes.
-inline constexpr uint8_t kObserverCodecVersion = 3;
+// and histogram blobs say 1); version 1 bodies still decode (without them). 3 adds the K/V
+// layer's TP rank 0 token counts (those blobs and activation blobs say 3; earlier ones decode
+// with counts of 0).
+// 4 adds the query's arrays (q_absmax, q_tokens, q_batches; q_hist after the K/V histograms) to
+// K/V layer bodies; only bodies that carry a query are written as 4, so every other blob keeps
+// its version-3 bytes.
+inline constexpr uint8_t kObserverCodecVersion = 4;
 
 // Appends fields to a byte string. Never fails.
 class StateEncoder {
@@ -40,7 +42,7 @@ class StateEncoder {
   void PutString(absl::string_view value);  // u32 length + bytes
 
   // Bodies (no tag/version); the matching StateDecoder::Get* reads them back.
-  // `query`: also the query's arrays (codec version 3 bodies).
+  // `query`: also the query's arrays (codec version 4 bodies).
   void PutKvLayer(const KvLayerObserver& observer, bool query = false);
   void PutMinMax(const MinMaxObserver& observer);
   void PutActivation(const ActivationObserver& observer);
@@ -102,9 +104,9 @@ class StateDecoder {
 
   absl::string_view in_;
   size_t pos_ = 0;
-  // Default: version 2 bodies (a K/V layer without the query); a record that holds version 3
+  // Default: version 3 bodies (a K/V layer without the query); a record that holds version 4
   // bodies says so (its header, or the session state's version).
-  uint8_t codec_version_ = 2;
+  uint8_t codec_version_ = 3;
 };
 
 // Standalone, versioned blobs. Decoding fails on a wrong tag, an unknown version, a bad body or

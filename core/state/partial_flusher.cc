@@ -69,6 +69,36 @@ void PartialFlusher::WhenCommitted(const std::shared_ptr<Partial>& partial,
   done(absl::UnavailableError("the server is shutting down; its state flusher has stopped"));
 }
 
+absl::Status PartialFlusher::Flush(absl::string_view id) {
+  std::vector<std::shared_ptr<Partial>> group;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::shared_ptr<Partial>& partial : partials_) {
+      if (partial->session->id() == id) group.push_back(partial);
+    }
+  }
+  struct Answers {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left = 0;
+    absl::Status first;
+  };
+  auto answers = std::make_shared<Answers>();
+  answers->left = group.size();
+  for (const std::shared_ptr<Partial>& partial : group) {
+    WhenCommitted(partial, [answers](absl::Status status) {
+      std::lock_guard<std::mutex> lock(answers->mu);
+      if (status.code() == absl::StatusCode::kUnavailable && answers->first.ok()) {
+        answers->first = status;
+      }
+      if (--answers->left == 0) answers->cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(answers->mu);
+  answers->cv.wait(lock, [&] { return answers->left == 0; });
+  return answers->first;
+}
+
 void PartialFlusher::Release(const std::shared_ptr<Partial>& partial) {
   {
     std::lock_guard<std::mutex> lock(partial->mu);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/env/env.h"
 #include "core/session/session.h"
@@ -59,6 +60,11 @@ class PartialFlusher {
   // or with the error when that failed. After Stop: Unavailable. `done` must not block.
   void WhenCommitted(const std::shared_ptr<Partial>& partial,
                      std::function<void(absl::Status)> done);
+  // Commits now what every partial of session `id` holds (on the flusher thread; blocks until
+  // that merge answered): a window closing takes the chunks its streams accepted. OK, or
+  // Unavailable when the store could not take them (or after Stop); a partial that failed for
+  // its own reason (fenced, finalized, deleted, over a limit) never counts and is no error here.
+  absl::Status Flush(absl::string_view id);
   // The stream ended: what it still holds is merged (retried while the store is down), then
   // the partial is forgotten.
   void Release(const std::shared_ptr<Partial>& partial);

@@ -15,11 +15,11 @@ namespace {
 constexpr uint8_t kTagSession = 'S';
 // 2 adds the histogram recipe fields and the histograms section; 3 the model's dtype, the
 // recipe's compat and the moving-average observers' per-batch ranges (observer codec 2).
-// 4 the model's layer kinds, the recipe's attention and the query's observers (observer codec 3);
-// only a session that has one of them (a hybrid model, recipe.attention q) is written as 4, so
-// every other keeps its version-3 bytes.
-// Versions 1 to 3 still load.
-constexpr uint8_t kSessionStateVersion = 4;
+// 4 the model's MLA dims; 5 the K/V layers' TP rank 0 token counts (observer codec 3); 6 the
+// model's layer kinds, the recipe's attention and the query's observers (observer codec 4): only
+// a session that has one of them (a hybrid model, recipe.attention q) is written as 6, so every
+// other keeps its version-5 bytes. Versions 1 to 5 still load.
+constexpr uint8_t kSessionStateVersion = 6;
 
 void PutModel(StateEncoder& out, const ModelConfig& model) {
   out.PutString(model.architecture);
@@ -29,15 +29,22 @@ void PutModel(StateEncoder& out, const ModelConfig& model) {
     out.PutI64(value);
   }
   out.PutU8(model.dtype.has_value() ? 1 + static_cast<uint8_t>(*model.dtype) : 0);
+  out.PutU8(model.mla.has_value() ? 1 : 0);
+  if (model.mla.has_value()) {
+    for (int value : {model.mla->kv_lora_rank, model.mla->qk_rope_head_dim,
+                      model.mla->qk_nope_head_dim, model.mla->v_head_dim}) {
+      out.PutI64(value);
+    }
+  }
 }
 
-// Version 4 only: a count (0 or num_layers) and one byte per layer.
+// Version 6 only: a count (0 or num_layers) and one byte per layer.
 void PutLayerKinds(StateEncoder& out, const ModelConfig& model) {
   out.PutU32(static_cast<uint32_t>(model.layer_attention.size()));
   for (LayerAttention kind : model.layer_attention) out.PutU8(static_cast<uint8_t>(kind));
 }
 
-bool NeedsVersion4(const SessionObservations& o) {
+bool NeedsVersion6(const SessionObservations& o) {
   return o.recipe.ObservesQuery() || !o.model.layer_attention.empty();
 }
 
@@ -108,6 +115,22 @@ absl::StatusOr<ModelConfig> GetModel(StateDecoder& in, uint8_t version) {
         GetEnum(in, "model.dtype", 1 + static_cast<uint8_t>(DType::kF32));
     if (!dtype.ok()) return dtype.status();
     if (*dtype > 0) model.dtype = static_cast<DType>(*dtype - 1);
+  }
+  if (version >= 4) {
+    absl::StatusOr<uint8_t> has_mla = GetEnum(in, "model.mla", 1);
+    if (!has_mla.ok()) return has_mla.status();
+    if (*has_mla == 1) {
+      MlaConfig mla;
+      for (IntField field : {IntField{"model.kv_lora_rank", &mla.kv_lora_rank},
+                             IntField{"model.qk_rope_head_dim", &mla.qk_rope_head_dim},
+                             IntField{"model.qk_nope_head_dim", &mla.qk_nope_head_dim},
+                             IntField{"model.v_head_dim", &mla.v_head_dim}}) {
+        absl::StatusOr<int> value = GetInt(in, field.name, 0, 1 << 30);
+        if (!value.ok()) return value.status();
+        *field.value = *value;
+      }
+      model.mla = mla;
+    }
   }
   return model;
 }
@@ -180,16 +203,16 @@ SessionSnapshot SnapshotSession(const CalibrationSession& session) {
   const SessionObservations& o = image.observations;
   StateEncoder out;
   const bool query = o.recipe.ObservesQuery();
-  const bool v4 = NeedsVersion4(o);
+  const bool v6 = NeedsVersion6(o);
   out.PutU8(kTagSession);
-  out.PutU8(v4 ? kSessionStateVersion : 3);
+  out.PutU8(v6 ? kSessionStateVersion : 5);
   out.PutString(o.id);
   out.PutString(o.name);
   out.PutString(image.tenant);
   out.PutI64(image.created_unix_ms);
   PutModel(out, o.model);
   PutRecipe(out, o.recipe);
-  if (v4) {
+  if (v6) {
     PutLayerKinds(out, o.model);
     out.PutU8(static_cast<uint8_t>(o.recipe.attention));
   }
@@ -265,7 +288,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> RestoreSession(absl::string_
   absl::StatusOr<Recipe> recipe = GetRecipe(in, *version);
   if (!recipe.ok()) return recipe.status();
   o.recipe = *std::move(recipe);
-  if (*version >= 4) {
+  if (*version >= 6) {
     absl::StatusOr<uint32_t> kinds = in.GetCount("model.layer_types", 1);
     if (!kinds.ok()) return kinds.status();
     if (*kinds != 0 && *kinds != static_cast<uint32_t>(o.model.num_layers)) {
@@ -283,9 +306,9 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> RestoreSession(absl::string_
         GetEnum(in, "recipe.attention", static_cast<uint8_t>(AttentionScales::kQuery));
     if (!attention.ok()) return attention.status();
     o.recipe.attention = static_cast<AttentionScales>(*attention);
-    if (!NeedsVersion4(o)) {
+    if (!NeedsVersion6(o)) {
       return absl::InvalidArgumentError(
-          "session.version: 4 without layer kinds or recipe.attention (such a session is 3)");
+          "session.version: 6 without layer kinds or recipe.attention (such a session is 5)");
     }
   }
 
@@ -310,7 +333,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> RestoreSession(absl::string_
     *counter.value = *value;
   }
 
-  in.set_codec_version(*version >= 4 ? 3 : *version >= 3 ? 2 : 1);
+  in.set_codec_version(*version >= 6 ? 4 : *version >= 5 ? 3 : *version >= 3 ? 2 : 1);
   absl::StatusOr<uint32_t> layers = in.GetCount("session.kv_layers", 8);
   if (!layers.ok()) return layers.status();
   if (absl::Status s = CheckLimit("session.kv_layers", *layers, "max_layers",

@@ -39,34 +39,23 @@ class CpuBackend : public ReductionBackend {
 
   absl::string_view name() const override { return "cpu"; }
 
-  absl::Status Range(const TensorView& t, RangeStats* out) override {
-    if (out == nullptr) return absl::InvalidArgumentError("out: must not be null");
+  absl::Status CheckedRange(const TensorView& t, RangeStats* out) override {
     *out = DispatchDType(t.dtype(), [&](auto tag) { return RangeImpl<BitsOf<decltype(tag)>>(t); });
     return absl::OkStatus();
   }
 
-  absl::Status AbsMaxPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
-                             absl::Span<float> out, int64_t* nonfinite) override {
-    if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, out, nonfinite);
-        !args.ok()) {
-      return args;
-    }
+  absl::Status CheckedAbsMaxPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
+                                    absl::Span<float> out, int64_t* nonfinite) override {
     DispatchDType(t.dtype(), [&](auto tag) {
       AbsMaxImpl<BitsOf<decltype(tag)>>(t, num_heads, head_dim, out, nonfinite);
     });
     return absl::OkStatus();
   }
 
-
-  absl::Status AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
-                                      absl::Span<float> absmax,
-                                      absl::Span<MagnitudeHistogram> hists,
-                                      int64_t* nonfinite) override {
-    if (absl::Status args =
-            CheckAbsMaxHistogramPerHeadArgs(t, num_heads, head_dim, absmax, hists, nonfinite);
-        !args.ok()) {
-      return args;
-    }
+  absl::Status CheckedAbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads,
+                                             int64_t head_dim, absl::Span<float> absmax,
+                                             absl::Span<MagnitudeHistogram> hists,
+                                             int64_t* nonfinite) override {
     const int64_t rows = t.num_elements() / (num_heads * head_dim);
     const int tasks = static_cast<int>(std::max<int64_t>(
         1, std::min<int64_t>(rows, TasksFor(static_cast<int64_t>(t.bytes().size())))));
@@ -75,14 +64,9 @@ class CpuBackend : public ReductionBackend {
   }
 
   // Per-column order keys over the rows (split across the pool, merged exactly), then groups.
-  absl::Status RangePerGroup(const TensorView& t, int64_t row_width, int64_t group_width,
-                             absl::Span<float> min, absl::Span<float> max,
-                             int64_t* nonfinite) override {
-    if (absl::Status args =
-            CheckRangePerGroupArgs(t, row_width, group_width, min, max, nonfinite);
-        !args.ok()) {
-      return args;
-    }
+  absl::Status CheckedRangePerGroup(const TensorView& t, int64_t row_width, int64_t group_width,
+                                    absl::Span<float> min, absl::Span<float> max,
+                                    int64_t* nonfinite) override {
     DispatchDType(t.dtype(), [&](auto tag) {
       GroupRangeImpl<BitsOf<decltype(tag)>>(t, row_width, group_width, min, max, nonfinite);
     });
@@ -91,9 +75,9 @@ class CpuBackend : public ReductionBackend {
 
   // Rows split across the pool; every task writes its own slice, so the bytes do not depend on
   // the split.
-  absl::Status PackNvfp4(const TensorView& t, const Nvfp4PackParams& params,
-                         absl::Span<uint8_t> packed, absl::Span<uint8_t> scales) override {
-    if (absl::Status s = CheckNvfp4PackArgs(t, params, packed, scales); !s.ok()) return s;
+  absl::StatusOr<int64_t> CheckedPackNvfp4(const TensorView& t, const Nvfp4PackParams& params,
+                                           absl::Span<uint8_t> packed,
+                                           absl::Span<uint8_t> scales) override {
     const int64_t rows = t.shape()[0];
     const int tasks = static_cast<int>(std::min<int64_t>(
         std::max<int64_t>(rows, 1), TasksFor(static_cast<int64_t>(t.bytes().size()))));
@@ -104,12 +88,7 @@ class CpuBackend : public ReductionBackend {
     });
     int64_t total = 0;
     for (int64_t b : bad) total += b;
-    if (total > 0) {
-      return absl::InvalidArgumentError(absl::StrCat("weight.data: ", total,
-                                                     " non-finite values (NaN/Inf) in ",
-                                                     t.ShapeString(), "; cannot quantize"));
-    }
-    return absl::OkStatus();
+    return total;
   }
 
  private:

@@ -1,5 +1,5 @@
 // The CPU backend's one-pass absmax + |x| histogram + count of the max per head
-// (ReductionBackend::AbsMaxHistogramPerHead, arguments already checked), bit-identical to the
+// (CpuBackend::CheckedAbsMaxHistogramPerHead: arguments already checked), bit-identical to the
 // reference loop and to MagnitudeHistogram::SlotOf. Rows are split into `tasks` tasks on `pool`.
 #ifndef CALIPER_CORE_TENSOR_CPU_HISTOGRAM_H_
 #define CALIPER_CORE_TENSOR_CPU_HISTOGRAM_H_

@@ -202,12 +202,14 @@ absl::Status PackNvfp4Reference(const TensorView& weight, const Nvfp4PackParams&
   if (absl::Status s = CheckNvfp4PackArgs(weight, params, packed, scales); !s.ok()) return s;
   int64_t bad = 0;
   PackNvfp4Rows(weight, params, 0, weight.shape()[0], packed.data(), scales.data(), &bad);
-  if (bad > 0) {
-    return absl::InvalidArgumentError(absl::StrCat("weight.data: ", bad,
-                                                   " non-finite values (NaN/Inf) in ",
-                                                   weight.ShapeString(), "; cannot quantize"));
-  }
-  return absl::OkStatus();
+  return NonFiniteWeightsError(bad, weight);
+}
+
+absl::Status NonFiniteWeightsError(int64_t nonfinite, const TensorView& weight) {
+  if (nonfinite == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("weight.data: ", nonfinite,
+                                                 " non-finite values (NaN/Inf) in ",
+                                                 weight.ShapeString(), "; cannot quantize"));
 }
 
 }  // namespace caliper

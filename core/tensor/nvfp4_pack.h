@@ -44,6 +44,10 @@ absl::Status CheckNvfp4PackArgs(const TensorView& weight, const Nvfp4PackParams&
 void PackNvfp4Rows(const TensorView& weight, const Nvfp4PackParams& params, int64_t row_begin,
                    int64_t row_end, uint8_t* packed, uint8_t* scales, int64_t* nonfinite);
 
+// OK for 0 non-finite weights, else InvalidArgument naming weight.data and their count: the one
+// refusal every packer gives.
+absl::Status NonFiniteWeightsError(int64_t nonfinite, const TensorView& weight);
+
 // Single-threaded reference: checks, packs every row, and rejects a weight with NaN/Inf.
 absl::Status PackNvfp4Reference(const TensorView& weight, const Nvfp4PackParams& params,
                                 absl::Span<uint8_t> packed, absl::Span<uint8_t> scales);

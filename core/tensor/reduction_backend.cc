@@ -88,15 +88,9 @@ absl::Status CheckRangePerGroupArgs(const TensorView& t, int64_t row_width, int6
   return absl::OkStatus();
 }
 
-absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads,
-                                                      int64_t head_dim, absl::Span<float> absmax,
-                                                      absl::Span<MagnitudeHistogram> hists,
-                                                      int64_t* nonfinite) {
-  if (absl::Status args =
-          CheckAbsMaxHistogramPerHeadArgs(t, num_heads, head_dim, absmax, hists, nonfinite);
-      !args.ok()) {
-    return args;
-  }
+void AbsMaxHistogramPerHeadReference(const TensorView& t, int64_t num_heads, int64_t head_dim,
+                                     absl::Span<float> absmax,
+                                     absl::Span<MagnitudeHistogram> hists, int64_t* nonfinite) {
   for (int64_t h = 0; h < num_heads; ++h) {
     hists[h] = MagnitudeHistogram();
     hists[h].counts.assign(MagnitudeHistogram::kSlots, 0);
@@ -118,16 +112,10 @@ absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64
   for (int64_t h = 0; h < num_heads; ++h) {
     absmax[h] = hists[h].max;
   }
-  return absl::OkStatus();
 }
 
-absl::Status ReductionBackend::RangePerGroup(const TensorView& t, int64_t row_width,
-                                             int64_t group_width, absl::Span<float> min,
-                                             absl::Span<float> max, int64_t* nonfinite) {
-  if (absl::Status args = CheckRangePerGroupArgs(t, row_width, group_width, min, max, nonfinite);
-      !args.ok()) {
-    return args;
-  }
+void RangePerGroupReference(const TensorView& t, int64_t row_width, int64_t group_width,
+                            absl::Span<float> min, absl::Span<float> max, int64_t* nonfinite) {
   std::fill(min.begin(), min.end(), std::numeric_limits<float>::infinity());
   std::fill(max.begin(), max.end(), -std::numeric_limits<float>::infinity());
   *nonfinite = 0;
@@ -142,12 +130,74 @@ absl::Status ReductionBackend::RangePerGroup(const TensorView& t, int64_t row_wi
     if (v < min[g] || (v == min[g] && std::signbit(v))) min[g] = v;
     if (v > max[g] || (v == max[g] && !std::signbit(v))) max[g] = v;
   }
-  return absl::OkStatus();
+}
+
+absl::Status ReductionBackend::Range(const TensorView& t, RangeStats* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("out: must not be null");
+  return CheckedRange(t, out);
+}
+
+absl::Status ReductionBackend::AbsMaxPerHead(const TensorView& t, int64_t num_heads,
+                                             int64_t head_dim, absl::Span<float> out,
+                                             int64_t* nonfinite) {
+  if (absl::Status args = CheckAbsMaxPerHeadArgs(t, num_heads, head_dim, out, nonfinite);
+      !args.ok()) {
+    return args;
+  }
+  return CheckedAbsMaxPerHead(t, num_heads, head_dim, out, nonfinite);
+}
+
+absl::Status ReductionBackend::AbsMaxHistogramPerHead(const TensorView& t, int64_t num_heads,
+                                                      int64_t head_dim, absl::Span<float> absmax,
+                                                      absl::Span<MagnitudeHistogram> hists,
+                                                      int64_t* nonfinite) {
+  if (absl::Status args =
+          CheckAbsMaxHistogramPerHeadArgs(t, num_heads, head_dim, absmax, hists, nonfinite);
+      !args.ok()) {
+    return args;
+  }
+  return CheckedAbsMaxHistogramPerHead(t, num_heads, head_dim, absmax, hists, nonfinite);
+}
+
+absl::Status ReductionBackend::RangePerGroup(const TensorView& t, int64_t row_width,
+                                             int64_t group_width, absl::Span<float> min,
+                                             absl::Span<float> max, int64_t* nonfinite) {
+  if (absl::Status args = CheckRangePerGroupArgs(t, row_width, group_width, min, max, nonfinite);
+      !args.ok()) {
+    return args;
+  }
+  return CheckedRangePerGroup(t, row_width, group_width, min, max, nonfinite);
 }
 
 absl::Status ReductionBackend::PackNvfp4(const TensorView& weight, const Nvfp4PackParams& params,
                                          absl::Span<uint8_t> packed, absl::Span<uint8_t> scales) {
-  return PackNvfp4Reference(weight, params, packed, scales);
+  if (absl::Status s = CheckNvfp4PackArgs(weight, params, packed, scales); !s.ok()) return s;
+  absl::StatusOr<int64_t> nonfinite = CheckedPackNvfp4(weight, params, packed, scales);
+  if (!nonfinite.ok()) return nonfinite.status();
+  return NonFiniteWeightsError(*nonfinite, weight);
+}
+
+absl::Status ReductionBackend::CheckedAbsMaxHistogramPerHead(
+    const TensorView& t, int64_t num_heads, int64_t head_dim, absl::Span<float> absmax,
+    absl::Span<MagnitudeHistogram> hists, int64_t* nonfinite) {
+  AbsMaxHistogramPerHeadReference(t, num_heads, head_dim, absmax, hists, nonfinite);
+  return absl::OkStatus();
+}
+
+absl::Status ReductionBackend::CheckedRangePerGroup(const TensorView& t, int64_t row_width,
+                                                    int64_t group_width, absl::Span<float> min,
+                                                    absl::Span<float> max, int64_t* nonfinite) {
+  RangePerGroupReference(t, row_width, group_width, min, max, nonfinite);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ReductionBackend::CheckedPackNvfp4(const TensorView& weight,
+                                                           const Nvfp4PackParams& params,
+                                                           absl::Span<uint8_t> packed,
+                                                           absl::Span<uint8_t> scales) {
+  int64_t nonfinite = 0;
+  PackNvfp4Rows(weight, params, 0, weight.shape()[0], packed.data(), scales.data(), &nonfinite);
+  return nonfinite;
 }
 
 }  // namespace caliper

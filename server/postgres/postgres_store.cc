@@ -539,6 +539,27 @@ class PostgresStore final : public StateStore {
         absl::StrCat("state store ", name_, ": ", table, ": ", status.message()));
   }
 
+  // One key column of a two-column lookup: its name, SQL type and the keys as an array literal.
+  struct KeyColumn {
+    const char* name;
+    const char* type;
+    std::string values;
+  };
+  // Rows (first, second, observer) of `table` for each key pair that has one: one primary-key
+  // lookup per key (LATERAL with LIMIT, which the planner cannot flatten): as a join it hashed
+  // the session's whole history, so a flush grew with the state instead of with its rows.
+  absl::StatusOr<Result> ObserversByKey(Connection& conn, const std::string& id,
+                                        absl::string_view table, KeyColumn first,
+                                        KeyColumn second) {
+    return conn.Exec(
+        absl::StrCat("SELECT k.", first.name, ", k.", second.name, ", r.observer FROM unnest($2::",
+                     first.type, "[], $3::", second.type, "[]) AS k(", first.name, ", ",
+                     second.name, "), LATERAL (SELECT observer FROM ", table,
+                     " WHERE session_id = $1 AND ", first.name, " = k.", first.name, " AND ",
+                     second.name, " = k.", second.name, " LIMIT 1) AS r"),
+        {Text(id), Text(std::move(first.values)), Text(std::move(second.values))});
+  }
+
   // The committed rows `delta` touches, each merged with the delta's.
   absl::StatusOr<SessionDelta> MergeWithCommitted(Connection& conn, const std::string& id,
                                                   const SessionDelta& delta) {
@@ -560,12 +581,9 @@ class PostgresStore final : public StateStore {
         layers.push_back(key.first);
         batches.push_back(key.second);
       }
-      absl::StatusOr<Result> kv = conn.Exec(
-          "SELECT k.layer, k.batch, b.observer "
-          "FROM unnest($2::integer[], $3::bigint[]) AS k(layer, batch), "
-          "LATERAL (SELECT observer FROM caliper_kv_batches WHERE session_id = $1 AND "
-          "layer = k.layer AND batch = k.batch LIMIT 1) AS b",
-          {Text(id), Text(IntArray(layers)), Text(IntArray(batches))});
+      absl::StatusOr<Result> kv =
+          ObserversByKey(conn, id, "caliper_kv_batches", {"layer", "integer", IntArray(layers)},
+                         {"batch", "bigint", IntArray(batches)});
       if (!kv.ok()) return kv.status();
       if (absl::Status s = ParseKvBatchRows(kv->get(), merged); !s.ok()) return s;
     }
@@ -584,15 +602,9 @@ class PostgresStore final : public StateStore {
         modules.push_back(module);
         blocks.push_back(kInputHistogramBlock);
       }
-      // One primary-key lookup per key (LATERAL with LIMIT, which the planner cannot flatten):
-      // as a join it hashed the session's whole history, so a flush grew with the state
-      // instead of with the rows it touches.
-      absl::StatusOr<Result> rows = conn.Exec(
-          "SELECT k.module, k.block, m.observer "
-          "FROM unnest($2::text[], $3::bigint[]) AS k(module, block), "
-          "LATERAL (SELECT observer FROM caliper_module_rows WHERE session_id = $1 AND "
-          "module = k.module AND block = k.block LIMIT 1) AS m",
-          {Text(id), Text(TextArray(modules)), Text(IntArray(blocks))});
+      absl::StatusOr<Result> rows =
+          ObserversByKey(conn, id, "caliper_module_rows", {"module", "text", TextArray(modules)},
+                         {"block", "bigint", IntArray(blocks)});
       if (!rows.ok()) return rows.status();
       if (absl::Status s = ParseModuleRows(rows->get(), merged); !s.ok()) return s;
     }

@@ -71,10 +71,16 @@ class FleetCliTest : public ::testing::TestWithParam<bool> {
         << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "head_dim": 4, "hidden_size": 16})";
-    server_ = std::make_unique<e2e::ServerProcess>(
-        std::vector<std::string>{"--listen=127.0.0.1:0", "--metrics_listen=",
-                                 GetParam() ? store : store + dir_ + "/state"},
-        dir_ + "/server.log");
+    flags_ = {"--listen=127.0.0.1:0", "--metrics_listen=",
+              GetParam() ? store : store + dir_ + "/state"};
+    StartServer({});
+  }
+  // A fresh server process over the test's store with `extra` flags.
+  void StartServer(const std::vector<std::string>& extra) {
+    std::vector<std::string> flags = flags_;
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    server_.reset();
+    server_ = std::make_unique<e2e::ServerProcess>(flags, dir_ + "/server.log");
     ASSERT_TRUE(server_->Start()) << e2e::ReadFile(dir_ + "/server.log");
     Connect();
   }
@@ -119,6 +125,7 @@ class FleetCliTest : public ::testing::TestWithParam<bool> {
   }
 
   std::string dir_;
+  std::vector<std::string> flags_;
   std::unique_ptr<e2e::ServerProcess> server_;
   std::unique_ptr<v1::Calibration::Stub> stub_;
 };
@@ -223,6 +230,57 @@ TEST_P(FleetCliTest, Kill9WithAWindowOpenAndAWatcherLosesNothing) {
   reader->Finish();
 }
 
+// kill -9 while a producer's chunks are accepted but not yet merged (a long flush interval):
+// neither they nor their tokens were committed, so the producer resumes at 1 and resends them,
+// and the window counts them once, with their statistics.
+TEST_P(FleetCliTest, Kill9BeforeAFlushCountsTheResentChunksOnce) {
+  StartServer({"--state_flush_interval=10m"});
+  ASSERT_EQ(Cli(absl::StrCat("fleets create prod --model ", dir_, "/config.json --min-tokens 8"))
+                .exit_code,
+            0);
+  const std::string session = Open("step-1");
+  std::vector<v1::TensorChunk> chunks = Traffic(session, 8, 4.0f);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    chunks[i].set_producer_id("replica-0");
+    chunks[i].set_sequence(i + 1);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ObserveSummary summary;
+    auto writer = stub_->Observe(&ctx, &summary);
+    for (const v1::TensorChunk& c : chunks) ASSERT_TRUE(writer->Write(c));
+    // Accepted, and a few fleet sweeps (every 0.5 s) pass before the kill.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    server_->Kill9();
+    writer->WritesDone();
+    EXPECT_FALSE(writer->Finish().ok());
+  }
+  ASSERT_TRUE(server_->Start()) << e2e::ReadFile(dir_ + "/server.log");
+  Connect();
+  {
+    grpc::ClientContext ctx;
+    v1::ResumeRequest req;
+    req.set_session_id(session);
+    req.set_producer_id("replica-0");
+    v1::ResumeResponse resume;
+    ASSERT_TRUE(stub_->Resume(&ctx, req, &resume).ok());
+    EXPECT_EQ(resume.next_sequence(), 1u);  // nothing of it was committed
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ObserveSummary summary;
+    auto writer = stub_->Observe(&ctx, &summary);
+    for (const v1::TensorChunk& c : chunks) ASSERT_TRUE(writer->Write(c));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+    EXPECT_EQ(summary.accepted_chunks(), 2 * kLayers);
+  }
+  const v1::FleetWindow closed = Close(session);
+  EXPECT_EQ(closed.tokens(), 8);  // once, not once per send
+  EXPECT_EQ(closed.decision(), "first_version") << closed.detail();
+  EXPECT_EQ(closed.version(), 1);
+}
+
 // The CLI as a producer: `caliper calibrate --fleet` streams dumps into a window, `caliper
 // scales --fleet` writes a version's files.
 TEST_P(FleetCliTest, CalibrateStreamsDumpsIntoWindowsAndScalesFetchesVersions) {
@@ -285,6 +343,16 @@ TEST_P(FleetCliTest, CalibrateStreamsDumpsIntoWindowsAndScalesFetchesVersions) {
   const std::string report = e2e::ReadFile(dir_ + "/report/report.json");
   EXPECT_THAT(report, HasSubstr("fleet/prod/step-2"));
   EXPECT_THAT(report, HasSubstr("fleet/prod/step-1"));
+  // Each carries its version's record; the page shows what moved from one to the other.
+  EXPECT_THAT(report, HasSubstr("\"reason\": \"new_weight_version\""));
+  EXPECT_THAT(report, HasSubstr("\"reason\": \"first_version\""));
+  const std::string html = e2e::ReadFile(dir_ + "/report/report.html");
+  EXPECT_THAT(html, HasSubstr("id=\"version-diff\""));
+  EXPECT_THAT(html, HasSubstr("Version 1 over version 2"));
+  // Head 0 peaked at 4 in step-1 and at 6 in step-2, the other heads at 0.5 in both.
+  EXPECT_THAT(html, HasSubstr("<td>50.00%</td><td style=\"text-align:left\">0.667 1.000</td>"));
+  EXPECT_THAT(html, HasSubstr(absl::StrCat(2 * kLayers, " of ", 2 * kLayers,
+                                           " layer K/V tensors moved beyond the drift")));
   r = Cli(absl::StrCat("report --fleet prod --version 9 --out ", dir_, "/report"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("NOT_FOUND"));

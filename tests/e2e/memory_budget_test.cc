@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
 #include "tests/e2e/e2e_support.h"
+#include "tests/support/llama_description.h"
 
 namespace caliper {
 namespace {
@@ -80,12 +81,8 @@ class MemoryBudgetTest : public ::testing::Test {
 
   std::string CreateSession() {
     v1::CreateSessionRequest request;
-    v1::ModelDescription* model = request.mutable_model();
-    model->set_architecture("LlamaForCausalLM");
-    model->set_num_layers(4);
-    model->set_num_attention_heads(8);
-    model->set_num_kv_heads(8);
-    model->set_head_dim(128);
+    *request.mutable_model() = testing::LlamaDescription(
+        {.layers = 4, .attention_heads = 8, .kv_heads = 8, .head_dim = 128});
     request.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
     v1::Session session;
     grpc::ClientContext context;

@@ -12,7 +12,10 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
@@ -94,6 +97,8 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     options.service.limits.max_sessions_per_tenant = max_sessions_per_tenant_;
     options.service.fleet_sweep_interval = absl::Milliseconds(20);
     options.service.fleet_clock_ms = [this] { return now_ms_.load(); };
+    options.state_flush_interval = flush_interval_;
+    options.service.fleet_saturation_layers = saturation_layers_;
     absl::StatusOr<std::unique_ptr<CaliperServer>> server =
         CaliperServer::Start(options, MakeCpuBackend(1), &log_);
     EXPECT_TRUE(server.ok()) << server.status();
@@ -257,6 +262,8 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
   testing_util::TempDir dir_;
   std::string state_store_;  // the PostgreSQL database's URI (Store::kPostgres)
   int max_sessions_per_tenant_ = 0;
+  absl::Duration flush_interval_ = absl::Seconds(1);  // --state_flush_interval
+  int saturation_layers_ = 128;                       // --fleet_saturation_layers
   std::atomic<int64_t> now_ms_{1'000'000};
   EventLog log_{LogFormat::kText, stderr};
   std::unique_ptr<CaliperServer> server_;
@@ -407,6 +414,61 @@ TEST_P(FleetServiceTest, PublishesOnSaturationReportedByEngines) {
   EXPECT_FALSE(fleet.in_use(0).stale());
   EXPECT_EQ(Window("step-1", 8, 4.0f).decision(), "saturation");
   EXPECT_TRUE(Get().in_use(0).stale());  // it runs version 1, 2 is current
+}
+
+// The metric value of the line starting `series` ("name{labels}"), or -1 when absent.
+double MetricValue(CaliperServer& server, absl::string_view series) {
+  for (absl::string_view line : absl::StrSplit(server.metrics().Render(), '\n')) {
+    if (!absl::StartsWith(line, series) || line.size() <= series.size() ||
+        line[series.size()] != ' ') {
+      continue;
+    }
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
+  }
+  return -1;
+}
+
+// The worst layer decides max_saturation; per-layer gauges up to the label limit; the engines'
+// running totals of dropped statistics become one counter per fleet.
+TEST_P(FleetServiceTest, PerLayerSaturationAndDroppedStatisticsReachPolicyAndMetrics) {
+  saturation_layers_ = 1;
+  Start();
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  Window("step-1", 8, 4.0f);
+  auto report = [&](const std::string& producer, double whole, std::vector<double> layers,
+                    int64_t dropped) {
+    grpc::ClientContext ctx;
+    v1::ReportInUseRequest req;
+    req.set_fleet("prod");
+    req.set_producer_id(producer);
+    req.set_version(1);
+    req.set_saturation(whole);
+    for (double s : layers) req.add_layer_saturation(s);
+    req.set_dropped_statistics(dropped);
+    v1::ReportInUseResponse out;
+    return stub_->ReportInUse(&ctx, req, &out);
+  };
+  // Within max_saturation (1e-4) as a whole, beyond it at layer 1.
+  ASSERT_TRUE(report("replica-0/tp0", 5e-5, {0, 2e-3}, 5).ok());
+  ASSERT_TRUE(report("replica-0/tp0", 5e-5, {0, 2e-3}, 12).ok());
+  ASSERT_TRUE(report("replica-1/tp0", 0, {1e-5, 0}, 4).ok());
+  EXPECT_EQ(report("replica-1/tp0", 0, {0, 0, 0}, 4).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  const v1::Fleet fleet = Get();
+  ASSERT_EQ(fleet.in_use_size(), 2);
+  EXPECT_THAT(fleet.in_use(0).layer_saturation(), ::testing::ElementsAre(0, 2e-3));
+  EXPECT_EQ(fleet.in_use(0).dropped_statistics(), 12);
+  EXPECT_DOUBLE_EQ(MetricValue(*server_, "caliper_fleet_saturation{fleet=\"prod\"}"), 2e-3);
+  EXPECT_DOUBLE_EQ(
+      MetricValue(*server_, "caliper_fleet_layer_saturation{fleet=\"prod\",layer=\"0\"}"), 1e-5);
+  EXPECT_EQ(  // beyond --fleet_saturation_layers=1
+      MetricValue(*server_, "caliper_fleet_layer_saturation{fleet=\"prod\",layer=\"1\"}"), -1);
+  EXPECT_DOUBLE_EQ(
+      MetricValue(*server_, "caliper_fleet_dropped_statistics_total{fleet=\"prod\"}"), 16);
+  const v1::FleetWindow closed = Window("step-1", 8, 4.0f);
+  EXPECT_EQ(closed.decision(), "saturation");
+  EXPECT_THAT(closed.detail(), HasSubstr("0.002 at layer 1"));
 }
 
 TEST_P(FleetServiceTest, OlderWeightVersionsAreRefusedAndNewerOnesCloseOlderWindows) {
@@ -585,6 +647,48 @@ TEST_P(FleetServiceTest, DeleteRemovesTheFleetAndItsWindows) {
   get.set_fleet("prod");
   v1::Fleet fleet;
   EXPECT_EQ(stub_->GetFleet(&get_ctx, get, &fleet).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Chunks the server accepted (caliper_ingested_chunks_total over kinds).
+int64_t AcceptedChunks(CaliperServer& server) {
+  int64_t total = 0;
+  for (absl::string_view line : absl::StrSplit(server.metrics().Render(), '\n')) {
+    if (!absl::StartsWith(line, "caliper_ingested_chunks_total{")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+      total += static_cast<int64_t>(value);
+    }
+  }
+  return total;
+}
+
+// A stream's chunks are accepted long before the flusher merges them (the interval is long
+// here): closing the window merges them first, so its count and its scales both hold them.
+TEST_P(FleetServiceTest, CloseWindowTakesChunksAcceptedButNotYetFlushed) {
+  flush_interval_ = absl::Minutes(10);
+  Start();
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  const std::string session = OpenOk("step-1");
+  grpc::ClientContext ctx;
+  v1::ObserveSummary summary;
+  std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer = stub_->Observe(&ctx, &summary);
+  for (const v1::TensorChunk& c : Traffic(session, 8, 4.0f)) ASSERT_TRUE(writer->Write(c));
+  for (int i = 0; i < 500 && AcceptedChunks(*server_) < 2 * kLayers; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(AcceptedChunks(*server_), 2 * kLayers);
+  const v1::FleetWindow closed = Close(session);  // the stream is still open
+  EXPECT_EQ(closed.tokens(), 8);
+  EXPECT_EQ(closed.decision(), "first_version") << closed.detail();
+  ASSERT_EQ(closed.version(), 1);
+  v1::ScalesResponse scales;
+  ASSERT_TRUE(FleetScales(1, &scales).ok());
+  ASSERT_EQ(scales.kv_layers_size(), kLayers);
+  EXPECT_FLOAT_EQ(scales.kv_layers(1).k_scale(1), 8.0f / 448.0f);
+  // Its chunks were committed before the window finalized: the stream ends OK.
+  writer->WritesDone();
+  EXPECT_TRUE(writer->Finish().ok());
+  EXPECT_EQ(summary.accepted_chunks(), 2 * kLayers);
 }
 
 TEST_P(FleetServiceTest, VersionsAndOpenWindowsSurviveARestart) {

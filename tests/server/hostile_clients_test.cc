@@ -26,6 +26,7 @@
 #include "server/inflight_budget.h"
 #include "tests/support/fake_clock_env.h"
 #include "tests/support/hostile_peers.h"
+#include "tests/support/llama_description.h"
 
 namespace caliper {
 namespace {
@@ -49,12 +50,7 @@ class HostileClientsTest : public ::testing::Test {
 
   std::string CreateSession() {
     v1::CreateSessionRequest request;
-    v1::ModelDescription* model = request.mutable_model();
-    model->set_architecture("LlamaForCausalLM");
-    model->set_num_layers(2);
-    model->set_num_attention_heads(4);
-    model->set_num_kv_heads(2);
-    model->set_head_dim(4);
+    *request.mutable_model() = testing::LlamaDescription({});
     request.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

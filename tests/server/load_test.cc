@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
+#include "tests/support/llama_description.h"
 
 namespace caliper {
 namespace {
@@ -89,14 +90,9 @@ TEST(LoadTest, SixtyFourStreamsAcrossSixteenSessionsAreExactAndBounded) {
   std::vector<std::string> ids;
   for (int s = 0; s < kSessions; ++s) {
     v1::CreateSessionRequest req;
-    v1::ModelDescription* m = req.mutable_model();
-    m->set_architecture("LlamaForCausalLM");
-    m->set_model_type("llama");
-    m->set_num_layers(kLayers);
-    m->set_num_attention_heads(kHeads * 2);
-    m->set_num_kv_heads(kHeads);
-    m->set_head_dim(kHeadDim);
-    m->set_hidden_size(kHeads * 2 * kHeadDim);
+    *req.mutable_model() = testing::LlamaDescription(
+        {.layers = kLayers, .attention_heads = kHeads * 2, .kv_heads = kHeads,
+         .head_dim = kHeadDim});
     req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
     grpc::ClientContext ctx;
     v1::Session session;

@@ -17,6 +17,7 @@
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
 #include "server/security.h"
+#include "tests/support/llama_description.h"
 
 namespace caliper {
 namespace {
@@ -106,14 +107,9 @@ class TenancyLimitsTest : public ::testing::Test {
 
   grpc::Status Create(const std::string& token, std::string* id) {
     v1::CreateSessionRequest req;
-    v1::ModelDescription* m = req.mutable_model();
-    m->set_architecture("LlamaForCausalLM");
-    m->set_model_type("llama");
-    m->set_num_layers(2);
-    m->set_num_attention_heads(4);
-    m->set_num_kv_heads(kHeads);
-    m->set_head_dim(kHeadDim);
-    m->set_hidden_size(16);
+    *req.mutable_model() = testing::LlamaDescription(
+        {.layers = 2, .attention_heads = 4, .kv_heads = kHeads, .head_dim = kHeadDim,
+         .hidden_size = 16});
     req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
     req.mutable_recipe()->set_nvfp4_weights(true);
     v1::Session session;

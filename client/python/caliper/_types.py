@@ -31,11 +31,22 @@ class ModelInfo:
     head_dim: int
     hidden_size: int
     dtype: str  # "BF16", "F16", "F32" or "" (unknown)
+    # MLA models (0 otherwise): the cache holds kv_c_normed [kv_lora_rank] and k_pe
+    # [qk_rope_head_dim] per token; num_kv_heads is then 1, head_dim their sum.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @classmethod
     def from_proto(cls, m: pb.ModelDescription) -> ModelInfo:
         return cls(m.architecture, m.model_type, m.num_layers, m.num_attention_heads,
-                   m.num_kv_heads, m.head_dim, m.hidden_size, m.dtype)
+                   m.num_kv_heads, m.head_dim, m.hidden_size, m.dtype, m.kv_lora_rank,
+                   m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -394,6 +394,10 @@ class Session:
                    tp_size: int = 1, batch: int) -> None:
         """K and V of `layer` for one forward pass `batch`, after RoPE, from TP rank tp_rank."""
         where = "observe_kv"
+        if self.model.is_mla:
+            raise _tensors.TensorError(f"{where}: the session's model is MLA (kv_lora_rank "
+                                       f"{self.model.kv_lora_rank}): its cache holds kv_c_normed "
+                                       "and k_pe, not per-head K and V; use observe_mla")
         if not 0 <= layer < self.model.num_layers:
             raise _tensors.TensorError(f"{where}: layer {layer} is outside the model's layers "
                                        f"[0, {self.model.num_layers})")
@@ -448,6 +452,37 @@ class Session:
             chunk.shape = [int(d) for d in view.shape]
             pieces = [chunk]
         chunks = [(f"layer {layer} query{_rows(c)}", pb.QUERY, c) for c in pieces]
+        self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
+
+    def observe_mla(self, layer: int, kv_c_normed: TensorLike, k_pe: TensorLike, *,
+                    tp_rank: int = 0, tp_size: int = 1, batch: int) -> None:
+        """MLA models: what the engine caches for `layer` in forward pass `batch`: kv_c_normed
+        ([..., kv_lora_rank], after kv_a_layernorm) and k_pe after RoPE ([..., qk_rope_head_dim]
+        or [..., 1, qk_rope_head_dim]). Every TP rank caches the whole latent (it is not split
+        by heads): each rank may send its copy, ranks merge by max."""
+        where = "observe_mla"
+        model = self.model
+        if not model.is_mla:
+            raise _tensors.TensorError(f"{where}: the session's model is not MLA (no "
+                                       "kv_lora_rank); use observe_kv")
+        if not 0 <= layer < model.num_layers:
+            raise _tensors.TensorError(f"{where}: layer {layer} is outside the model's layers "
+                                       f"[0, {model.num_layers})")
+        _check_batch(batch, where)
+        _tensors.check_tp(tp_rank, tp_size, where)
+        prepared = []
+        for arg, x, kind, width in (("kv_c_normed", kv_c_normed, pb.KEY, model.kv_lora_rank),
+                                    ("k_pe", k_pe, pb.VALUE, model.qk_rope_head_dim)):
+            dtype = _tensors.dtype_name(x, f"{where}: {arg}")
+            if int(x.shape[-1]) != width:
+                raise _tensors.TensorError(f"{where}: {arg}.shape: {list(x.shape)} does not end "
+                                           f"in {width} (the model's {arg} width)")
+            view = _tensors.kv_view(x.reshape(-1, width), f"{where}: {arg}", 1, width, "")
+            prepared.append((arg, kind, dtype, view))
+        chunks = []
+        for arg, kind, dtype, view in prepared:
+            for chunk in self._chunks(view, dtype, f"{where}: {arg}", kind):
+                chunks.append((f"layer {layer} {arg}{_rows(chunk)}", kind, chunk))
         self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
 
     def observe_input(self, module: str, x: TensorLike, *, batch: int, tp_rank: int = 0,

@@ -3,7 +3,7 @@ of scales a fleet publishes, and what an engine reports it runs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Sequence
 
 from ._pb import caliper_pb2 as pb
 
@@ -37,6 +37,8 @@ class InUseReport:
     version: int
     saturation: float
     stale: bool
+    layer_saturation: List[float] = dataclasses.field(default_factory=list)
+    dropped_statistics: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +54,8 @@ class FleetInfo:
     def from_proto(cls, f: pb.Fleet) -> FleetInfo:
         return cls(f.name, f.current_version, f.newest_version, f.newest_weight_version,
                    [FleetWindow.from_proto(w) for w in f.windows],
-                   [InUseReport(u.producer_id, u.version, u.saturation, u.stale)
+                   [InUseReport(u.producer_id, u.version, u.saturation, u.stale,
+                                list(u.layer_saturation), u.dropped_statistics)
                     for u in f.in_use])
 
 
@@ -107,9 +110,13 @@ def close_window(client: Client, fleet: str, *, session_id: str = "",
 
 
 def report_in_use(client: Client, fleet: str, producer_id: str, version: int,
-                  saturation: float) -> None:
+                  saturation: float, *, layer_saturation: Sequence[float] = (),
+                  dropped_statistics: int = 0) -> None:
+    """What the engine runs: `saturation` its worst layer's, `layer_saturation` per layer
+    (index = layer), `dropped_statistics` its running total of statistics not sent."""
     client._call("ReportInUse", pb.ReportInUseRequest(
-        fleet=fleet, producer_id=producer_id, version=version, saturation=saturation))
+        fleet=fleet, producer_id=producer_id, version=version, saturation=saturation,
+        layer_saturation=list(layer_saturation), dropped_statistics=dropped_statistics))
 
 
 def watch_scales(client: Client, fleet: str, *, tp_size: int = 1, after_version: int = 0,

@@ -14,6 +14,10 @@ attach(model, session) streams, for every forward pass of `model` (one forward =
     of the batch, as llm-compressor calibrates (every expert runs on every token for
     observation only; the model's output is still the routed one);
   - each target weight once, at attach time.
+MLA attention (DeepSeek-V2/V3, Kimi K2: modules with kv_a_proj_with_mqa, kv_a_layernorm and
+kv_b_proj) streams what the engine caches instead of per-head K/V: kv_c_normed (kv_a_layernorm's
+output) and k_pe after RoPE (the rotary tail of the key the attention function is handed, the same
+for every head), through Session.observe_mla; the decompressed K/V of kv_b_proj are not cached.
 Routers (`mlp.gate`, `block_sparse_moe.gate`, `shared_expert_gate`) and lm_head are never targets.
 What is streamed follows the session's recipe (K/V when kv is on, inputs and weights with NVFP4).
 """
@@ -88,12 +92,31 @@ def _original_attention(name: str, module: nn.Module):
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
+def is_mla_attention(module: nn.Module) -> bool:
+    return all(hasattr(module, a) for a in ("layer_idx", "config", "kv_a_proj_with_mqa",
+                                            "kv_a_layernorm", "kv_b_proj", "qk_nope_head_dim"))
+
+
+# id(MLA attention module) -> this forward's kv_c_normed, set by kv_a_layernorm's forward hook
+# and taken by the attention function of the same module.
+_MLA_LATENTS: Dict[int, Any] = {}
+
+
 def _make_attention(original: str):
     def caliper_attention(module, query, key, value, attention_mask, **kwargs):
         entry = _CAPTURES.get(id(module))
         if entry is not None:
             session, handle = entry
-            if handle.enabled:
+            latent = _MLA_LATENTS.pop(id(module), None)
+            if handle.enabled and is_mla_attention(module):
+                if latent is None:
+                    raise RuntimeError(f"caliper: layer {module.layer_idx}: MLA attention ran "
+                                       "without kv_a_layernorm's output (kv_c_normed)")
+                # key: [batch, heads, seq, qk_nope + qk_rope]; the rope tail is k_pe, expanded
+                # over heads from one tensor.
+                k_pe = key[:, 0, :, module.qk_nope_head_dim:]
+                session.observe_mla(module.layer_idx, latent, k_pe, batch=handle.batch)
+            elif handle.enabled:
                 session.observe_kv(module.layer_idx, key, value, batch=handle.batch)
                 if handle.query:
                     session.observe_query(module.layer_idx, query, batch=handle.batch)
@@ -150,8 +173,17 @@ def _attach(model, session, kv, inputs, weights, first_batch, moe_experts, insta
     if kv:
         configs = {}
         for _, module in model.named_modules():
-            if hasattr(module, "layer_idx") and hasattr(module, "k_proj") and hasattr(
-                    module, "config"):
+            mla = is_mla_attention(module)
+            if mla or (hasattr(module, "layer_idx") and hasattr(module, "k_proj") and hasattr(
+                    module, "config")):
+                if mla:
+                    mla_id = id(module)
+
+                    def keep_latent(_m, _args, output, module_id=mla_id):
+                        _MLA_LATENTS[module_id] = output
+                    hook = module.kv_a_layernorm.register_forward_hook(keep_latent)
+                    handle._removers.append(hook.remove)
+                    handle._removers.append(partial(_MLA_LATENTS.pop, id(module), None))
                 configs[id(module.config)] = module.config
                 with _REGISTRY_LOCK:
                     _CAPTURES[id(module)] = (session, handle)
@@ -175,7 +207,8 @@ def _attach(model, session, kv, inputs, weights, first_batch, moe_experts, insta
                 config._attn_implementation_internal = original
             handle._removers.append(restore)
         if not handle.kv_layers:
-            raise RuntimeError("attach: no attention layer with layer_idx and k_proj found")
+            raise RuntimeError("attach: no attention layer with layer_idx and k_proj (or MLA's "
+                               "kv_a_proj_with_mqa / kv_b_proj) found")
 
     for name, module in model.named_modules():
         if is_target_linear(name, module):

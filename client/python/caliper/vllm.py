@@ -318,6 +318,11 @@ class _Layer:
     elements: int = 0  # per head, of K (and of V)
 
 
+def _layer_saturation(layer: _Layer) -> float:
+    over = layer.elements * layer.heads
+    return max(sum(layer.k_over) / over, sum(layer.v_over) / over)
+
+
 class _WorkerState:
     def __init__(self, settings: Settings, layers: Dict[int, Any], tp_rank: int, tp_size: int):
         self.settings = settings
@@ -484,9 +489,20 @@ class _WorkerState:
                 k = [c / layer.elements for c in layer.k_over]
                 v = [c / layer.elements for c in layer.v_over]
                 per_layer[index] = {"k": k, "v": v}
-                worst = max(worst, sum(layer.k_over) / (layer.elements * layer.heads),
-                            sum(layer.v_over) / (layer.elements * layer.heads))
+                worst = max(worst, _layer_saturation(layer))
         return worst, per_layer
+
+    def layer_saturation(self) -> List[float]:
+        """Per layer (index = layer): the larger of K's and V's fraction over its heads, what
+        ReportInUse carries; 0 for a layer not sampled since the version in use."""
+        with self._lock:
+            if not self.layers:
+                return []
+            out = [0.0] * (max(self.layers) + 1)
+            for index, layer in self.layers.items():
+                if layer.elements:
+                    out[index] = min(1.0, _layer_saturation(layer))
+        return out
 
     def refit(self, weight_version: str) -> Dict[str, Any]:
         self._repair_reset()
@@ -647,7 +663,9 @@ class _Sender:
                     if self.state.version:
                         worst, _ = self.state.saturation()
                         report_in_use(self._control, self.settings.fleet, self.producer_id,
-                                      self.state.version, min(1.0, worst))
+                                      self.state.version, min(1.0, worst),
+                                      layer_saturation=self.state.layer_saturation(),
+                                      dropped_statistics=self.state.dropped)
             except Exception as e:  # noqa: BLE001 - unreachable, refusing, closed: go on
                 if self._log():
                     _logger().warning("caliper: %s (statistics are dropped and counted until "

@@ -5,7 +5,9 @@ process).
 attach(llm, session) streams, with this worker's TP rank and size:
   - the key and value every attention layer hands to the KV cache (after RoPE,
     [num_tokens, kv_heads_local * head_dim], only the step's actual tokens), under the
-    checkpoint's layer index;
+    checkpoint's layer index; for MLA models (DeepSeek-V3, Kimi K2) what MLAAttention caches
+    instead, kv_c_normed [num_tokens, kv_lora_rank] and k_pe [num_tokens, 1, qk_rope_head_dim]
+    (the latent is the same on every TP rank), through Session.observe_mla;
   - with NVFP4 activations, the input of every fused, TP-sharded linear layer under the
     checkpoint's module names: QKVParallelLinear `qkv_proj` and MergedColumnParallelLinear
     `gate_up_proj` are unfused through the model's packed_modules_mapping (their input, the
@@ -115,6 +117,10 @@ def attach(model: vllm.LLM, session: Session, *, kv: bool = True, inputs: bool =
         get_tensor_model_parallel_world_size,
     )
     from vllm.model_executor.layers.attention.attention import Attention
+    try:
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    except ImportError:  # a vLLM without MLA
+        MLAAttention = ()
 
     from ._pb import caliper_pb2 as pb
     recipe = session.proto.recipe
@@ -140,7 +146,8 @@ def attach(model: vllm.LLM, session: Session, *, kv: bool = True, inputs: bool =
             handle.detach()  # nothing of a refused attach stays installed
             raise
     for name, module in net.named_modules():
-        if not kv or not isinstance(module, Attention):
+        mla = isinstance(module, MLAAttention)
+        if not kv or not (mla or isinstance(module, Attention)):
             continue
         m = re.search(r"layers\.(\d+)\.", name)
         if m is None:
@@ -148,15 +155,16 @@ def attach(model: vllm.LLM, session: Session, *, kv: bool = True, inputs: bool =
         layer = int(m.group(1))
         layer_name = getattr(module, "layer_name", name)
 
-        def pre(_mod, args, layer=layer, layer_name=layer_name):
+        def pre(_mod, args, layer=layer, layer_name=layer_name, mla=mla):
             if not handle.enabled:
                 return
+            # Attention(q, key, value) / MLAAttention(q, kv_c_normed, k_pe).
             key, value = args[1], args[2]
             n = _actual_tokens(layer_name)
             if n is not None:
                 key, value = key[:n], value[:n]
-            session.observe_kv(layer, key, value, tp_rank=tp_rank, tp_size=tp_size,
-                               batch=handle.batch)
+            observe = session.observe_mla if mla else session.observe_kv
+            observe(layer, key, value, tp_rank=tp_rank, tp_size=tp_size, batch=handle.batch)
         hook = module.register_forward_pre_hook(pre)
         handle._removers.append(hook.remove)
         handle.kv_layers.append(layer)

@@ -82,6 +82,18 @@ TEST_F(FleetStateTest, ANewerWeightVersionSupersedesAndAnOlderOneIsRefused) {
   EXPECT_TRUE(state_.OpenWindow("w2", "s5", now_, limits_)->created);
 }
 
+TEST_F(FleetStateTest, RecordTokensRaisesAnOpenWindowOnly) {
+  const std::string s1 = Open("w1", "s1");
+  EXPECT_TRUE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 9)));
+  EXPECT_FALSE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 9)));  // nothing moved
+  EXPECT_FALSE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 4)));  // never lowered
+  EXPECT_EQ(state_.FindWindow(s1)->tokens.Count(), 9);
+  EXPECT_FALSE(state_.RecordTokens("unknown", testing::TokensOn(2, {0, 1}, 20)));
+  Close(s1, Refused());
+  EXPECT_FALSE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 20)));
+  EXPECT_EQ(state_.FindWindow(s1)->tokens.Count(), 9);
+}
+
 TEST_F(FleetStateTest, VersionsAreNumberedInOrderWithParentsAndSources) {
   const std::string s1 = Open("w1", "s1");
   state_.AddTokens(s1, testing::TokensOn(2, {0, 1}, 7000));
@@ -177,19 +189,44 @@ TEST_F(FleetStateTest, AResumeOlderThanRetentionIsMarkedAsAGap) {
 TEST_F(FleetStateTest, InUseReportsAreValidatedBoundedAndSaturationIsPerCurrentVersion) {
   PublishOne("w1");
   limits_.max_in_use_reports = 2;
-  EXPECT_TRUE(state_.ReportInUse({"replica-0/tp0", 1, 3e-4, 10}, limits_).ok());
+  EXPECT_TRUE(state_.ReportInUse({"replica-0/tp0", 1, 3e-4, 10, {}, 0}, limits_).ok());
   EXPECT_DOUBLE_EQ(state_.SaturationUnderCurrent(), 3e-4);
-  EXPECT_EQ(state_.ReportInUse({"", 1, 0, 10}, limits_).code(),
+  EXPECT_EQ(state_.ReportInUse({"", 1, 0, 10, {}, 0}, limits_).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(state_.ReportInUse({"x", 9, 0, 10}, limits_).message(), HasSubstr("version"));
-  EXPECT_THAT(state_.ReportInUse({"x", 1, 2.0, 10}, limits_).message(),
+  EXPECT_THAT(state_.ReportInUse({"x", 9, 0, 10, {}, 0}, limits_).status().message(),
+              HasSubstr("version"));
+  EXPECT_THAT(state_.ReportInUse({"x", 1, 2.0, 10, {}, 0}, limits_).status().message(),
               HasSubstr("saturation"));
-  EXPECT_TRUE(state_.ReportInUse({"replica-1/tp0", 1, 0, 20}, limits_).ok());
-  EXPECT_TRUE(state_.ReportInUse({"replica-2/tp0", 1, 0, 30}, limits_).ok());
+  EXPECT_TRUE(state_.ReportInUse({"replica-1/tp0", 1, 0, 20, {}, 0}, limits_).ok());
+  EXPECT_TRUE(state_.ReportInUse({"replica-2/tp0", 1, 0, 30, {}, 0}, limits_).ok());
   ASSERT_EQ(state_.in_use().size(), 2u);  // the oldest report went
   EXPECT_EQ(state_.in_use()[0].producer_id, "replica-1/tp0");
   PublishOne("w2");
   EXPECT_DOUBLE_EQ(state_.SaturationUnderCurrent(), 0.0);
+}
+
+TEST_F(FleetStateTest, LayerSaturationTakesTheWorstLayerAndDropsCountTheIncrease) {
+  PublishOne("w1");
+  // Two layers in the tiny fleet: one entry each at most, each a fraction.
+  EXPECT_THAT(state_.ReportInUse({"r0", 1, 0, 10, {0, 0, 0}, 0}, limits_).status().message(),
+              HasSubstr("layer_saturation: 3 entries"));
+  EXPECT_THAT(state_.ReportInUse({"r0", 1, 0, 10, {0, 1.5}, 0}, limits_).status().message(),
+              HasSubstr("layer_saturation[1]"));
+  EXPECT_THAT(state_.ReportInUse({"r0", 1, 0, 10, {}, -1}, limits_).status().message(),
+              HasSubstr("dropped_statistics"));
+  EXPECT_EQ(*state_.ReportInUse({"r0", 1, 1e-5, 10, {1e-5, 2e-3}, 5}, limits_), 5);
+  EXPECT_EQ(*state_.ReportInUse({"r1", 1, 1e-4, 10, {3e-3, 0}, 0}, limits_), 0);
+  int layer = -2;
+  EXPECT_DOUBLE_EQ(state_.SaturationUnderCurrent(&layer), 3e-3);  // r1's layer 0, the worst
+  EXPECT_EQ(layer, 0);
+  EXPECT_EQ(state_.LayerSaturationUnderCurrent(), (std::vector<double>{3e-3, 2e-3}));
+  // A running total: the increase counts; a smaller one (the engine restarted) counts whole.
+  EXPECT_EQ(*state_.ReportInUse({"r0", 1, 0, 20, {}, 12}, limits_), 7);
+  EXPECT_EQ(*state_.ReportInUse({"r0", 1, 0, 30, {}, 3}, limits_), 3);
+  // Without per-layer entries the whole-model figure is the worst.
+  EXPECT_EQ(*state_.ReportInUse({"r1", 1, 0.5, 30, {}, 0}, limits_), 0);
+  EXPECT_DOUBLE_EQ(state_.SaturationUnderCurrent(&layer), 0.5);
+  EXPECT_EQ(layer, -1);
 }
 
 TEST_F(FleetStateTest, FromPartsRefusesInconsistentRecords) {

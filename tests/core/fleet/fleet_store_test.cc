@@ -182,6 +182,26 @@ TEST(FleetCodecTest, ScalesRoundTripBitExactIncludingNonFinite) {
   EXPECT_EQ(back->kv->warnings.size(), 1u);
 }
 
+TEST(FleetCodecTest, InUseReportsRoundTripWithTheirLayersAndDrops) {
+  FleetState::Parts parts = FleetState(testing::TinyFleet()).ToParts();
+  parts.in_use.push_back({"r0", 0, 0.25, 10, {0.125, 0.5}, 42});
+  parts.in_use.push_back({"r1", 0, 0, 20, {}, 0});  // as records before these fields were
+  absl::StatusOr<FleetState> state = FleetState::FromParts(parts);
+  ASSERT_TRUE(state.ok()) << state.status();
+  const std::string bytes = *EncodeFleetState(*state);
+  EXPECT_EQ(bytes.find("dropped_statistics\":0"), std::string::npos);  // absent when zero
+  absl::StatusOr<FleetState> back = DecodeFleetState(bytes, FleetLimits(), Limits());
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->in_use().size(), 2u);
+  EXPECT_EQ(back->in_use()[0].layer_saturation, (std::vector<double>{0.125, 0.5}));
+  EXPECT_EQ(back->in_use()[0].dropped_statistics, 42);
+  EXPECT_TRUE(back->in_use()[1].layer_saturation.empty());
+  std::string bad = bytes;
+  bad.replace(bad.find("[0.125,0.5]"), 11, "[0.125,0.5,1]");  // more than the model's layers
+  EXPECT_THAT(DecodeFleetState(bad, FleetLimits(), Limits()).status().message(),
+              HasSubstr("layer_saturation"));
+}
+
 TEST(FleetCodecTest, BadRecordsNameTheField) {
   EXPECT_THAT(DecodeFinalScales("[]", Limits()).status().message(), HasSubstr("scales"));
   EXPECT_THAT(

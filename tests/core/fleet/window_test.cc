@@ -25,6 +25,25 @@ TEST(WindowTokensTest, CountsTpRankZeroOnlyAndTakesTheMinimumOverLayers) {
   EXPECT_EQ(tokens.Count(), 60);
 }
 
+TEST(WindowTokensTest, ComesFromTheSessionsCommittedRankZeroCountsAndOnlyRises) {
+  SessionStatus status;
+  status.layers.resize(3);
+  status.layers[0].k_rank0_tokens = 40;
+  status.layers[0].v_rank0_tokens = 30;
+  status.layers[0].k_tokens = 999;  // per head, all ranks: not the window's count
+  status.layers[1] = {0, 0, 20, 20};
+  status.layers[2] = {0, 0, 25, 50};  // beyond the fleet's two layers: ignored
+  const WindowTokens committed = WindowTokens::Committed(status, 2);
+  ASSERT_EQ(committed.num_layers(), 2);
+  EXPECT_EQ(committed.Layer(0), 30);
+  EXPECT_EQ(committed.Count(), 20);
+  WindowTokens recorded = testing::TokensOn(2, {0}, 35);
+  recorded.Raise(committed);  // a lagging read never lowers a count
+  EXPECT_EQ(recorded.k(), (std::vector<int64_t>{40, 20}));
+  EXPECT_EQ(recorded.v(), (std::vector<int64_t>{35, 20}));
+  EXPECT_EQ(WindowTokens::Committed(SessionStatus(), 2).Count(), 0);
+}
+
 TEST(WindowTokensTest, IgnoresWhatIsNotKvOfAKnownLayer) {
   WindowTokens tokens(1);
   tokens.Count(ChunkKind::kWeight, 0, 0, 100);

@@ -14,7 +14,7 @@ def main(out):
     failures = []
     for size in ("1280x800", "1920x1080"):
         w, h = (int(v) for v in size.split("x"))
-        for page, charts_min in (("report", 7), ("compare", 14)):
+        for page, charts_min in (("report", 7), ("compare", 14), ("versions", 14)):
             name = f"{page}-{size}"
             dom = open(os.path.join(out, f"{name}.dom.html"), encoding="utf-8").read()
             m = re.search(r'<pre id="layout-check">(.*?)</pre>', dom, re.S)

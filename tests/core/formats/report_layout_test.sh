@@ -13,12 +13,12 @@ CHROMIUM=$(command -v chromium || command -v chromium-browser || true)
 [[ -n "$CHROMIUM" ]] || { echo "chromium not installed: layout check skipped"; exit 77; }
 rm -rf "$OUT" && mkdir -p "$OUT"
 "$GEN" "$OUT"
-for page in report compare; do
+for page in report compare versions; do
   sed 's|</body>|<script src="layout_check.js"></script></body>|' "$OUT/$page.html" >"$OUT/$page-checked.html"
 done
 cp "$HERE/layout_check.js" "$OUT/"
 for size in 1280,800 1920,1080; do
-  for page in report compare; do
+  for page in report compare versions; do
     name="$page-${size/,/x}"
     timeout 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --hide-scrollbars \
       --allow-file-access-from-files --window-size="$size" --screenshot="$OUT/$name.png" \

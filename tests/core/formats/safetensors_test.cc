@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/fault_injection_env.h"
@@ -81,6 +82,38 @@ TEST(SafetensorsTest, RoundTripKeepsNamesShapesBytesAndMetadata) {
   std::memcpy(&header_len, bytes.data(), 8);
   EXPECT_EQ(header_len % 8, 0u);
   EXPECT_EQ(bytes.size(), 8 + header_len + 16 + 4 + 4 + 12 + 3);
+}
+
+TEST(SafetensorsTest, FindLocatesEveryNameAndNothingElse) {
+  // Names written in descending order and of mixed widths, so data order, insertion order and
+  // name order all differ.
+  SafetensorsWriter writer;
+  constexpr int kTensors = 300;
+  for (int i = kTensors - 1; i >= 0; --i) {
+    const std::string dtype = i % 3 == 0 ? "F32" : "U8";
+    const std::string bytes = dtype == "F32" ? FloatBytes({static_cast<float>(i)})
+                                             : std::string(1, static_cast<char>(i % 251));
+    ASSERT_TRUE(writer.Add(absl::StrCat("layers.", i, ".x"), dtype, {1}, bytes).ok());
+  }
+  auto file = SafetensorsFile::FromBytes(writer.Serialize());
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (int i = 0; i < kTensors; ++i) {
+    const std::string name = absl::StrCat("layers.", i, ".x");
+    const SafetensorsEntry* entry = (*file)->Find(name);
+    ASSERT_NE(entry, nullptr) << name;
+    EXPECT_EQ(entry->name, name);
+    if (i % 3 == 0) {
+      float value;
+      std::memcpy(&value, (*file)->Data(*entry).data(), 4);
+      EXPECT_EQ(value, static_cast<float>(i)) << name;
+    } else {
+      EXPECT_EQ((*file)->Data(*entry)[0], static_cast<uint8_t>(i % 251)) << name;
+    }
+  }
+  EXPECT_EQ((*file)->Find("layers.1"), nullptr);        // a prefix of stored names
+  EXPECT_EQ((*file)->Find("layers.1.x.y"), nullptr);    // an extension of one
+  EXPECT_EQ((*file)->Find(""), nullptr);
+  EXPECT_EQ((*file)->Find("zzz"), nullptr);              // after every name
 }
 
 TEST(SafetensorsTest, ViewOfBf16AndScalarAndRefusalOfU8) {

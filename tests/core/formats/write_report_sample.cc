@@ -1,6 +1,7 @@
-// Writes report.html for one session and for a comparison of two (a 32-layer, 8-KV-head model
-// with heavy-tailed K/V and outlier heads, mse and percentile sessions), as `caliper report`
-// renders them, for the layout check in headless Chromium (report_layout_test.sh).
+// Writes report.html for one session, compare.html for a comparison of two (a 32-layer,
+// 8-KV-head model with heavy-tailed K/V and outlier heads, mse and percentile sessions) and
+// versions.html for two fleet versions computed from them, as `caliper report` renders them, for
+// the layout check in headless Chromium (report_layout_test.sh).
 // usage: formats_write_report_sample OUT_DIR
 #include <cmath>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fleet/version_report.h"
 #include "core/formats/report_html.h"
 #include "core/session/session.h"
 #include "core/session/session_report.h"
@@ -19,7 +21,12 @@ namespace {
 
 constexpr int kLayers = 32, kHeads = 8, kHeadDim = 128, kTokens = 64;
 
-std::string Report(KvObserverKind observer, const char* name, ReductionBackend& backend) {
+struct Sample {
+  std::string report;
+  FinalScales scales;
+};
+
+Sample Report(KvObserverKind observer, const char* name, ReductionBackend& backend) {
   ModelConfig m;
   m.architecture = "LlamaForCausalLM";
   m.model_type = "llama";
@@ -56,7 +63,27 @@ std::string Report(KvObserverKind observer, const char* name, ReductionBackend& 
   }
   auto observations = (*session)->Observations();
   if (!observations.ok()) std::abort();
-  return BuildSessionReportJson(*observations);
+  FinalScales scales;
+  scales.kv = FinalizeKvScales(observations->kv_layers, KvGranularity::kPerHead,
+                               Fp8Flavor::kE4M3FN);
+  return {BuildSessionReportJson(*observations), std::move(scales)};
+}
+
+// `sample` as the report of a fleet's version `id` (its window).
+std::string VersionReport(const Sample& sample, int64_t id, const char* weight_version,
+                          PublishReason reason) {
+  Fleet fleet;
+  fleet.name = "prod";
+  FleetState state(fleet);
+  FleetVersion version;
+  version.id = id;
+  version.parent = id - 1;
+  version.weight_version = weight_version;
+  version.reason = reason;
+  version.windows = {{"0123456789abcdef", kTokens}};
+  auto report = VersionReportJson(sample.report, state, version, sample.scales);
+  if (!report.ok()) std::abort();
+  return *report;
 }
 
 int Main(int argc, char** argv) {
@@ -65,11 +92,21 @@ int Main(int argc, char** argv) {
     return 2;
   }
   auto backend = MakeCpuBackend(1);
-  const std::string a = Report(KvObserverKind::kMse, "mse", *backend);
-  const std::string b = Report(KvObserverKind::kPercentile, "percentile", *backend);
+  const Sample a = Report(KvObserverKind::kMse, "mse", *backend);
+  const Sample b = Report(KvObserverKind::kPercentile, "percentile", *backend);
+  // The older version's K scales lower in every fourth layer, so the diff has moves to mark.
+  Sample older = b;
+  for (size_t layer = 0; layer < older.scales.kv->k.size(); layer += 4) {
+    for (size_t h = 0; h < older.scales.kv->k[layer].size(); ++h) {
+      older.scales.kv->k[layer][h] *= 1.0f - 0.03f * static_cast<float>(h);
+    }
+  }
   for (const auto& [file, reports] :
-       {std::pair<std::string, std::vector<std::string>>{"report.html", {a}},
-        {"compare.html", {a, b}}}) {
+       {std::pair<std::string, std::vector<std::string>>{"report.html", {a.report}},
+        {"compare.html", {a.report, b.report}},
+        {"versions.html",
+         {VersionReport(b, 3, "step-300", PublishReason::kDrift),
+          VersionReport(older, 2, "step-200", PublishReason::kNewWeightVersion)}}}) {
     auto html = RenderReportHtml(reports);
     if (!html.ok()) {
       std::fprintf(stderr, "%s\n", std::string(html.status().message()).c_str());

@@ -150,9 +150,9 @@ TEST_F(HybridSessionTest, LinearAttentionLayersHaveNoKvScales) {
   ASSERT_TRUE(Observe(*s, ChunkKind::kValue, 3, 2, 2.0f).ok());
   ASSERT_TRUE(Observe(*s, ChunkKind::kQuery, 3, 4, 5.0f).ok());
 
-  // Durable as a version-4 record that keeps the layer kinds.
+  // Durable as a version-6 record that keeps the layer kinds.
   const SessionSnapshot snapshot = SnapshotSession(*s);
-  EXPECT_EQ(snapshot.bytes[1], 4);
+  EXPECT_EQ(snapshot.bytes[1], 6);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> back = RestoreSession(snapshot.bytes);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ((*back)->model().layer_attention, s->model().layer_attention);

@@ -248,7 +248,7 @@ TEST_F(SessionQueryTest, MovingAverageObserverAveragesTheQueryPerBatch) {
   }
 }
 
-TEST_F(SessionQueryTest, StateRoundTripKeepsTheQueryAndOtherSessionsKeepVersion3) {
+TEST_F(SessionQueryTest, StateRoundTripKeepsTheQueryAndOtherSessionsKeepVersion5) {
   const std::vector<float> q = Ramp(kTokens * kQHeads * kHeadDim, 0.7f, 0.0f);
   Recipe recipe = QueryRecipe();
   recipe.histograms = true;
@@ -256,7 +256,7 @@ TEST_F(SessionQueryTest, StateRoundTripKeepsTheQueryAndOtherSessionsKeepVersion3
   Feed(*s, q);
   const SessionSnapshot snapshot = SnapshotSession(*s);
   ASSERT_GT(snapshot.bytes.size(), 2u);
-  EXPECT_EQ(snapshot.bytes[1], 4);
+  EXPECT_EQ(snapshot.bytes[1], 6);
   absl::StatusOr<std::unique_ptr<CalibrationSession>> back = RestoreSession(snapshot.bytes);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE((*back)->recipe().ObservesQuery());
@@ -282,7 +282,7 @@ TEST_F(SessionQueryTest, StateRoundTripKeepsTheQueryAndOtherSessionsKeepVersion3
   Recipe off;
   off.kv = KvMode::kPerHead;
   auto plain = New(off);
-  EXPECT_EQ(SnapshotSession(*plain).bytes[1], 3);
+  EXPECT_EQ(SnapshotSession(*plain).bytes[1], 5);
 }
 
 TEST_F(SessionQueryTest, ReplicaDeltasCarryTheQuery) {

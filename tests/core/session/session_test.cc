@@ -154,6 +154,13 @@ TEST_F(SessionTest, FourTpRanksEqualOneUnshardedChunk) {
     });
   }
   for (std::thread& t : ranks) t.join();
+  // Every rank saw the replica's tokens: only rank 0 counts them (a fleet window's count).
+  for (const CalibrationSession* s : {whole.get(), sharded.get()}) {
+    const SessionStatus status = s->Status();
+    ASSERT_EQ(status.layers.size(), static_cast<size_t>(kLayers));
+    EXPECT_EQ(status.layers[1].k_rank0_tokens, kTokens);
+    EXPECT_EQ(status.layers[1].v_rank0_tokens, kTokens);
+  }
 
   const SessionScales a = Final(*whole);
   const SessionScales b = Final(*sharded);

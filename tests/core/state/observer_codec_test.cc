@@ -62,10 +62,13 @@ TEST(ObserverCodecTest, ProducerGoldenBytes) {
 }
 
 TEST(ObserverCodecTest, KvLayerRoundTripIsBitExact) {
-  const KvLayerObserver kv = SampleKvLayer();
+  KvLayerObserver kv = SampleKvLayer();
+  kv.k_rank0_tokens = 1'000'000'007;
+  kv.v_rank0_tokens = 3;
   const std::string bytes = EncodeKvLayerObserver(kv);
-  // + two empty batch maps and two empty histogram lists (version 2).
-  EXPECT_EQ(bytes.size(), 2 + 2 * (4 + 4 * 4) + 2 * (4 + 4 * 8) + 2 * 4 + 2 * 4);
+  // + two empty batch maps (version 2), the two rank 0 counts (version 3) and two empty
+  // histogram lists.
+  EXPECT_EQ(bytes.size(), 2 + 2 * (4 + 4 * 4) + 2 * (4 + 4 * 8) + 2 * 4 + 2 * 8 + 2 * 4);
   auto back = DecodeKvLayerObserver(bytes);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(Bits(back->k_absmax), Bits(kv.k_absmax));
@@ -73,7 +76,22 @@ TEST(ObserverCodecTest, KvLayerRoundTripIsBitExact) {
   EXPECT_EQ(Bits(back->v_absmax), Bits(kv.v_absmax));
   EXPECT_EQ(back->k_tokens, kv.k_tokens);
   EXPECT_EQ(back->v_tokens, kv.v_tokens);
+  EXPECT_EQ(back->k_rank0_tokens, 1'000'000'007);
+  EXPECT_EQ(back->v_rank0_tokens, 3);
   EXPECT_EQ(EncodeKvLayerObserver(*back), bytes);
+
+  // Version 2 (no rank 0 counts) still decodes, with counts of 0; a negative count is refused.
+  std::string v2 = bytes;
+  v2[1] = 2;
+  v2.erase(v2.size() - 2 * 4 - 2 * 8, 2 * 8);
+  auto old = DecodeKvLayerObserver(v2);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->k_tokens, kv.k_tokens);
+  EXPECT_EQ(old->k_rank0_tokens, 0);
+  EXPECT_EQ(old->v_rank0_tokens, 0);
+  kv.v_rank0_tokens = -1;
+  const absl::Status negative = DecodeKvLayerObserver(EncodeKvLayerObserver(kv)).status();
+  EXPECT_NE(negative.message().find("kv_layer.v_rank0_tokens"), std::string::npos) << negative;
 
   // Empty and freshly seeded observers too.
   for (int heads : {0, 1, 8}) {
@@ -167,7 +185,8 @@ TEST(ObserverCodecTest, EveryTruncationFailsNamingAField) {
   }
   // The field is the one actually cut: drop the last byte of v_tokens.
   std::string kv = EncodeKvLayerObserver(SampleKvLayer());
-  kv.resize(kv.size() - 17);  // the (empty) batch maps and histogram lists, v_tokens' last byte
+  // The (empty) batch maps, the rank 0 counts, the (empty) histogram lists, v_tokens' last byte.
+  kv.resize(kv.size() - 33);
   auto status = DecodeKvLayerObserver(kv).status();
   EXPECT_NE(status.message().find("kv_layer.v_tokens"), std::string::npos) << status;
 }
@@ -204,7 +223,7 @@ TEST(ObserverCodecTest, BatchRangesRoundTripAndVersionOneStillDecodes) {
   // Version 1: the same body without the batch maps.
   std::string v1 = EncodeKvLayerObserver(SampleKvLayer());
   v1[1] = 1;
-  v1.resize(v1.size() - 16);  // without the batch maps and histogram lists
+  v1.resize(v1.size() - 32);  // without the batch maps, rank 0 counts and histogram lists
   auto old = DecodeKvLayerObserver(v1);
   ASSERT_TRUE(old.ok()) << old.status();
   EXPECT_EQ(Bits(old->k_absmax), Bits(SampleKvLayer().k_absmax));
@@ -346,7 +365,7 @@ TEST(ObserverCodecTest, RandomBytesNeverCrashAndDecodedBlobsAreCanonical) {
     for (char& c : bytes) c = static_cast<char>(rng() % 4 == 0 ? rng() : rng() % 3);
     if (!bytes.empty()) bytes[0] = "KMAP"[rng() % 4];
     if (bytes.size() > 1) {
-      bytes[1] = bytes[0] == 'K' ? static_cast<char>(2 + rng() % 2) : bytes[0] == 'A' ? 2 : 1;
+      bytes[1] = bytes[0] == 'K' ? static_cast<char>(3 + rng() % 2) : bytes[0] == 'A' ? 3 : 1;
     }
     if (auto kv = DecodeKvLayerObserver(bytes); kv.ok()) {
       ++decoded;

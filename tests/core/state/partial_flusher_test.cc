@@ -286,6 +286,26 @@ TEST_F(PartialFlusherTest, AReleasedPartialIsMergedThenForgotten) {
   EXPECT_EQ(store_->forgotten_.load(), 1);
 }
 
+TEST_F(PartialFlusherTest, FlushCommitsEveryPartialOfTheSessionNow) {
+  std::shared_ptr<CalibrationSession> a = Partial(), b = Partial();
+  auto pa = flusher_->Register(a), pb = flusher_->Register(b);
+  for (int i : {0, 2}) Observe(*a, i, *backend_);  // K of layer 0, 2 tokens each (rank 0)
+  Observe(*b, 4, *backend_);
+  EXPECT_EQ(store_->accepted(), 0);  // the interval is an hour
+  ASSERT_TRUE(flusher_->Flush("s1").ok());
+  EXPECT_EQ(store_->accepted(), 3);
+  // The rank 0 token counts are committed with the statistics, in the same merge.
+  absl::StatusOr<SessionStatus> status = store_->GetStatus("s1", "");
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->layers[0].k_rank0_tokens, 6);
+  EXPECT_EQ(status->layers[0].v_rank0_tokens, 0);
+  EXPECT_TRUE(flusher_->Flush("another").ok());  // no partial of it: nothing to wait for
+  flusher_->Release(pa);
+  flusher_->Release(pb);
+  flusher_->Stop();
+  EXPECT_TRUE(flusher_->Flush("s1").ok());  // released and merged: nothing left of it
+}
+
 TEST_F(PartialFlusherTest, TheIntervalRunsOnTheEnvClock) {
   // An hour's interval on a fake clock: nothing merges until the clock is advanced past it,
   // then the periodic pass merges without a waiter and without anyone sleeping an hour.

@@ -23,9 +23,11 @@ using H = MagnitudeHistogram;
 class ReferenceBackend : public ReductionBackend {
  public:
   absl::string_view name() const override { return "reference"; }
-  absl::Status Range(const TensorView&, RangeStats*) override { return absl::OkStatus(); }
-  absl::Status AbsMaxPerHead(const TensorView&, int64_t, int64_t, absl::Span<float>,
-                             int64_t*) override {
+
+ protected:
+  absl::Status CheckedRange(const TensorView&, RangeStats*) override { return absl::OkStatus(); }
+  absl::Status CheckedAbsMaxPerHead(const TensorView&, int64_t, int64_t, absl::Span<float>,
+                                    int64_t*) override {
     return absl::OkStatus();
   }
 };

@@ -179,16 +179,18 @@ class GatheringBackend : public ReductionBackend {
   explicit GatheringBackend(int64_t min_run_bytes) : min_run_bytes_(min_run_bytes) {}
   absl::string_view name() const override { return "gathering"; }
   int64_t min_run_bytes() const override { return min_run_bytes_; }
-  absl::Status Range(const TensorView& t, RangeStats* out) override {
+  std::vector<size_t> runs;
+
+ protected:
+  absl::Status CheckedRange(const TensorView& t, RangeStats* out) override {
     runs.push_back(t.bytes().size());
     return cpu_->Range(t, out);
   }
-  absl::Status AbsMaxPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
-                             absl::Span<float> out, int64_t* nonfinite) override {
+  absl::Status CheckedAbsMaxPerHead(const TensorView& t, int64_t num_heads, int64_t head_dim,
+                                    absl::Span<float> out, int64_t* nonfinite) override {
     runs.push_back(t.bytes().size());
     return cpu_->AbsMaxPerHead(t, num_heads, head_dim, out, nonfinite);
   }
-  std::vector<size_t> runs;
 
  private:
   std::unique_ptr<ReductionBackend> cpu_ = MakeCpuBackend(1);
