@@ -54,13 +54,12 @@ struct ModelConfig {
   // Per layer, for models whose layers differ (Gemma 3, Qwen3-Next); empty: every layer is full
   // attention.
   std::vector<LayerAttention> layer_attention = {};
+  // Set for MLA models (config.json has kv_lora_rank).
+  std::optional<MlaConfig> mla = std::nullopt;
 };
 
 // Whether `layer` keeps a KV cache (true for every layer of a model without layer kinds).
 bool LayerHasKvCache(const ModelConfig& model, int layer);
-  // Set for MLA models (config.json has kv_lora_rank).
-  std::optional<MlaConfig> mla = std::nullopt;
-};
 
 // Width of one part of an MLA cache entry: KEY chunks of an MLA model carry kv_c_normed
 // (kv_lora_rank wide), VALUE chunks k_pe (qk_rope_head_dim wide). `key` picks the part.
