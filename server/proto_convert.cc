@@ -47,11 +47,17 @@ constexpr EnumPair<Compat, v1::Compat> kCompats[] = {
     {Compat::kCaliper, v1::COMPAT_UNSPECIFIED},
     {Compat::kLlmCompressor, v1::COMPAT_LLM_COMPRESSOR},
 };
+constexpr EnumPair<AttentionScales, v1::AttentionScales> kAttentionScales[] = {
+    {AttentionScales::kOff, v1::ATTENTION_UNSPECIFIED},
+    {AttentionScales::kOff, v1::ATTENTION_OFF},
+    {AttentionScales::kQuery, v1::ATTENTION_Q},
+};
 constexpr EnumPair<ChunkKind, v1::TargetKind> kChunkKinds[] = {
     {ChunkKind::kKey, v1::KEY},
     {ChunkKind::kValue, v1::VALUE},
     {ChunkKind::kWeight, v1::WEIGHT},
     {ChunkKind::kInput, v1::INPUT_ACTIVATION},
+    {ChunkKind::kQuery, v1::QUERY},
 };
 constexpr EnumPair<SessionState, v1::SessionState> kSessionStates[] = {
     {SessionState::kOpen, v1::OPEN},
@@ -111,6 +117,12 @@ absl::StatusOr<ModelConfig> ModelFromProto(const v1::ModelDescription& proto,
   fields.num_kv_heads = proto.num_kv_heads();
   fields.head_dim = proto.head_dim();
   fields.hidden_size = proto.hidden_size();
+  if (proto.layer_types_size() > limits.max_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("model.layer_types: ", proto.layer_types_size(),
+                                                   " entries, over max_layers=",
+                                                   limits.max_layers));
+  }
+  fields.layer_types.assign(proto.layer_types().begin(), proto.layer_types().end());
   fields.kv_lora_rank = proto.kv_lora_rank();
   fields.qk_rope_head_dim = proto.qk_rope_head_dim();
   fields.qk_nope_head_dim = proto.qk_nope_head_dim();
@@ -131,6 +143,7 @@ v1::ModelDescription ModelToProto(const ModelConfig& model) {
   proto.set_head_dim(model.head_dim);
   proto.set_hidden_size(model.hidden_size);
   if (model.dtype.has_value()) proto.set_dtype(std::string(DTypeName(*model.dtype)));
+  for (LayerAttention kind : model.layer_attention) proto.add_layer_types(LayerAttentionName(kind));
   if (model.mla.has_value()) {
     proto.set_kv_lora_rank(model.mla->kv_lora_rank);
     proto.set_qk_rope_head_dim(model.mla->qk_rope_head_dim);
@@ -182,6 +195,10 @@ absl::StatusOr<Recipe> RecipeFromProto(const v1::Recipe& proto, const Limits& li
   absl::StatusOr<Compat> compat = FromProto(kCompats, proto.compat(), "recipe.compat");
   if (!compat.ok()) return compat.status();
   recipe.compat = *compat;
+  absl::StatusOr<AttentionScales> attention =
+      FromProto(kAttentionScales, proto.attention(), "recipe.attention");
+  if (!attention.ok()) return attention.status();
+  recipe.attention = *attention;
   return recipe;
 }
 
@@ -197,6 +214,7 @@ v1::Recipe RecipeToProto(const Recipe& recipe) {
   proto.set_activation_percentile(recipe.activation_percentile);
   proto.set_histograms(recipe.histograms);
   proto.set_compat(ToProto(kCompats, recipe.compat));
+  if (recipe.ObservesQuery()) proto.set_attention(ToProto(kAttentionScales, recipe.attention));
   proto.set_averaging_constant(recipe.averaging_constant);
   std::vector<std::string> groups;
   for (const std::vector<std::string>& group : recipe.fused_groups.groups) {
@@ -413,6 +431,10 @@ absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
       row->mutable_v_absmax()->Add(kv.v_absmax[layer].begin(), kv.v_absmax[layer].end());
       row->mutable_k_scale()->Add(kv.k[layer].begin(), kv.k[layer].end());
       row->mutable_v_scale()->Add(kv.v[layer].begin(), kv.v[layer].end());
+      if (layer < kv.q.size()) {
+        row->mutable_q_absmax()->Add(kv.q_absmax[layer].begin(), kv.q_absmax[layer].end());
+        row->mutable_q_scale()->Add(kv.q[layer].begin(), kv.q[layer].end());
+      }
     }
   }
   for (size_t layer = 0; layer < scales.rank_slices.size(); ++layer) {

@@ -225,12 +225,14 @@ void ApplyKvHistogramObserver(absl::Span<const KvLayerObserver> layers, KvObserv
   const bool mse = kind == KvObserverKind::kMse;
   const double qmax = Fp8Max(scales->flavor);
   for (size_t l = 0; l < layers.size() && l < scales->k.size(); ++l) {
-    for (int kv = 0; kv < 2; ++kv) {
-      const std::vector<MagnitudeHistogram>& hists = kv == 0 ? layers[l].k_hist : layers[l].v_hist;
-      std::vector<float>& out = kv == 0 ? scales->k[l] : scales->v[l];
+    if (!KvLayerHasScales(*scales, l)) continue;  // no KV cache
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue, KvKind::kQuery}) {
+      if (kind == KvKind::kQuery && l >= scales->q.size()) continue;  // query not observed
+      const std::vector<MagnitudeHistogram>& hists = layers[l].hist(kind);
+      std::vector<float>& out = KvScaleRows(*scales, kind)[l];
       if (hists.empty()) {
         scales->warnings.push_back(
-            {absl::StrCat("layer ", l, " ", kv == 0 ? "K" : "V"),
+            {absl::StrCat("layer ", l, " ", KvKindLetter(kind)),
              "no histogram was kept for this layer; the scale is the absmax one"});
         continue;
       }

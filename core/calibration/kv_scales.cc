@@ -38,12 +38,32 @@ float ScaleOrWarn(float absmax, bool observed, float qmax, const ScaleArithmetic
 
 }  // namespace
 
+std::vector<std::vector<float>>& KvAbsMaxRows(KvScales& scales, KvKind kind) {
+  return kind == KvKind::kKey ? scales.k_absmax : kind == KvKind::kValue ? scales.v_absmax
+                                                                         : scales.q_absmax;
+}
+std::vector<std::vector<float>>& KvScaleRows(KvScales& scales, KvKind kind) {
+  return kind == KvKind::kKey ? scales.k : kind == KvKind::kValue ? scales.v : scales.q;
+}
+const std::vector<std::vector<float>>& KvAbsMaxRows(const KvScales& scales, KvKind kind) {
+  return KvAbsMaxRows(const_cast<KvScales&>(scales), kind);
+}
+const std::vector<std::vector<float>>& KvScaleRows(const KvScales& scales, KvKind kind) {
+  return KvScaleRows(const_cast<KvScales&>(scales), kind);
+}
+
 float Fp8Max(Fp8Flavor flavor) { return flavor == Fp8Flavor::kE4M3FNUZ ? 240.0f : 448.0f; }
 
+bool KvLayerHasScales(const KvScales& scales, size_t layer) {
+  return layer >= scales.layer_attention.size() || HasKvCache(scales.layer_attention[layer]);
+}
+
 KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularity granularity,
-                          Fp8Flavor flavor, const KvScaleRule& rule) {
+                          Fp8Flavor flavor, const KvScaleRule& rule,
+                          absl::Span<const LayerAttention> layer_attention) {
   const bool moving_average = rule.observer == KvObserverKind::kMinMax;
   KvScales out;
+  out.layer_attention.assign(layer_attention.begin(), layer_attention.end());
   out.granularity = granularity;
   out.flavor = flavor;
   for (const KvLayerObserver& layer : layers) {
@@ -51,19 +71,28 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
   }
   const float qmax = Fp8Max(flavor);
   const size_t heads = out.num_kv_heads;
+  const bool query = !layers.empty() && std::all_of(layers.begin(), layers.end(),
+                                                    [](const KvLayerObserver& layer) {
+                                                      return !layer.q_absmax.empty();
+                                                    });
+  std::vector<KvKind> kinds = {KvKind::kKey, KvKind::kValue};
+  if (query) kinds.push_back(KvKind::kQuery);
   for (size_t l = 0; l < layers.size(); ++l) {
     const KvLayerObserver& layer = layers[l];
-    for (int kind = 0; kind < 2; ++kind) {
-      const char* name = kind == 0 ? "K" : "V";
-      const KvKind kv_kind = kind == 0 ? KvKind::kKey : KvKind::kValue;
+    for (KvKind kv_kind : kinds) {
+      if (!KvLayerHasScales(out, l)) {  // no KV cache: no scales, nothing to warn about
+        KvAbsMaxRows(out, kv_kind).emplace_back();
+        KvScaleRows(out, kv_kind).emplace_back();
+        continue;
+      }
+      const char* name = KvKindLetter(kv_kind);
       const std::vector<float> averaged =
           moving_average ? layer.MovingAverageAbsMax(kv_kind,
                                                      granularity == KvGranularity::kPerTensor,
                                                      rule.averaging_constant, rule.arithmetic)
                          : std::vector<float>();
-      const std::vector<float>& absmax =
-          moving_average ? averaged : (kind == 0 ? layer.k_absmax : layer.v_absmax);
-      const std::vector<int64_t>& tokens = kind == 0 ? layer.k_tokens : layer.v_tokens;
+      const std::vector<float>& absmax = moving_average ? averaged : layer.absmax(kv_kind);
+      const std::vector<int64_t>& tokens = layer.tokens(kv_kind);
       auto head_absmax = [&](size_t h) { return h < absmax.size() ? absmax[h] : 0.0f; };
       auto head_observed = [&](size_t h) { return h < tokens.size() && tokens[h] > 0; };
       std::vector<float> entry_absmax, entry_scale;
@@ -100,8 +129,8 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
         entry_scale.push_back(
             ScaleOrWarn(layer_max, any_observed, qmax, rule.arithmetic, where, out.warnings));
       }
-      (kind == 0 ? out.k_absmax : out.v_absmax).push_back(std::move(entry_absmax));
-      (kind == 0 ? out.k : out.v).push_back(std::move(entry_scale));
+      KvAbsMaxRows(out, kv_kind).push_back(std::move(entry_absmax));
+      KvScaleRows(out, kv_kind).push_back(std::move(entry_scale));
     }
   }
   return out;
@@ -209,6 +238,10 @@ absl::StatusOr<std::vector<std::vector<float>>> DeployedKvRows(const KvScales& s
   std::vector<std::vector<float>> rows;
   rows.reserve(scales.k.size());
   for (size_t l = 0; l < scales.k.size(); ++l) {
+    if (!KvLayerHasScales(scales, l) && scales.k[l].empty() && scales.v[l].empty()) {
+      rows.emplace_back();  // no KV cache: an empty row
+      continue;
+    }
     if (scales.k[l].size() != width || scales.v[l].size() != width) {
       return absl::InvalidArgumentError(absl::StrCat("scales[", l, "]: ", scales.k[l].size(),
                                                      " K and ", scales.v[l].size(),

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/calibration/model_config.h"
 #include "core/calibration/observers.h"
 #include "core/calibration/warnings.h"
 
@@ -27,6 +28,12 @@ struct KvScales {
   int num_kv_heads = 0;                  // original heads
   std::vector<std::vector<float>> k_absmax, v_absmax;  // [layer][head or 0]
   std::vector<std::vector<float>> k, v;                // [layer][head or 0]
+  // The query's (recipe attention q), over the same entries; empty when it is not observed.
+  // Engines quantize Q with it (vLLM's q_scale: per tensor, or one per KV head).
+  std::vector<std::vector<float>> q_absmax, q;         // [layer][head or 0]
+  // The model's layer kinds (empty: every layer full attention). A layer without a KV cache
+  // (linear attention) has empty rows: it has no K/V (or Q) scales.
+  std::vector<LayerAttention> layer_attention;
   std::vector<ScaleWarning> warnings;    // one per zero, non-finite or unobserved entry
   // MLA models only (else empty): per layer, the absmax of each cached part, kv_c_normed
   // (latent) and k_pe (rope). k / v then hold the one scale of the cached entry (both equal),
@@ -43,12 +50,25 @@ struct KvScaleRule {
   ScaleArithmetic arithmetic;
 };
 
+// The absmax / scale rows of one kind (K, V or Q).
+std::vector<std::vector<float>>& KvAbsMaxRows(KvScales& scales, KvKind kind);
+std::vector<std::vector<float>>& KvScaleRows(KvScales& scales, KvKind kind);
+const std::vector<std::vector<float>>& KvAbsMaxRows(const KvScales& scales, KvKind kind);
+const std::vector<std::vector<float>>& KvScaleRows(const KvScales& scales, KvKind kind);
+// True when the scales carry the query's (every layer has a q row).
+inline bool HasQueryScales(const KvScales& scales) { return !scales.q.empty(); }
+
 // A zero, subnormal, non-finite or never-observed absmax (or one whose scale would not be a
 // normal float) yields scale 1.0 (LightLLM's convention) and a warning naming layer and head.
 // Per tensor takes the max over heads before dividing (kMinMax: averages the per-batch values
-// over all heads).
+// over all heads). Q scales are produced when every layer observer has q arrays.
+// `layer_attention`: the model's layer kinds; layers without a KV cache get empty rows and no
+// warnings.
 KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularity granularity,
-                          Fp8Flavor flavor, const KvScaleRule& rule = KvScaleRule());
+                          Fp8Flavor flavor, const KvScaleRule& rule = KvScaleRule(),
+                          absl::Span<const LayerAttention> layer_attention = {});
+// Whether layer `layer` of `scales` has K/V scales (a KV cache).
+bool KvLayerHasScales(const KvScales& scales, size_t layer);
 
 // MLA: one per-tensor scale per layer for the cached entry [kv_c_normed | k_pe], the way vLLM
 // and SGLang quantize it (one scale for both parts). Each layer observer holds kv_c_normed in
@@ -76,7 +96,8 @@ absl::StatusOr<int> DeployedTotalKvHeads(int num_kv_heads, int tp_size);
 absl::StatusOr<std::vector<float>> AdaptHeadRow(absl::Span<const float> row, int n, int m);
 
 // Every layer's row over the deployment's `total_heads` heads, from scales over `num_kv_heads`
-// original heads: per head [K_0..K_{m-1} | V_0..V_{m-1}] via AdaptHeadRow, per tensor [K, V].
+// original heads: per head [K_0..K_{m-1} | V_0..V_{m-1}] via AdaptHeadRow, per tensor [K, V];
+// empty for a layer without a KV cache.
 // Independent of the FP8 flavor; InvalidArgument naming the layer whose entries do not fit.
 absl::StatusOr<std::vector<std::vector<float>>> DeployedKvRows(const KvScales& scales,
                                                                int num_kv_heads, int total_heads);

@@ -36,6 +36,15 @@ absl::StatusOr<int64_t> PositiveInt(const json* value, const char* key) {
   return value->get<int64_t>();
 }
 
+absl::StatusOr<LayerAttention> ParseLayerType(const std::string& name, const std::string& field) {
+  if (name == "full_attention" || name == "attention") return LayerAttention::kFull;
+  if (name == "sliding_attention") return LayerAttention::kSliding;
+  if (name == "linear_attention" || name == "mamba") return LayerAttention::kLinear;
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": unknown layer type \"", name.substr(0, 64),
+      "\" (known: full_attention, sliding_attention, linear_attention)"));
+}
+
 // MLA: the four dims all present and within max_head_dim, the cache entry too; then the cache
 // geometry is one latent per token (vLLM's get_num_kv_heads / get_head_size for MLA).
 absl::Status ApplyMla(const ModelFields& fields, bool json_names, absl::string_view prefix,
@@ -181,6 +190,26 @@ absl::StatusOr<ModelConfig> BuildModel(const ModelFields& fields, bool json_name
                                                    " does not divide ", heads, " ",
                                                    config.num_attention_heads));
   }
+  if (!fields.layer_types.empty()) {
+    const std::string types = name("layer_types", "layer_types");
+    if (static_cast<int64_t>(fields.layer_types.size()) != fields.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(types, ": ", fields.layer_types.size(),
+                                                     " entries, but ", layers, " is ",
+                                                     fields.num_layers));
+    }
+    bool any_cache = false;
+    for (size_t i = 0; i < fields.layer_types.size(); ++i) {
+      absl::StatusOr<LayerAttention> kind =
+          ParseLayerType(fields.layer_types[i], absl::StrCat(types, "[", i, "]"));
+      if (!kind.ok()) return kind.status();
+      config.layer_attention.push_back(*kind);
+      any_cache = any_cache || HasKvCache(*kind);
+    }
+    if (!any_cache) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(types, ": no layer keeps a KV cache (all linear_attention)"));
+    }
+  }
   return config;
 }
 
@@ -238,6 +267,37 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, const Mod
     if (!value.ok()) return value.status();
     *key.value = *value;
   }
+  if (const json* types = FindKey(root, "layer_types"); types != nullptr) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) > limits.max_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config.json: \"layer_types\" must be a list of at most max_layers=", limits.max_layers,
+          " strings"));
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      if (!(*types)[i].is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config.json: \"layer_types\"[", i, "] must be a string"));
+      }
+      fields.layer_types.push_back((*types)[i].get<std::string>());
+    }
+  } else if (fields.num_layers > 0 && fields.num_layers <= limits.max_layers) {
+    // What transformers derives when layer_types is absent: every Nth layer full attention.
+    struct Pattern {
+      const char* key;
+      const char* others;
+    };
+    for (Pattern pattern : {Pattern{"sliding_window_pattern", "sliding_attention"},
+                            Pattern{"full_attention_interval", "linear_attention"}}) {
+      const json* every = FindKey(root, pattern.key);
+      if (every == nullptr) continue;
+      absl::StatusOr<int64_t> n = PositiveInt(every, pattern.key);
+      if (!n.ok()) return n.status();
+      for (int64_t i = 0; i < fields.num_layers; ++i) {
+        fields.layer_types.push_back((i + 1) % *n != 0 ? pattern.others : "full_attention");
+      }
+      break;
+    }
+  }
   absl::StatusOr<ModelConfig> config =
       ModelFromFields(fields, ModelFieldNames::kConfigJson, "config.json: ", limits);
   if (!config.ok()) return config.status();
@@ -261,6 +321,23 @@ absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text, const Mod
   return config;
 }
 
+const char* LayerAttentionName(LayerAttention kind) {
+  switch (kind) {
+    case LayerAttention::kFull:
+      return "full_attention";
+    case LayerAttention::kSliding:
+      return "sliding_attention";
+    case LayerAttention::kLinear:
+      return "linear_attention";
+  }
+  return "full_attention";
+}
+
+bool LayerHasKvCache(const ModelConfig& model, int layer) {
+  if (layer < 0 || static_cast<size_t>(layer) >= model.layer_attention.size()) return true;
+  return HasKvCache(model.layer_attention[layer]);
+}
+
 absl::Status ValidateModelConfig(const ModelConfig& config, const ModelLimits& limits) {
   ModelFields fields;
   fields.architecture = config.architecture;
@@ -270,6 +347,9 @@ absl::Status ValidateModelConfig(const ModelConfig& config, const ModelLimits& l
   fields.num_kv_heads = config.num_kv_heads;
   fields.head_dim = config.head_dim;
   fields.hidden_size = config.hidden_size;
+  for (LayerAttention kind : config.layer_attention) {
+    fields.layer_types.push_back(LayerAttentionName(kind));
+  }
   if (config.mla.has_value()) {
     fields.kv_lora_rank = config.mla->kv_lora_rank;
     fields.qk_rope_head_dim = config.mla->qk_rope_head_dim;

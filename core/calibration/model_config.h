@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -13,6 +14,14 @@
 #include "core/tensor/dtype.h"
 
 namespace caliper {
+
+// What one decoder layer's attention is (config.json "layer_types"): hybrid models mix them.
+// Full and sliding-window layers keep a KV cache; linear-attention layers (Qwen3-Next's Gated
+// DeltaNet, Mamba-style mixers) keep a recurrent state and no KV cache, so no K/V scales.
+enum class LayerAttention { kFull, kSliding, kLinear };
+// config.json's spelling: "full_attention", "sliding_attention", "linear_attention".
+const char* LayerAttentionName(LayerAttention kind);
+inline bool HasKvCache(LayerAttention kind) { return kind != LayerAttention::kLinear; }
 
 // Multi-head latent attention (DeepSeek-V2/V3/R1, Kimi K2). The engine caches, per token and
 // layer, one compressed latent `kv_c_normed` [kv_lora_rank] and one decoupled rotary key `k_pe`
@@ -42,9 +51,15 @@ struct ModelConfig {
   // What the model computes in (config.json "torch_dtype" / "dtype"); llm-compressor observes
   // in it. Absent when unknown.
   std::optional<DType> dtype = std::nullopt;
+  // Per layer, for models whose layers differ (Gemma 3, Qwen3-Next); empty: every layer is full
+  // attention.
+  std::vector<LayerAttention> layer_attention = {};
   // Set for MLA models (config.json has kv_lora_rank).
   std::optional<MlaConfig> mla = std::nullopt;
 };
+
+// Whether `layer` keeps a KV cache (true for every layer of a model without layer kinds).
+bool LayerHasKvCache(const ModelConfig& model, int layer);
 
 // Width of one part of an MLA cache entry: KEY chunks of an MLA model carry kv_c_normed
 // (kv_lora_rank wide), VALUE chunks k_pe (qk_rope_head_dim wide). `key` picks the part.
@@ -58,6 +73,9 @@ struct ModelFields {
   std::string architecture, model_type;
   int64_t num_layers = 0, num_attention_heads = 0, num_kv_heads = 0, head_dim = 0,
           hidden_size = 0;
+  // Per layer, config.json's spelling (LayerAttentionName; the legacy "attention" and "mamba"
+  // too); empty: every layer full attention. Else exactly num_layers entries.
+  std::vector<std::string> layer_types = {};
   // MLA: all four present, or none (kv_lora_rank absent: not MLA).
   int64_t kv_lora_rank = 0, qk_rope_head_dim = 0, qk_nope_head_dim = 0, v_head_dim = 0;
 };
@@ -77,7 +95,10 @@ absl::StatusOr<ModelConfig> ModelFromFields(const ModelFields& fields,
 
 // Parses config.json text into ModelFields, then ModelFromFields. Text configs nested under
 // "text_config" (multimodal models) are used when the top level lacks the fields. Errors start
-// with "config.json: " and name the missing or invalid key.
+// with "config.json: " and name the missing or invalid key. Layer kinds come from "layer_types",
+// else (as transformers derives them) from "sliding_window_pattern" (Gemma 3: every Nth layer
+// full, the others sliding) or "full_attention_interval" (Qwen3-Next: every Nth layer full, the
+// others linear).
 absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text,
                                           const ModelLimits& limits = ModelLimits());
 

@@ -170,7 +170,7 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
   if (nonfinite > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk.data: ", nonfinite, " non-finite values (NaN/Inf) in ",
-        kind == KvKind::kKey ? "K" : "V", " chunk ", tensor.ShapeString(), "; chunk rejected"));
+        KvKindLetter(kind), " chunk ", tensor.ShapeString(), "; chunk rejected"));
   }
   stats.heads.resize(h);
   for (int local = 0; local < h; ++local) {
@@ -185,30 +185,91 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
   return stats;
 }
 
-KvLayerObserver::KvLayerObserver(int num_kv_heads)
+KvLayerObserver::KvLayerObserver(int num_kv_heads, bool query)
     : k_absmax(std::max(num_kv_heads, 0), 0.0f),
       v_absmax(std::max(num_kv_heads, 0), 0.0f),
       k_tokens(std::max(num_kv_heads, 0), 0),
-      v_tokens(std::max(num_kv_heads, 0), 0) {}
+      v_tokens(std::max(num_kv_heads, 0), 0) {
+  if (query) {
+    q_absmax.assign(std::max(num_kv_heads, 0), 0.0f);
+    q_tokens.assign(std::max(num_kv_heads, 0), 0);
+  }
+}
+
+const char* KvKindLetter(KvKind kind) {
+  switch (kind) {
+    case KvKind::kKey:
+      return "K";
+    case KvKind::kValue:
+      return "V";
+    case KvKind::kQuery:
+      return "Q";
+  }
+  return "?";
+}
+
+absl::StatusOr<int> LocalQueryGroup(int num_attention_heads, int num_kv_heads, int tp_size) {
+  absl::StatusOr<int> kv_local = LocalKvHeads(num_kv_heads, tp_size);
+  if (!kv_local.ok()) return kv_local.status();
+  if (num_attention_heads <= 0 || num_attention_heads % tp_size != 0 ||
+      (num_attention_heads / tp_size) % *kv_local != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_attention_heads: ", num_attention_heads, " query heads do not split over tp_size ",
+        tp_size, " ranks of ", *kv_local, " KV heads each"));
+  }
+  return num_attention_heads / tp_size / *kv_local;
+}
+
+#define CALIPER_KV_SELECT(name)                                                         \
+  switch (kind) {                                                                       \
+    case KvKind::kKey:                                                                  \
+      return k_##name;                                                                  \
+    case KvKind::kValue:                                                                \
+      return v_##name;                                                                  \
+    case KvKind::kQuery:                                                                \
+      break;                                                                            \
+  }                                                                                     \
+  return q_##name;
+
+std::vector<float>& KvLayerObserver::absmax(KvKind kind) { CALIPER_KV_SELECT(absmax) }
+const std::vector<float>& KvLayerObserver::absmax(KvKind kind) const { CALIPER_KV_SELECT(absmax) }
+std::vector<int64_t>& KvLayerObserver::tokens(KvKind kind) { CALIPER_KV_SELECT(tokens) }
+const std::vector<int64_t>& KvLayerObserver::tokens(KvKind kind) const {
+  CALIPER_KV_SELECT(tokens)
+}
+std::vector<MagnitudeHistogram>& KvLayerObserver::hist(KvKind kind) { CALIPER_KV_SELECT(hist) }
+const std::vector<MagnitudeHistogram>& KvLayerObserver::hist(KvKind kind) const {
+  CALIPER_KV_SELECT(hist)
+}
+std::map<int64_t, GroupRanges>& KvLayerObserver::batches(KvKind kind) {
+  CALIPER_KV_SELECT(batches)
+}
+const std::map<int64_t, GroupRanges>& KvLayerObserver::batches(KvKind kind) const {
+  CALIPER_KV_SELECT(batches)
+}
+#undef CALIPER_KV_SELECT
 
 void KvLayerObserver::Accumulate(const KvChunkStats& stats) {
-  std::vector<float>& absmax = stats.kind == KvKind::kKey ? k_absmax : v_absmax;
-  std::vector<int64_t>& tokens = stats.kind == KvKind::kKey ? k_tokens : v_tokens;
+  std::vector<float>& absmax = this->absmax(stats.kind);
+  std::vector<int64_t>& tokens = this->tokens(stats.kind);
   const size_t n = std::min(stats.heads.size(), stats.absmax.size());
   for (size_t i = 0; i < n; ++i) {
     const int head = stats.heads[i];
     // Stats come from ReduceKvChunk for the same head count; an out-of-range head is a caller
-    // bug and is dropped rather than crashing.
-    if (head < 0 || static_cast<size_t>(head) >= absmax.size()) continue;
+    // bug (or a query the observer was not sized for) and is dropped rather than crashing.
+    if (head < 0 || static_cast<size_t>(head) >= absmax.size() ||
+        static_cast<size_t>(head) >= tokens.size()) {
+      continue;
+    }
     absmax[head] = std::max(absmax[head], stats.absmax[i]);
     tokens[head] += stats.tokens;  // replicas each count their tokens
     if (i < stats.min.size() && i < stats.max.size()) {
-      GroupRanges& batch = (stats.kind == KvKind::kKey ? k_batches : v_batches)[stats.batch];
+      GroupRanges& batch = batches(stats.kind)[stats.batch];
       batch.MergeAt(head, absl::MakeConstSpan(&stats.min[i], 1),
                     absl::MakeConstSpan(&stats.max[i], 1));
     }
     if (i < stats.hists.size()) {
-      std::vector<MagnitudeHistogram>& hist = stats.kind == KvKind::kKey ? k_hist : v_hist;
+      std::vector<MagnitudeHistogram>& hist = this->hist(stats.kind);
       if (hist.size() < absmax.size()) hist.resize(absmax.size());
       hist[head].Merge(stats.hists[i]);
     }
@@ -224,10 +285,6 @@ void KvLayerObserver::Merge(const KvLayerObserver& other) {
     if (into.size() < from.size()) into.resize(from.size(), 0);
     for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
   };
-  merge_max(k_absmax, other.k_absmax);
-  merge_max(v_absmax, other.v_absmax);
-  merge_sum(k_tokens, other.k_tokens);
-  merge_sum(v_tokens, other.v_tokens);
   k_rank0_tokens += other.k_rank0_tokens;
   v_rank0_tokens += other.v_rank0_tokens;
   auto merge_hist = [](std::vector<MagnitudeHistogram>& into,
@@ -235,15 +292,17 @@ void KvLayerObserver::Merge(const KvLayerObserver& other) {
     if (into.size() < from.size()) into.resize(from.size());
     for (size_t i = 0; i < from.size(); ++i) into[i].Merge(from[i]);
   };
-  merge_hist(k_hist, other.k_hist);
-  merge_hist(v_hist, other.v_hist);
-  for (const auto& [batch, ranges] : other.k_batches) k_batches[batch].Merge(ranges);
-  for (const auto& [batch, ranges] : other.v_batches) v_batches[batch].Merge(ranges);
+  for (KvKind kind : {KvKind::kKey, KvKind::kValue, KvKind::kQuery}) {
+    merge_max(absmax(kind), other.absmax(kind));
+    merge_sum(tokens(kind), other.tokens(kind));
+    merge_hist(hist(kind), other.hist(kind));
+    for (const auto& [batch, ranges] : other.batches(kind)) batches(kind)[batch].Merge(ranges);
+  }
 }
 
 std::vector<float> KvLayerObserver::MovingAverageAbsMax(KvKind kind, bool per_tensor, double c,
                                                         const ScaleArithmetic& arithmetic) const {
-  const std::map<int64_t, GroupRanges>& batches = kind == KvKind::kKey ? k_batches : v_batches;
+  const std::map<int64_t, GroupRanges>& batches = this->batches(kind);
   float lo = 0, hi = 0;
   if (per_tensor) {
     // llm-compressor's TENSOR strategy averages the per-batch min / max over all heads.
@@ -257,7 +316,7 @@ std::vector<float> KvLayerObserver::MovingAverageAbsMax(KvKind kind, bool per_te
     if (!MovingAverageRange(whole, 0, c, arithmetic, &lo, &hi)) return {0.0f};
     return {PairAbsMax(lo, hi)};
   }
-  const size_t heads = (kind == KvKind::kKey ? k_absmax : v_absmax).size();
+  const size_t heads = absmax(kind).size();
   std::vector<float> out(heads, 0.0f);
   for (size_t h = 0; h < heads; ++h) {
     if (MovingAverageRange(batches, h, c, arithmetic, &lo, &hi)) out[h] = PairAbsMax(lo, hi);

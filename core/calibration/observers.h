@@ -37,7 +37,13 @@ absl::StatusOr<int> LocalKvHeads(int num_kv_heads, int tp_size);
 // replica of original head rank / (T / H).
 int OriginalKvHead(int num_kv_heads, TpPlacement placement, int local);
 
-enum class KvKind { kKey, kValue };
+// The attention tensors observed per original KV head. A query chunk's heads are grouped by the
+// KV head they attend with (query head j belongs to KV head j / (num_attention_heads /
+// num_kv_heads)), so the query of one KV group is reduced as one "head" of group * head_dim
+// columns: the same reduction, observers and scales as K and V.
+enum class KvKind { kKey, kValue, kQuery };
+// "K", "V", "Q".
+const char* KvKindLetter(KvKind kind);
 
 // Min and max per group of one batch, for the moving-average observers (K/V: per original head;
 // inputs: per 16-column group). A group never observed holds +inf / -inf.
@@ -84,9 +90,15 @@ absl::StatusOr<KvChunkStats> ReduceKvChunk(KvKind kind, const PiecewiseTensor& t
                                            int head_dim, ReductionBackend& backend,
                                            bool histograms = false, bool ranges = false);
 
-// One layer's K and V absmax per original KV head.
+// Query heads one local KV head's group holds on a rank of `tp_size`: (num_attention_heads /
+// tp_size) / max(num_kv_heads / tp_size, 1); InvalidArgument naming num_attention_heads when the
+// query heads do not split over the ranks.
+absl::StatusOr<int> LocalQueryGroup(int num_attention_heads, int num_kv_heads, int tp_size);
+
+// One layer's K and V (and, for recipes that observe the query, Q) absmax per original KV head.
 struct KvLayerObserver {
-  explicit KvLayerObserver(int num_kv_heads = 0);
+  // `query`: the q_* arrays are sized too (else they stay empty: the query is not observed).
+  explicit KvLayerObserver(int num_kv_heads = 0, bool query = false);
 
   void Accumulate(const KvChunkStats& stats);
   void Merge(const KvLayerObserver& other);
@@ -103,6 +115,20 @@ struct KvLayerObserver {
   // Per batch, per original head min / max, only for kv_observer minmax (else empty): the moving
   // average needs every batch apart, so the state grows with batches x heads (8 bytes each).
   std::map<int64_t, GroupRanges> k_batches, v_batches;
+  // The query (after RoPE), grouped per original KV head; empty unless the recipe observes it.
+  std::vector<float> q_absmax;
+  std::vector<int64_t> q_tokens;
+  std::vector<MagnitudeHistogram> q_hist;
+  std::map<int64_t, GroupRanges> q_batches;
+
+  std::vector<float>& absmax(KvKind kind);
+  const std::vector<float>& absmax(KvKind kind) const;
+  std::vector<int64_t>& tokens(KvKind kind);
+  const std::vector<int64_t>& tokens(KvKind kind) const;
+  std::vector<MagnitudeHistogram>& hist(KvKind kind);
+  const std::vector<MagnitudeHistogram>& hist(KvKind kind) const;
+  std::map<int64_t, GroupRanges>& batches(KvKind kind);
+  const std::map<int64_t, GroupRanges>& batches(KvKind kind) const;
 
   // The absmax the kv_observer minmax gives per original head (per_tensor: one entry from the
   // per-batch min / max over all heads); 0 where nothing was observed.

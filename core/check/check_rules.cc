@@ -273,6 +273,8 @@ void CheckKv(const ScaleSet& scales, const CheckOptions& options, Collector* out
   if (!scales.kv.empty() && num_layers > 0) {
     for (int layer = 0; layer < num_layers; ++layer) {
       if (scales.kv.count(layer) > 0) continue;
+      // A layer without a KV cache (linear attention) has no K/V scales to miss.
+      if (!LayerHasKvCache(*scales.model, layer)) continue;
       CheckFinding& f = out->Add(
           "kv-layer-missing", absl::StrCat(prefix, layer, ".self_attn"), "missing",
           absl::StrCat("layer ", layer, " has no K or V scale while ", scales.kv.size(), " of ",

@@ -407,6 +407,7 @@ ScaleSet ScaleSetFromFinalized(const std::string& origin, const ModelConfig& mod
     out.config.kv_scheme = true;
     out.config.kv_strategy = kv->granularity == KvGranularity::kPerHead ? "attn_head" : "tensor";
     for (size_t layer = 0; layer < kv->k.size(); ++layer) {
+      if (!KvLayerHasScales(*kv, layer)) continue;  // no KV cache: no tensor to check
       KvLayerScales& target = out.kv[static_cast<int>(layer)];
       for (bool key : {true, false}) {
         const std::vector<float>& row = key ? kv->k[layer] : kv->v[layer];

@@ -27,6 +27,12 @@ ojson Args(int bits, const char* strategy, std::optional<int> group, ojson dynam
 
 }  // namespace
 
+std::string AttentionClassOf(const std::string& architecture) {
+  const size_t at = architecture.find("For");
+  if (at == std::string::npos || at == 0) return "";
+  return architecture.substr(0, at) + "Attention";
+}
+
 std::string CompressedTensorsConfigBlock(const CtConfigOptions& options) {
   ojson config = ojson::object();
   ojson groups = ojson::object();
@@ -42,6 +48,15 @@ std::string CompressedTensorsConfigBlock(const CtConfigOptions& options) {
     group["weights"] =
         Args(4, "tensor_group", 16, false, options.weight_observer, "torch.float8_e4m3fn");
     groups["group_0"] = std::move(group);
+  }
+  if (options.attention_target.has_value() && options.kv_strategy.has_value()) {
+    ojson group = ojson::object();
+    group["input_activations"] = Args(8, options.kv_strategy->c_str(), std::nullopt, false,
+                                      options.kv_observer, nullptr);
+    group["output_activations"] = nullptr;
+    group["targets"] = {*options.attention_target};
+    group["weights"] = nullptr;
+    groups["attention"] = std::move(group);
   }
   config["config_groups"] = std::move(groups);
   config["format"] = options.weights ? "nvfp4-pack-quantized" : "dense";

@@ -21,8 +21,16 @@ struct CtConfigOptions {
   std::string input_observer = "static_minmax";
   std::optional<std::string> kv_strategy;       // "tensor" | "attn_head"; nullopt: no KV scheme
   std::string kv_observer = "static_minmax";
+  // The attention scheme (the query's q_scale): its config group targets the model's attention
+  // class ("LlamaAttention"), which vLLM skips by name (it loads q_scale through the KV cache
+  // scheme) and llm-compressor applies to the attention modules. nullopt: no attention group.
+  std::optional<std::string> attention_target;
   std::vector<std::string> ignore = {"lm_head"};
 };
+
+// The attention class a Hugging Face architecture names: "LlamaForCausalLM" -> "LlamaAttention"
+// (the prefix before "For"); "" when the architecture has no "For".
+std::string AttentionClassOf(const std::string& architecture);
 
 // Pretty-printed JSON object.
 std::string CompressedTensorsConfigBlock(const CtConfigOptions& options);

@@ -30,6 +30,8 @@ std::string CompressedTensorsQuantizationConfig(const RenderInputs& inputs) {
   if (inputs.kv.has_value()) {
     options.kv_strategy =
         inputs.kv->granularity == KvGranularity::kPerHead ? "attn_head" : "tensor";
+    const std::string target = AttentionClassOf(inputs.model.architecture);
+    if (HasQueryScales(*inputs.kv) && !target.empty()) options.attention_target = target;
   }
   options.ignore = IgnoreList(inputs, /*modelopt=*/false);
   return CompressedTensorsConfigBlock(options);
@@ -41,12 +43,15 @@ absl::StatusOr<std::string> CompressedTensorsScalesFile(const RenderInputs& inpu
   if (inputs.kv.has_value()) {
     const KvScales& kv = *inputs.kv;
     if (absl::Status s = CheckKv(kv, inputs.model); !s.ok()) return s;
+    if (absl::Status s = CheckQuery(kv); !s.ok()) return s;
     WarnFnuz(kv, kFormatCompressedTensors, warnings);
     const bool per_head = kv.granularity == KvGranularity::kPerHead;
     // llm-compressor's shapes: [1] per tensor, [H, 1, 1] per head.
     std::vector<int64_t> shape = {1};
     if (per_head) shape = {kv.num_kv_heads, 1, 1};
     for (size_t l = 0; l < kv.k.size(); ++l) {
+      // A layer without a KV cache (linear attention) has no attention module to load into.
+      if (!KvLayerHasScales(kv, l)) continue;
       for (bool key : {true, false}) {
         std::vector<float> row = CheckpointKvRow(kv, key, l);
         const auto& absmax = key ? kv.k_absmax : kv.v_absmax;
@@ -55,6 +60,31 @@ absl::StatusOr<std::string> CompressedTensorsScalesFile(const RenderInputs& inpu
         }
         absl::Status s = writer.Add(absl::StrCat(LayerPrefix(inputs, l), KvScaleLeaf(inputs, key)),
                                     "F32", shape, FloatBytes(row));
+        if (!s.ok()) return s;
+      }
+      if (HasQueryScales(kv)) {
+        // llm-compressor's attention q_scale is per query head, [num_attention_heads, 1, 1];
+        // vLLM takes the max over each KV group's heads: each group's one value, repeated.
+        std::vector<float> row = CheckpointKvRow(kv, KvKind::kQuery, l);
+        for (size_t h = 0; h < row.size() && h < kv.q_absmax[l].size(); ++h) {
+          row[h] = CompressedTensorsKvScale(kv.q_absmax[l][h], row[h]);
+        }
+        std::vector<int64_t> q_shape = {1};
+        if (per_head) {
+          const int heads = inputs.model.num_attention_heads;
+          const int group = kv.num_kv_heads > 0 ? heads / kv.num_kv_heads : 0;
+          if (group <= 0 || heads % kv.num_kv_heads != 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "model.num_attention_heads: ", heads, " is not a multiple of num_kv_heads ",
+                kv.num_kv_heads, " (per-head q_scale)"));
+          }
+          std::vector<float> per_query;
+          for (float scale : row) per_query.insert(per_query.end(), group, scale);
+          row = std::move(per_query);
+          q_shape = {heads, 1, 1};
+        }
+        absl::Status s = writer.Add(absl::StrCat(LayerPrefix(inputs, l), "q_scale"), "F32",
+                                    q_shape, FloatBytes(row));
         if (!s.ok()) return s;
       }
     }

@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/formats/format_support.h"
 #include "core/formats/lightllm_format.h"
 
 namespace caliper {
@@ -33,6 +34,8 @@ absl::StatusOr<std::vector<RenderedFile>> RenderOutputs(absl::Span<const std::st
       absl::StatusOr<LightLlmCalibration> file =
           LightLlmFromKvScales(*inputs.kv, inputs.model, inputs.tp_size);
       if (!file.ok()) return fail(file.status());
+      formats_internal::WarnQueryDropped(*inputs.kv, kFormatLightLlm,
+                       "LightLLM's calibration file holds K and V scales only", warnings);
       files.push_back({format, kLightLlmFile, SerializeLightLlmCalibration(*file)});
     } else if (format == kFormatCompressedTensors) {
       if (!inputs.kv.has_value() && inputs.nvfp4.modules.empty()) {

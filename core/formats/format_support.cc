@@ -70,6 +70,14 @@ absl::Status CheckKv(const KvScales& kv, const ModelConfig& model) {
                                                    ", but the model has ", model.num_kv_heads));
   }
   for (size_t l = 0; l < kv.k.size(); ++l) {
+    if (!KvLayerHasScales(kv, l)) {
+      if (!kv.k[l].empty() || !kv.v[l].empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kv layer ", l, ": ", LayerAttentionName(kv.layer_attention[l]),
+            " has no KV cache, but has scales"));
+      }
+      continue;
+    }
     if (kv.k[l].size() != width || kv.v[l].size() != width) {
       return absl::InvalidArgumentError(absl::StrCat("kv layer ", l, ": ", kv.k[l].size(),
                                                      " K and ", kv.v[l].size(),
@@ -81,9 +89,13 @@ absl::Status CheckKv(const KvScales& kv, const ModelConfig& model) {
 
 // Checkpoints hold e4m3fn scales (absmax / 448); vLLM doubles them itself on e4m3fnuz GPUs.
 std::vector<float> CheckpointKvRow(const KvScales& kv, bool key, size_t layer) {
-  std::vector<float> row = (key ? kv.k : kv.v)[layer];
+  return CheckpointKvRow(kv, key ? KvKind::kKey : KvKind::kValue, layer);
+}
+
+std::vector<float> CheckpointKvRow(const KvScales& kv, KvKind kind, size_t layer) {
+  std::vector<float> row = KvScaleRows(kv, kind)[layer];
   if (kv.flavor == Fp8Flavor::kE4M3FN) return row;
-  const auto& absmax = key ? kv.k_absmax : kv.v_absmax;
+  const auto& absmax = KvAbsMaxRows(kv, kind);
   for (size_t h = 0; h < row.size(); ++h) {
     const bool have = layer < absmax.size() && h < absmax[layer].size();
     const float a = have ? absmax[layer][h] : 0.0f;
@@ -94,6 +106,29 @@ std::vector<float> CheckpointKvRow(const KvScales& kv, bool key, size_t layer) {
     }
   }
   return row;
+}
+
+absl::Status CheckQuery(const KvScales& kv) {
+  if (!HasQueryScales(kv)) return absl::OkStatus();
+  if (kv.q.size() != kv.k.size() || kv.q_absmax.size() != kv.k.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv: ", kv.k.size(), " K layers but ", kv.q.size(), " Q layers"));
+  }
+  for (size_t l = 0; l < kv.q.size(); ++l) {
+    if (kv.q[l].size() != kv.k[l].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("kv layer ", l, ": ", kv.q[l].size(),
+                                                     " Q entries, expected ", kv.k[l].size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void WarnQueryDropped(const KvScales& kv, absl::string_view format, absl::string_view why,
+                      std::vector<ScaleWarning>* warnings) {
+  if (!HasQueryScales(kv)) return;
+  warnings->push_back({std::string(format),
+                       absl::StrCat("the query scales (recipe.attention q) are not written: ",
+                                    why)});
 }
 
 void WarnFnuz(const KvScales& kv, absl::string_view format, std::vector<ScaleWarning>* warnings) {

@@ -31,6 +31,13 @@ std::vector<std::string> IgnoreList(const RenderInputs& inputs, bool modelopt);
 absl::Status CheckKv(const KvScales& kv, const ModelConfig& model);
 // Checkpoints hold e4m3fn scales (absmax / 448); vLLM doubles them itself on e4m3fnuz GPUs.
 std::vector<float> CheckpointKvRow(const KvScales& kv, bool key, size_t layer);
+std::vector<float> CheckpointKvRow(const KvScales& kv, KvKind kind, size_t layer);
+// Q rows, when the scales carry them, must match K's shape; InvalidArgument naming the layer.
+absl::Status CheckQuery(const KvScales& kv);
+// The formats that hold no query scale say so (one warning naming the format) when Q was
+// calibrated.
+void WarnQueryDropped(const KvScales& kv, absl::string_view format, absl::string_view why,
+                      std::vector<ScaleWarning>* warnings);
 void WarnFnuz(const KvScales& kv, absl::string_view format, std::vector<ScaleWarning>* warnings);
 bool HasInputs(const Nvfp4Scales& scales);
 bool HasWeights(const Nvfp4Scales& scales);

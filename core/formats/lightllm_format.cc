@@ -285,6 +285,15 @@ absl::StatusOr<LightLlmCalibration> LightLlmFromKvScales(const KvScales& scales,
         "flavor: LightLLM files hold float8_e4m3fn scales (qmax 448) only; this session's "
         "scales are e4m3fnuz (qmax 240)");
   }
+  for (size_t l = 0; l < model.layer_attention.size(); ++l) {
+    if (!HasKvCache(model.layer_attention[l])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.layer_types[", l, "]: layer ", l, " is ", LayerAttentionName(model.layer_attention[l]),
+          " (no KV cache), and LightLLM's file holds one num_head and a [num_layers, 2*num_head] "
+          "scales array with a row for every layer: it cannot hold a model whose layers lack a "
+          "KV cache (use compressed-tensors)"));
+    }
+  }
   auto total = DeployedTotalKvHeads(model.num_kv_heads, tp_size);
   if (!total.ok()) return total.status();
   if (scales.k.size() != static_cast<size_t>(model.num_layers) ||

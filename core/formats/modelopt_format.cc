@@ -90,12 +90,16 @@ absl::StatusOr<std::string> ModelOptScalesFile(const RenderInputs& inputs,
     const KvScales& kv = *inputs.kv;
     if (absl::Status s = CheckKv(kv, inputs.model); !s.ok()) return s;
     WarnFnuz(kv, kFormatModelOpt, warnings);
+    WarnQueryDropped(kv, kFormatModelOpt,
+                     "Caliper's ModelOpt export holds K and V scales only (use compressed-tensors)",
+                     warnings);
     if (kv.granularity == KvGranularity::kPerHead) {
       warnings->push_back({kFormatModelOpt,
                            "ModelOpt stores one K and one V scale per layer: per-head scales "
                            "reduced to their max over heads"});
     }
     for (size_t l = 0; l < kv.k.size(); ++l) {
+      if (!KvLayerHasScales(kv, l)) continue;  // no KV cache, no scale
       for (bool key : {true, false}) {
         const std::string name = absl::StrCat(LayerPrefix(inputs, l), key ? "k_proj.k" : "v_proj.v",
                                               "_scale");

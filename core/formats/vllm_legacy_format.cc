@@ -52,6 +52,9 @@ absl::StatusOr<std::string> VllmLegacyJson(const RenderInputs& inputs,
         absl::StrCat("tp_size: must be at least 1, got ", inputs.tp_size));
   }
   WarnFnuz(kv, kFormatVllmLegacy, warnings);
+  WarnQueryDropped(kv, kFormatVllmLegacy,
+                   "the legacy --quantization-param-path JSON holds one K/V scale per layer",
+                   warnings);
   warnings->push_back({kFormatVllmLegacy,
                        "the legacy --quantization-param-path format holds one scale per layer "
                        "for K and V together: each is max(K, V) over the rank's heads, so the "
@@ -67,6 +70,7 @@ absl::StatusOr<std::string> VllmLegacyJson(const RenderInputs& inputs,
     }
     ojson layers = ojson::object();
     for (size_t l = 0; l < kv.k.size(); ++l) {
+      if (!KvLayerHasScales(kv, l)) continue;  // no KV cache: no entry for the layer
       const std::vector<float> k = CheckpointKvRow(kv, true, l);
       const std::vector<float> v = CheckpointKvRow(kv, false, l);
       float scale = 0.0f;

@@ -71,6 +71,10 @@ absl::StatusOr<std::vector<RankSlice>> RankSlices(const KvScales& scales, int nu
   if (!rows.ok()) return rows.status();
   const int heads_per_rank = deployment.total_kv_heads / deployment.tp_size;
   for (const std::vector<float>& row : *rows) {
+    if (row.empty()) {  // a layer without a KV cache
+      out.emplace_back();
+      continue;
+    }
     if (scales.granularity == KvGranularity::kPerTensor) {
       out.push_back(RankSlice{{row[0]}, {row[1]}});
       continue;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/calibration/histogram_observers.h"
 #include "core/check/check_rules.h"
 #include "core/formats/moe_layout.h"
@@ -43,7 +44,14 @@ absl::Status CheckFinalizedScales(const std::string& id, SessionScales* scales) 
 // Module names are keys of bounded session state; a runaway name is a client bug.
 constexpr size_t kMaxModuleNameBytes = 1024;
 
-bool IsKv(ChunkKind kind) { return kind == ChunkKind::kKey || kind == ChunkKind::kValue; }
+// The attention tensors, observed per original KV head by one mechanism.
+bool IsKv(ChunkKind kind) {
+  return kind == ChunkKind::kKey || kind == ChunkKind::kValue || kind == ChunkKind::kQuery;
+}
+KvKind KvKindOf(ChunkKind kind) {
+  return kind == ChunkKind::kKey ? KvKind::kKey
+                                 : kind == ChunkKind::kValue ? KvKind::kValue : KvKind::kQuery;
+}
 
 // llm-compressor's TENSOR_GROUP activations are averaged per group of 16 columns.
 constexpr int64_t kInputGroupColumns = 16;
@@ -93,8 +101,46 @@ absl::string_view ChunkKindName(ChunkKind kind) {
       return "WEIGHT";
     case ChunkKind::kInput:
       return "INPUT_ACTIVATION";
+    case ChunkKind::kQuery:
+      return "QUERY";
   }
   return "UNKNOWN";
+}
+
+absl::string_view AttentionScalesName(AttentionScales attention) {
+  return attention == AttentionScales::kQuery ? "q" : "off";
+}
+
+absl::StatusOr<QueryChunkLayout> QueryChunkAsKv(const std::vector<int64_t>& shape,
+                                                TpPlacement placement, const ModelConfig& model) {
+  absl::StatusOr<int> group =
+      LocalQueryGroup(model.num_attention_heads, model.num_kv_heads, placement.tp_size);
+  if (!group.ok()) return group.status();
+  absl::StatusOr<int> kv_local = LocalKvHeads(model.num_kv_heads, placement.tp_size);
+  if (!kv_local.ok()) return kv_local.status();
+  const int64_t q_local = int64_t{*group} * *kv_local;
+  const int64_t row = q_local * model.head_dim;
+  const std::string expected = absl::StrCat(
+      "expected [tokens, ", q_local, ", ", model.head_dim, "] or [tokens, ", row,
+      "] (query heads_local ", q_local, " = num_attention_heads ", model.num_attention_heads,
+      " / tp_size ", placement.tp_size, ", head_dim ", model.head_dim, ")");
+  const std::string got = absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  if (shape.size() == 3 && shape[1] != q_local) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.shape[1]: got ", shape[1], " in ", got, ", ", expected));
+  }
+  if (shape.size() == 3 && shape[2] != model.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.shape[2]: got ", shape[2], " in ", got, ", ", expected));
+  }
+  if (shape.size() == 2 && shape[1] != row) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.shape[1]: got ", shape[1], " in ", got, ", ", expected));
+  }
+  if (shape.size() != 2 && shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk.shape: got ", got, ", ", expected));
+  }
+  return QueryChunkLayout{{shape[0], row}, *group * model.head_dim};
 }
 
 CalibrationSession::CalibrationSession(ModelConfig model, Recipe recipe, std::string id,
@@ -108,7 +154,8 @@ CalibrationSession::CalibrationSession(ModelConfig model, Recipe recipe, std::st
       created_unix_ms_(created_unix_ms),
       limits_(limits) {
   if (recipe_.kv != KvMode::kOff) {
-    kv_layers_.assign(model_.num_layers, KvLayerObserver(model_.num_kv_heads));
+    kv_layers_.assign(model_.num_layers,
+                      KvLayerObserver(model_.num_kv_heads, recipe_.ObservesQuery()));
   }
 }
 
@@ -151,6 +198,16 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
   if (recipe.warmup_batches < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("recipe.warmup_batches: must be >= 0, got ", recipe.warmup_batches));
+  }
+  if (recipe.ObservesQuery() && model.mla.has_value()) {
+    return absl::InvalidArgumentError(
+        "recipe.attention: q is not supported for MLA models (their query is not grouped by KV "
+        "head; the latent cache has one entry per token)");
+  }
+  if (recipe.ObservesQuery() && recipe.kv == KvMode::kOff) {
+    return absl::InvalidArgumentError(
+        "recipe.attention: q needs recipe.kv per_tensor or per_head (engines quantize the query "
+        "only with an FP8 KV cache, and its scale takes the KV cache's granularity)");
   }
   if (recipe.kv == KvMode::kOff && !recipe.nvfp4_weights && !recipe.nvfp4_activations) {
     return absl::InvalidArgumentError(
@@ -210,6 +267,13 @@ absl::Status CalibrationSession::ValidateChunk(const ChunkRef& chunk) const {
         "the model's dtype ", DTypeName(*model_.dtype), ": send tensors as the model holds them"));
   }
   switch (chunk.kind) {
+    case ChunkKind::kQuery:
+      if (!recipe_.ObservesQuery()) {
+        return absl::InvalidArgumentError(
+            "chunk.kind: QUERY but the session's recipe has attention off (recipe.attention q "
+            "observes the query)");
+      }
+      [[fallthrough]];
     case ChunkKind::kKey:
     case ChunkKind::kValue:
       if (recipe_.kv == KvMode::kOff) {
@@ -220,6 +284,12 @@ absl::Status CalibrationSession::ValidateChunk(const ChunkRef& chunk) const {
         return absl::InvalidArgumentError(absl::StrCat("chunk.layer: ", chunk.layer,
                                                        " is outside the model's layers [0, ",
                                                        model_.num_layers, ")"));
+      }
+      if (!LayerHasKvCache(model_, chunk.layer)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "chunk.layer: ", chunk.layer, " is a ",
+            LayerAttentionName(model_.layer_attention[chunk.layer]),
+            " layer (no KV cache): it has no ", ChunkKindName(chunk.kind), " to calibrate"));
       }
       break;
     case ChunkKind::kWeight:
@@ -404,10 +474,17 @@ absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ObservationF
         " bytes); send one of them"));
   }
   if (IsKv(chunk.kind)) {
-    absl::StatusOr<KvChunkStats> kv = KvStatsFromStatistics(
-        chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, chunk.shape,
-        *chunk.statistics, chunk.placement, model_.num_kv_heads,
-        KvChunkWidth(model_, chunk.kind == ChunkKind::kKey));
+    std::vector<int64_t> shape = chunk.shape;
+    int head_dim = KvChunkWidth(model_, chunk.kind == ChunkKind::kKey);
+    if (chunk.kind == ChunkKind::kQuery) {
+      absl::StatusOr<QueryChunkLayout> layout = QueryChunkAsKv(chunk.shape, chunk.placement, model_);
+      if (!layout.ok()) return layout.status();
+      shape = std::move(layout->shape);
+      head_dim = layout->head_dim;
+    }
+    absl::StatusOr<KvChunkStats> kv =
+        KvStatsFromStatistics(KvKindOf(chunk.kind), shape, *chunk.statistics, chunk.placement,
+                              model_.num_kv_heads, head_dim);
     if (!kv.ok()) return kv.status();
     if (recipe_.kv_observer == KvObserverKind::kMinMax && kv->min.empty() && kv->tokens > 0) {
       return absl::InvalidArgumentError(
@@ -416,8 +493,7 @@ absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ObservationF
     }
     if (recipe_.kv_observer != KvObserverKind::kMinMax) kv->min.clear(), kv->max.clear();
     if (absl::Status s = AddKvHistogramsFromStatistics(
-            chunk.statistics->histograms, KvChunkWidth(model_, chunk.kind == ChunkKind::kKey),
-            recipe_.NeedsHistograms(), &*kv);
+            chunk.statistics->histograms, head_dim, recipe_.NeedsHistograms(), &*kv);
         !s.ok()) {
       return s;
     }
@@ -449,15 +525,25 @@ absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ObservationF
 absl::StatusOr<CalibrationSession::Observation> CalibrationSession::ReduceChunk(
     const ChunkRef& chunk, ReductionBackend& backend, bool warmup) const {
   Observation observation;
+  std::vector<int64_t> shape = chunk.shape;
+  int head_dim = KvChunkWidth(model_, chunk.kind == ChunkKind::kKey);
+  if (chunk.kind == ChunkKind::kQuery) {
+    absl::StatusOr<PiecewiseTensor> as_sent =
+        PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
+    if (!as_sent.ok()) return as_sent.status();
+    absl::StatusOr<QueryChunkLayout> layout = QueryChunkAsKv(chunk.shape, chunk.placement, model_);
+    if (!layout.ok()) return layout.status();
+    shape = std::move(layout->shape);
+    head_dim = layout->head_dim;
+  }
   absl::StatusOr<PiecewiseTensor> view =
-      PiecewiseTensor::Create(chunk.dtype, chunk.shape, chunk.data, "chunk");
+      PiecewiseTensor::Create(chunk.dtype, shape, chunk.data, "chunk");
   if (!view.ok()) return view.status();
   if (warmup) return observation;
   // The expensive part of Observe.
   if (IsKv(chunk.kind)) {
     absl::StatusOr<KvChunkStats> kv = ReduceKvChunk(
-        chunk.kind == ChunkKind::kKey ? KvKind::kKey : KvKind::kValue, *view, chunk.placement,
-        model_.num_kv_heads, KvChunkWidth(model_, chunk.kind == ChunkKind::kKey), backend,
+        KvKindOf(chunk.kind), *view, chunk.placement, model_.num_kv_heads, head_dim, backend,
         recipe_.NeedsHistograms(),
         recipe_.kv_observer == KvObserverKind::kMinMax);
     if (!kv.ok()) return kv.status();
@@ -486,7 +572,7 @@ absl::Status CalibrationSession::CheckFitsLocked(const ChunkRef& chunk,
   if (IsKv(chunk.kind)) {
     if (observation.kv->min.empty()) return absl::OkStatus();  // no per-batch entries
     const KvLayerObserver& layer = kv_layers_[chunk.layer];
-    const auto& batches = chunk.kind == ChunkKind::kKey ? layer.k_batches : layer.v_batches;
+    const auto& batches = layer.batches(KvKindOf(chunk.kind));
     if (batches.count(chunk.batch) == 0 && batch_entries_ >= limits_.max_batches_per_session) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "chunk.batch: ", chunk.batch, " of layer ", chunk.layer, " ",
@@ -517,16 +603,18 @@ absl::Status CalibrationSession::CheckFitsLocked(const ChunkRef& chunk,
 void CalibrationSession::AccumulateLocked(const ChunkRef& chunk, const Observation& observation) {
   switch (chunk.kind) {
     case ChunkKind::kKey:
-    case ChunkKind::kValue: {
+    case ChunkKind::kValue:
+    case ChunkKind::kQuery: {
       KvLayerObserver& layer = kv_layers_[chunk.layer];
-      const size_t before = layer.k_batches.size() + layer.v_batches.size();
+      std::map<int64_t, GroupRanges>& batches = layer.batches(KvKindOf(chunk.kind));
+      const size_t before = batches.size();
       layer.Accumulate(*observation.kv);
-      if (chunk.placement.tp_rank == 0 && observation.kv->tokens > 0) {
+      if (chunk.kind != ChunkKind::kQuery && chunk.placement.tp_rank == 0 &&
+          observation.kv->tokens > 0) {
         (chunk.kind == ChunkKind::kKey ? layer.k_rank0_tokens : layer.v_rank0_tokens) +=
             observation.kv->tokens;
       }
-      batch_entries_ += static_cast<int64_t>(layer.k_batches.size() + layer.v_batches.size() -
-                                             before);
+      batch_entries_ += static_cast<int64_t>(batches.size() - before);
       break;
     }
     case ChunkKind::kWeight:
@@ -568,7 +656,8 @@ absl::Status CalibrationSession::Finalize() {
                                  recipe_.kv == KvMode::kPerHead ? KvGranularity::kPerHead
                                                                 : KvGranularity::kPerTensor,
                                  recipe_.fp8_flavor,
-                                 {recipe_.kv_observer, recipe_.averaging_constant, Arithmetic()});
+                                 {recipe_.kv_observer, recipe_.averaging_constant, Arithmetic()},
+                                 model_.layer_attention);
     if (IsHistogramObserver(recipe_.kv_observer)) {
       ApplyKvHistogramObserver(kv_layers_, recipe_.kv_observer, recipe_.kv_percentile,
                                &*final_kv_);
@@ -669,7 +758,10 @@ absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, cons
         RankSlices(*kv, model.num_kv_heads, *resolved);
     if (!slices.ok()) return slices.status();
     out.rank_slices = *std::move(slices);
-    if (kv->flavor == Fp8Flavor::kE4M3FN) {  // LightLLM files hold e4m3fn scales only
+    const bool every_layer_cached =
+        std::all_of(model.layer_attention.begin(), model.layer_attention.end(), HasKvCache);
+    // LightLLM files hold e4m3fn scales only, and a row for every layer.
+    if (kv->flavor == Fp8Flavor::kE4M3FN && every_layer_cached) {
       absl::StatusOr<LightLlmCalibration> file =
           LightLlmFromKvScales(*kv, model, resolved->tp_size);
       if (!file.ok()) return file.status();
@@ -703,7 +795,10 @@ absl::StatusOr<std::vector<RenderedFile>> RenderSessionOutputs(
     std::vector<ScaleWarning>* warnings) {
   std::vector<std::string> wanted(formats.begin(), formats.end());
   if (wanted.empty() && scales.kv_scales.has_value()) {
-    wanted.push_back(DefaultKvFormat(scales.kv_scales->flavor));
+    // LightLLM cannot hold layers without a KV cache: hybrid models default to compressed-tensors.
+    wanted.push_back(scales.lightllm.has_value() || scales.kv_scales->flavor != Fp8Flavor::kE4M3FN
+                         ? DefaultKvFormat(scales.kv_scales->flavor)
+                         : std::string(kFormatCompressedTensors));
   }
   RenderInputs inputs;
   inputs.model = scales.model;
@@ -840,7 +935,15 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::FromImag
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": per-head arrays must have num_kv_heads=", heads, " entries"));
     }
-    for (const auto* batches : {&layer.k_batches, &layer.v_batches}) {
+    const size_t q_heads = s.recipe_.ObservesQuery() ? heads : 0;
+    if (layer.q_absmax.size() != q_heads || layer.q_tokens.size() != q_heads ||
+        (!layer.q_hist.empty() && layer.q_hist.size() != q_heads) ||
+        (q_heads == 0 && !layer.q_batches.empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": query arrays must have ", q_heads, " entries (recipe.attention ",
+          AttentionScalesName(s.recipe_.attention), ")"));
+    }
+    for (const auto* batches : {&layer.k_batches, &layer.v_batches, &layer.q_batches}) {
       for (const auto& [batch, ranges] : *batches) {
         if (ranges.min.size() > heads) {
           return absl::InvalidArgumentError(absl::StrCat(

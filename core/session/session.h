@@ -40,6 +40,11 @@ namespace caliper {
 
 enum class KvMode { kOff, kPerTensor, kPerHead };
 
+// Which attention scales beyond K and V a recipe calibrates: kQuery adds the query's (after
+// RoPE), at the KV cache's granularity (per tensor, or per KV head: the query heads of one KV
+// group share a scale). Engines quantize Q with it when the KV cache is FP8.
+enum class AttentionScales { kOff, kQuery };
+
 // What a session observes and how it turns statistics into scales.
 struct Recipe {
   KvMode kv = KvMode::kPerHead;
@@ -56,7 +61,9 @@ struct Recipe {
   bool histograms = false;  // keep |x| histograms (for the report) whatever the observers
   // Whose arithmetic turns statistics into scales; llm-compressor's needs the model's dtype.
   Compat compat = Compat::kCaliper;
+  AttentionScales attention = AttentionScales::kOff;  // "q": also observe QUERY chunks
 
+  bool ObservesQuery() const { return attention == AttentionScales::kQuery; }
   // Histograms are kept (and computed in the reduction pass) only when this is true, so
   // absmax-only sessions keep the absmax path's speed.
   bool NeedsHistograms() const {
@@ -73,14 +80,27 @@ struct Recipe {
 // llm-compressor (Create refuses that without a dtype), else Caliper's.
 ScaleArithmetic RecipeArithmetic(const Recipe& recipe, const ModelConfig& model);
 
-enum class ChunkKind { kKey, kValue, kWeight, kInput };
-absl::string_view ChunkKindName(ChunkKind kind);  // "KEY", "VALUE", "WEIGHT", "INPUT_ACTIVATION"
+enum class ChunkKind { kKey, kValue, kWeight, kInput, kQuery };
+// "KEY", "VALUE", "WEIGHT", "INPUT_ACTIVATION", "QUERY"
+absl::string_view ChunkKindName(ChunkKind kind);
+// "off", "q" (recipe.attention as configs and the CLI spell it).
+absl::string_view AttentionScalesName(AttentionScales attention);
+
+// A QUERY chunk of `shape` ([tokens, q_heads_local, head_dim] or [tokens, q_heads_local *
+// head_dim]) as the K/V reduction reads it: [tokens, kv_heads_local * group * head_dim], each
+// local KV head's group of query heads one "head" of `head_dim` = group * head_dim columns.
+struct QueryChunkLayout {
+  std::vector<int64_t> shape;
+  int head_dim = 0;
+};
+absl::StatusOr<QueryChunkLayout> QueryChunkAsKv(const std::vector<int64_t>& shape,
+                                                TpPlacement placement, const ModelConfig& model);
 
 // One streamed tensor, referencing bytes the caller keeps alive for the duration of Observe.
 // The bytes may be in pieces (e.g. network buffer slices), cut anywhere.
 struct ChunkRef {
   ChunkKind kind = ChunkKind::kKey;
-  int layer = 0;              // K / V
+  int layer = 0;              // K / V / Q
   absl::string_view module;   // weight / input, e.g. "model.layers.0.self_attn.q_proj"
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;

@@ -62,8 +62,9 @@ bool Untouched(const KvLayerObserver& layer) {
   auto zero = [](const auto& values) {
     return std::all_of(values.begin(), values.end(), [](auto v) { return v == 0; });
   };
-  return zero(layer.k_tokens) && zero(layer.v_tokens) && zero(layer.k_absmax) &&
-         zero(layer.v_absmax) && layer.k_rank0_tokens == 0 && layer.v_rank0_tokens == 0;
+  return zero(layer.k_tokens) && zero(layer.v_tokens) && zero(layer.q_tokens) &&
+         zero(layer.k_absmax) && zero(layer.v_absmax) && zero(layer.q_absmax) &&
+         layer.k_rank0_tokens == 0 && layer.v_rank0_tokens == 0;
 }
 
 }  // namespace
@@ -81,10 +82,14 @@ SessionDelta CalibrationSession::TakeDelta(const ProducerLedger::Stream* produce
     for (auto& [batch, ranges] : observer.v_batches) {
       delta.kv_batches[{l, batch}].v_batches.emplace(batch, std::move(ranges));
     }
+    for (auto& [batch, ranges] : observer.q_batches) {
+      delta.kv_batches[{l, batch}].q_batches.emplace(batch, std::move(ranges));
+    }
     observer.k_batches.clear();
     observer.v_batches.clear();
+    observer.q_batches.clear();
     delta.kv_layers.emplace(l, std::move(observer));
-    kv_layers_[layer] = KvLayerObserver(model_.num_kv_heads);
+    kv_layers_[layer] = KvLayerObserver(model_.num_kv_heads, recipe_.ObservesQuery());
   }
   for (auto& [name, state] : modules_) {
     if (state.weight.observations > 0) delta.weights.emplace(name, state.weight);
@@ -121,7 +126,14 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
       return absl::InvalidArgumentError(absl::StrCat(
           "kv_layers[", layer, "]: per-head arrays must have num_kv_heads=", heads, " entries"));
     }
-    for (const auto* batches : {&observer.k_batches, &observer.v_batches}) {
+    const size_t q_heads = recipe_.ObservesQuery() ? heads : 0;
+    if (observer.q_absmax.size() != q_heads || observer.q_tokens.size() != q_heads ||
+        (!observer.q_hist.empty() && observer.q_hist.size() != q_heads)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_layers[", layer, "]: query arrays must have ", q_heads,
+          " entries (recipe.attention ", AttentionScalesName(recipe_.attention), ")"));
+    }
+    for (const auto* batches : {&observer.k_batches, &observer.v_batches, &observer.q_batches}) {
       for (const auto& [batch, ranges] : *batches) {
         if (ranges.min.size() > heads) {
           return absl::InvalidArgumentError(absl::StrCat("kv_layers[", layer, "]: batch ", batch,
@@ -137,7 +149,11 @@ absl::Status CalibrationSession::ApplyDelta(const SessionDelta& delta) {
       return absl::InvalidArgumentError(absl::StrCat(
           "kv_batches[", layer, "]: outside the session's ", kv_layers_.size(), " K/V layers"));
     }
-    for (const auto* batches : {&observer.k_batches, &observer.v_batches}) {
+    if (!recipe_.ObservesQuery() && !observer.q_batches.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_batches[", layer, ", ", batch, "]: query ranges, but recipe.attention is off"));
+    }
+    for (const auto* batches : {&observer.k_batches, &observer.v_batches, &observer.q_batches}) {
       for (const auto& [b, ranges] : *batches) {
         if (b != batch || ranges.min.size() > heads) {
           return absl::InvalidArgumentError(absl::StrCat(

@@ -34,16 +34,18 @@ absl::Status CheckMinMax(const MinMaxObserver& observer, absl::string_view field
   return absl::OkStatus();
 }
 
-// Bodies that version 2 extended carry it; the others keep version 1 (unchanged bytes).
+// The newest version a tag's body has: versions 2 and 3 extended K/V layers and activations,
+// version 4 K/V layers; the others keep version 1 (unchanged bytes).
 uint8_t VersionOf(uint8_t tag) {
-  return tag == kTagKvLayer || tag == kTagActivation ? kObserverCodecVersion : 1;
+  return tag == kTagKvLayer ? kObserverCodecVersion : tag == kTagActivation ? 3 : 1;
 }
 
-std::string Standalone(uint8_t tag, const StateEncoder& body) {
+// `version`: what the body was written as (0: VersionOf(tag)).
+std::string Standalone(uint8_t tag, const StateEncoder& body, uint8_t version = 0) {
   std::string out;
   out.reserve(2 + body.bytes().size());
   out.push_back(static_cast<char>(tag));
-  out.push_back(static_cast<char>(VersionOf(tag)));
+  out.push_back(static_cast<char>(version == 0 ? VersionOf(tag) : version));
   out += body.bytes();
   return out;
 }
@@ -103,7 +105,7 @@ void StateEncoder::PutString(absl::string_view value) {
   out_.append(value.data(), value.size());
 }
 
-void StateEncoder::PutKvLayer(const KvLayerObserver& observer) {
+void StateEncoder::PutKvLayer(const KvLayerObserver& observer, bool query) {
   for (const std::vector<float>* absmax : {&observer.k_absmax, &observer.v_absmax}) {
     PutU32(static_cast<uint32_t>(absmax->size()));
     for (float v : *absmax) PutF32(v);
@@ -116,13 +118,22 @@ void StateEncoder::PutKvLayer(const KvLayerObserver& observer) {
   PutBatchRanges(observer.v_batches);
   PutI64(observer.k_rank0_tokens);
   PutI64(observer.v_rank0_tokens);
+  if (!query) return;
+  PutU32(static_cast<uint32_t>(observer.q_absmax.size()));
+  for (float v : observer.q_absmax) PutF32(v);
+  PutU32(static_cast<uint32_t>(observer.q_tokens.size()));
+  for (int64_t v : observer.q_tokens) PutI64(v);
+  PutBatchRanges(observer.q_batches);
 }
 
-void StateEncoder::PutKvHistograms(const KvLayerObserver& observer) {
+void StateEncoder::PutKvHistograms(const KvLayerObserver& observer, bool query) {
   for (const std::vector<MagnitudeHistogram>* hists : {&observer.k_hist, &observer.v_hist}) {
     PutU32(static_cast<uint32_t>(hists->size()));
     for (const MagnitudeHistogram& h : *hists) PutHistogram(h);
   }
+  if (!query) return;
+  PutU32(static_cast<uint32_t>(observer.q_hist.size()));
+  for (const MagnitudeHistogram& h : observer.q_hist) PutHistogram(h);
 }
 
 void StateEncoder::PutBatchRanges(const std::map<int64_t, GroupRanges>& batches) {
@@ -311,20 +322,56 @@ absl::StatusOr<KvLayerObserver> StateDecoder::GetKvLayer(absl::string_view field
       *count = *value;
     }
   }
+  if (codec_version_ >= 4) {
+    const std::string absmax_name = absl::StrCat(field, ".q_absmax");
+    absl::StatusOr<uint32_t> count = GetCount(absmax_name, 4);
+    if (!count.ok()) return count.status();
+    if (*count != out.k_absmax.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(absmax_name, ": ", *count,
+                                                     " entries, expected num_kv_heads=",
+                                                     out.k_absmax.size()));
+    }
+    out.q_absmax.resize(*count);
+    for (uint32_t i = 0; i < *count; ++i) {
+      const float v = std::bit_cast<float>(static_cast<uint32_t>(ReadLittleEndian(4)));
+      if (!std::isfinite(v)) return Invalid(absmax_name, i, "not finite");
+      if (v < 0) return Invalid(absmax_name, i, absl::StrCat("negative absmax ", v));
+      out.q_absmax[i] = v;
+    }
+    const std::string tokens_name = absl::StrCat(field, ".q_tokens");
+    count = GetCount(tokens_name, 8);
+    if (!count.ok()) return count.status();
+    if (*count != out.q_absmax.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(tokens_name, ": ", *count,
+                                                     " entries, expected ", out.q_absmax.size()));
+    }
+    out.q_tokens.resize(*count);
+    for (uint32_t i = 0; i < *count; ++i) {
+      const int64_t v = static_cast<int64_t>(ReadLittleEndian(8));
+      if (v < 0) return Invalid(tokens_name, i, absl::StrCat("negative token count ", v));
+      out.q_tokens[i] = v;
+    }
+    absl::StatusOr<std::map<int64_t, GroupRanges>> got =
+        GetBatchRanges(absl::StrCat(field, ".q_batches"));
+    if (!got.ok()) return got.status();
+    out.q_batches = *std::move(got);
+  }
   return out;
 }
 
 absl::Status StateDecoder::GetKvHistograms(absl::string_view field, KvLayerObserver* observer) {
   const size_t heads = observer->k_absmax.size();
-  for (int kv = 0; kv < 2; ++kv) {
-    const std::string name = absl::StrCat(field, ".", kv == 0 ? "k_hist" : "v_hist");
+  for (int kv = 0; kv < (codec_version_ >= 4 ? 3 : 2); ++kv) {
+    const std::string name =
+        absl::StrCat(field, ".", kv == 0 ? "k_hist" : kv == 1 ? "v_hist" : "q_hist");
     absl::StatusOr<uint32_t> count = GetCount(name, 1);
     if (!count.ok()) return count.status();
     if (*count != 0 && *count != heads) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, ": ", *count, " histograms, expected 0 or num_kv_heads=", heads));
     }
-    std::vector<MagnitudeHistogram>& hists = kv == 0 ? observer->k_hist : observer->v_hist;
+    std::vector<MagnitudeHistogram>& hists =
+        kv == 0 ? observer->k_hist : kv == 1 ? observer->v_hist : observer->q_hist;
     hists.resize(*count);
     for (uint32_t h = 0; h < *count; ++h) {
       absl::StatusOr<MagnitudeHistogram> hist = GetHistogram(absl::StrCat(name, "[", h, "]"));
@@ -483,10 +530,13 @@ absl::Status StateDecoder::ExpectEnd(absl::string_view field) const {
 // ---- Standalone blobs ----
 
 std::string EncodeKvLayerObserver(const KvLayerObserver& observer) {
+  // A layer without the query keeps its version-3 bytes.
+  const bool query = !observer.q_absmax.empty() || !observer.q_tokens.empty() ||
+                     !observer.q_hist.empty() || !observer.q_batches.empty();
   StateEncoder body;
-  body.PutKvLayer(observer);
-  body.PutKvHistograms(observer);
-  return Standalone(kTagKvLayer, body);
+  body.PutKvLayer(observer, query);
+  body.PutKvHistograms(observer, query);
+  return Standalone(kTagKvLayer, body, query ? 4 : 3);
 }
 
 std::string EncodeHistogram(const MagnitudeHistogram& histogram) {
@@ -525,6 +575,12 @@ absl::StatusOr<KvLayerObserver> DecodeKvLayerObserver(absl::string_view bytes) {
         absl::StatusOr<KvLayerObserver> layer = in.GetKvLayer("kv_layer");
         if (!layer.ok() || in.codec_version() < 2) return layer;
         if (absl::Status s = in.GetKvHistograms("kv_layer", &*layer); !s.ok()) return s;
+        if (in.codec_version() >= 4 && layer->q_absmax.empty() && layer->q_hist.empty() &&
+            layer->q_batches.empty()) {
+          // Encoding is canonical: a layer without a query is written as version 2.
+          return absl::InvalidArgumentError(
+              "kv_layer.version: 4 without a query (such a layer is version 3)");
+        }
         return layer;
       });
 }

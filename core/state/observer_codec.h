@@ -25,7 +25,10 @@ namespace caliper {
 // and histogram blobs say 1); version 1 bodies still decode (without them). 3 adds the K/V
 // layer's TP rank 0 token counts (those blobs and activation blobs say 3; earlier ones decode
 // with counts of 0).
-inline constexpr uint8_t kObserverCodecVersion = 3;
+// 4 adds the query's arrays (q_absmax, q_tokens, q_batches; q_hist after the K/V histograms) to
+// K/V layer bodies; only bodies that carry a query are written as 4, so every other blob keeps
+// its version-3 bytes.
+inline constexpr uint8_t kObserverCodecVersion = 4;
 
 // Appends fields to a byte string. Never fails.
 class StateEncoder {
@@ -39,14 +42,15 @@ class StateEncoder {
   void PutString(absl::string_view value);  // u32 length + bytes
 
   // Bodies (no tag/version); the matching StateDecoder::Get* reads them back.
-  void PutKvLayer(const KvLayerObserver& observer);
+  // `query`: also the query's arrays (codec version 4 bodies).
+  void PutKvLayer(const KvLayerObserver& observer, bool query = false);
   void PutMinMax(const MinMaxObserver& observer);
   void PutActivation(const ActivationObserver& observer);
   void PutProducerSequences(const ProducerSequences& sequences);
   // Sparse: max, max_count, then (slot, count) for nonzero slots only; <= 1027 pairs.
   void PutHistogram(const MagnitudeHistogram& histogram);
   // A layer's K then V histograms: count (0 or heads), then each PutHistogram.
-  void PutKvHistograms(const KvLayerObserver& observer);
+  void PutKvHistograms(const KvLayerObserver& observer, bool query = false);
   // Per-batch ranges: count, then (batch, n, n x (min, max)) in ascending batch order.
   void PutBatchRanges(const std::map<int64_t, GroupRanges>& batches);
 
@@ -84,7 +88,8 @@ class StateDecoder {
   absl::StatusOr<ProducerSequences> GetProducerSequences(absl::string_view field);
   // Slots ascending and in range, counts positive, then MagnitudeHistogram::Validate.
   absl::StatusOr<MagnitudeHistogram> GetHistogram(absl::string_view field);
-  // Into observer->k_hist / v_hist; counts other than 0 or k_absmax.size() are refused.
+  // Into observer->k_hist / v_hist (and q_hist from version 3); counts other than 0 or
+  // k_absmax.size() are refused.
   absl::Status GetKvHistograms(absl::string_view field, KvLayerObserver* observer);
   // Batch ids strictly ascending, no NaN, each group min <= max or unobserved (+inf / -inf).
   absl::StatusOr<std::map<int64_t, GroupRanges>> GetBatchRanges(absl::string_view field);
@@ -99,7 +104,9 @@ class StateDecoder {
 
   absl::string_view in_;
   size_t pos_ = 0;
-  uint8_t codec_version_ = kObserverCodecVersion;
+  // Default: version 3 bodies (a K/V layer without the query); a record that holds version 4
+  // bodies says so (its header, or the session state's version).
+  uint8_t codec_version_ = 3;
 };
 
 // Standalone, versioned blobs. Decoding fails on a wrong tag, an unknown version, a bad body or

@@ -15,9 +15,11 @@ namespace {
 constexpr uint8_t kTagSession = 'S';
 // 2 adds the histogram recipe fields and the histograms section; 3 the model's dtype, the
 // recipe's compat and the moving-average observers' per-batch ranges (observer codec 2).
-// 4 the model's MLA dims; 5 the K/V layers' TP rank 0 token counts (observer codec 3).
-// Versions 1 to 4 still load.
-constexpr uint8_t kSessionStateVersion = 5;
+// 4 the model's MLA dims; 5 the K/V layers' TP rank 0 token counts (observer codec 3); 6 the
+// model's layer kinds, the recipe's attention and the query's observers (observer codec 4): only
+// a session that has one of them (a hybrid model, recipe.attention q) is written as 6, so every
+// other keeps its version-5 bytes. Versions 1 to 5 still load.
+constexpr uint8_t kSessionStateVersion = 6;
 
 void PutModel(StateEncoder& out, const ModelConfig& model) {
   out.PutString(model.architecture);
@@ -34,6 +36,16 @@ void PutModel(StateEncoder& out, const ModelConfig& model) {
       out.PutI64(value);
     }
   }
+}
+
+// Version 6 only: a count (0 or num_layers) and one byte per layer.
+void PutLayerKinds(StateEncoder& out, const ModelConfig& model) {
+  out.PutU32(static_cast<uint32_t>(model.layer_attention.size()));
+  for (LayerAttention kind : model.layer_attention) out.PutU8(static_cast<uint8_t>(kind));
+}
+
+bool NeedsVersion6(const SessionObservations& o) {
+  return o.recipe.ObservesQuery() || !o.model.layer_attention.empty();
 }
 
 void PutRecipe(StateEncoder& out, const Recipe& recipe) {
@@ -190,14 +202,20 @@ SessionSnapshot SnapshotSession(const CalibrationSession& session) {
   const SessionImage image = session.Image();
   const SessionObservations& o = image.observations;
   StateEncoder out;
+  const bool query = o.recipe.ObservesQuery();
+  const bool v6 = NeedsVersion6(o);
   out.PutU8(kTagSession);
-  out.PutU8(kSessionStateVersion);
+  out.PutU8(v6 ? kSessionStateVersion : 5);
   out.PutString(o.id);
   out.PutString(o.name);
   out.PutString(image.tenant);
   out.PutI64(image.created_unix_ms);
   PutModel(out, o.model);
   PutRecipe(out, o.recipe);
+  if (v6) {
+    PutLayerKinds(out, o.model);
+    out.PutU8(static_cast<uint8_t>(o.recipe.attention));
+  }
   out.PutU8(o.state == SessionState::kFinalized ? 1 : 0);
   const SessionCounters& c = image.counters;
   for (int64_t counter : {c.accepted_chunks, c.accepted_bytes, c.rejected_chunks,
@@ -205,7 +223,7 @@ SessionSnapshot SnapshotSession(const CalibrationSession& session) {
     out.PutI64(counter);
   }
   out.PutU32(static_cast<uint32_t>(o.kv_layers.size()));
-  for (const KvLayerObserver& layer : o.kv_layers) out.PutKvLayer(layer);
+  for (const KvLayerObserver& layer : o.kv_layers) out.PutKvLayer(layer, query);
   out.PutU32(static_cast<uint32_t>(o.modules.size()));
   for (const auto& [name, module] : o.modules) {
     out.PutString(name);
@@ -214,7 +232,7 @@ SessionSnapshot SnapshotSession(const CalibrationSession& session) {
   }
   out.PutProducerSequences(image.producers);
   // Histograms (version 2): per layer K then V per original head, then per module input.
-  for (const KvLayerObserver& layer : o.kv_layers) out.PutKvHistograms(layer);
+  for (const KvLayerObserver& layer : o.kv_layers) out.PutKvHistograms(layer, query);
   for (const auto& [name, module] : o.modules) out.PutHistogram(module.input_hist);
 
   SessionSnapshot snapshot;
@@ -270,6 +288,29 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> RestoreSession(absl::string_
   absl::StatusOr<Recipe> recipe = GetRecipe(in, *version);
   if (!recipe.ok()) return recipe.status();
   o.recipe = *std::move(recipe);
+  if (*version >= 6) {
+    absl::StatusOr<uint32_t> kinds = in.GetCount("model.layer_types", 1);
+    if (!kinds.ok()) return kinds.status();
+    if (*kinds != 0 && *kinds != static_cast<uint32_t>(o.model.num_layers)) {
+      return absl::InvalidArgumentError(absl::StrCat("model.layer_types: ", *kinds,
+                                                     " entries, expected 0 or num_layers=",
+                                                     o.model.num_layers));
+    }
+    for (uint32_t i = 0; i < *kinds; ++i) {
+      absl::StatusOr<uint8_t> kind = GetEnum(in, absl::StrCat("model.layer_types[", i, "]"),
+                                             static_cast<uint8_t>(LayerAttention::kLinear));
+      if (!kind.ok()) return kind.status();
+      o.model.layer_attention.push_back(static_cast<LayerAttention>(*kind));
+    }
+    absl::StatusOr<uint8_t> attention =
+        GetEnum(in, "recipe.attention", static_cast<uint8_t>(AttentionScales::kQuery));
+    if (!attention.ok()) return attention.status();
+    o.recipe.attention = static_cast<AttentionScales>(*attention);
+    if (!NeedsVersion6(o)) {
+      return absl::InvalidArgumentError(
+          "session.version: 6 without layer kinds or recipe.attention (such a session is 5)");
+    }
+  }
 
   absl::StatusOr<uint8_t> finalized = GetEnum(in, "session.finalized", 1);
   if (!finalized.ok()) return finalized.status();
@@ -292,7 +333,7 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> RestoreSession(absl::string_
     *counter.value = *value;
   }
 
-  in.set_codec_version(*version >= 5 ? 3 : *version >= 3 ? 2 : 1);
+  in.set_codec_version(*version >= 6 ? 4 : *version >= 5 ? 3 : *version >= 3 ? 2 : 1);
   absl::StatusOr<uint32_t> layers = in.GetCount("session.kv_layers", 8);
   if (!layers.ok()) return layers.status();
   if (absl::Status s = CheckLimit("session.kv_layers", *layers, "max_layers",

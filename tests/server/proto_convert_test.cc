@@ -60,7 +60,28 @@ TEST(ProtoConvertTest, UnknownValuesAreRefusedNamingTheFieldAndTheChoices) {
   chunk.set_dtype("F32");
   chunk.set_kind(v1::TARGET_UNSPECIFIED);
   EXPECT_THAT(ChunkFromProto(chunk, Limits()).status().message(),
-              HasSubstr("chunk.kind: must be one of KEY, VALUE, WEIGHT, INPUT_ACTIVATION, got 0"));
+              HasSubstr("chunk.kind: must be one of KEY, VALUE, WEIGHT, INPUT_ACTIVATION, QUERY, got 0"));
+  recipe.set_compat(v1::COMPAT_UNSPECIFIED);
+  recipe.set_attention(static_cast<v1::AttentionScales>(5));
+  EXPECT_THAT(RecipeFromProto(recipe, Limits()).status().message(),
+              HasSubstr("recipe.attention: must be one of ATTENTION_UNSPECIFIED, ATTENTION_OFF, "
+                        "ATTENTION_Q, got 5"));
+  recipe.set_attention(v1::ATTENTION_Q);
+  EXPECT_EQ(RecipeFromProto(recipe, Limits())->attention, AttentionScales::kQuery);
+  EXPECT_EQ(RecipeToProto(*RecipeFromProto(recipe, Limits())).attention(), v1::ATTENTION_Q);
+  v1::ModelDescription model;
+  model.set_num_layers(2);
+  model.set_num_attention_heads(4);
+  model.set_head_dim(8);
+  model.add_layer_types("linear_attention");
+  model.add_layer_types("full_attention");
+  absl::StatusOr<ModelConfig> hybrid = ModelFromProto(model, ModelLimits());
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status();
+  EXPECT_EQ(ModelToProto(*hybrid).layer_types_size(), 2);
+  EXPECT_EQ(ModelToProto(*hybrid).layer_types(0), "linear_attention");
+  model.add_layer_types("full_attention");
+  EXPECT_THAT(ModelFromProto(model, ModelLimits()).status().message(),
+              HasSubstr("model.layer_types: 3 entries"));
   // The convention is an open enum: an unknown value is the default convention.
   EXPECT_EQ(ConventionFromProto(v1::MODELOPT), Nvfp4Convention::kModelOpt);
   EXPECT_EQ(ConventionFromProto(static_cast<v1::Nvfp4Convention>(5)),

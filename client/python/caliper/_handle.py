@@ -17,6 +17,7 @@ class Handle:
         self.forwards = 0
         self.enabled = True
         self.kv_layers: List[int] = []
+        self.query = False  # the query is streamed too (recipe attention q)
         self.input_modules: List[str] = []   # checkpoint names
         self.weight_modules: List[str] = []
         self.errors: List[BaseException] = []

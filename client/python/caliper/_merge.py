@@ -48,7 +48,8 @@ class Pending:
 def merges_across_batches(recipe: pb.Recipe) -> Dict[int, bool]:
     """Per chunk kind: may statistics of different batches become one? (None: do not merge.)"""
     kv_static = recipe.kv_observer in (pb.KV_OBSERVER_UNSPECIFIED, pb.KV_OBSERVER_STATIC_MINMAX)
-    return {pb.KEY: kv_static, pb.VALUE: kv_static, pb.INPUT_ACTIVATION: False, pb.WEIGHT: True}
+    return {pb.KEY: kv_static, pb.VALUE: kv_static, pb.QUERY: kv_static,
+            pb.INPUT_ACTIVATION: False, pb.WEIGHT: True}
 
 
 def _lower(a: float, b: float) -> float:

@@ -79,24 +79,25 @@ class Chunk:
         return math.prod(self.shape) * _ITEMSIZE[self.dtype]
 
 
-def kv_view(x: Any, where: str, heads: int, head_dim: int, heads_note: str):
+def kv_view(x: Any, where: str, heads: int, head_dim: int, heads_note: str,
+            what: str = "kv_heads"):
     """x as [tokens, heads, head_dim] (a view where possible; 4-D input is transposed)."""
     shape = list(x.shape)
     if len(shape) == 4:
         if shape[1] != heads or shape[3] != head_dim:
-            raise TensorError(f"{where}.shape: {shape} is not [batch, {heads} kv_heads, seq, "
+            raise TensorError(f"{where}.shape: {shape} is not [batch, {heads} {what}, seq, "
                               f"{head_dim} head_dim]{heads_note}")
         x = x.transpose(1, 2) if is_torch(x) else x.transpose(0, 2, 1, 3)
         return x.reshape(-1, heads, head_dim)
     if len(shape) == 3:
         if shape[1] != heads or shape[2] != head_dim:
-            raise TensorError(f"{where}.shape: {shape} is not [tokens, {heads} kv_heads, "
+            raise TensorError(f"{where}.shape: {shape} is not [tokens, {heads} {what}, "
                               f"{head_dim} head_dim]{heads_note}")
         return x
     if len(shape) == 2:
         if shape[1] != heads * head_dim:
             raise TensorError(f"{where}.shape: {shape} is not [tokens, {heads * head_dim}] "
-                              f"({heads} kv_heads x {head_dim} head_dim{heads_note.strip(' ;()')})")
+                              f"({heads} {what} x {head_dim} head_dim{heads_note.strip(' ;()')})")
         return x.reshape(-1, heads, head_dim)
     raise TensorError(f"{where}.shape: {shape}: expected 2, 3 or 4 dimensions")
 

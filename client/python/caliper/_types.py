@@ -58,6 +58,9 @@ class KvLayerScales:
     v_absmax: List[float]
     k_scale: List[float]
     v_scale: List[float]
+    # recipe attention q only (else empty): the query's, per KV head or one value.
+    q_absmax: List[float] = dataclasses.field(default_factory=list)
+    q_scale: List[float] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +107,8 @@ def _opt(message: pb.ModuleScales, field: str) -> Optional[float]:
 
 def kv_layers(response: pb.ScalesResponse) -> List[KvLayerScales]:
     return [KvLayerScales(r.layer, list(r.k_absmax), list(r.v_absmax), list(r.k_scale),
-                          list(r.v_scale)) for r in response.kv_layers]
+                          list(r.v_scale), list(r.q_absmax), list(r.q_scale))
+            for r in response.kv_layers]
 
 
 def rank_slices(response: pb.ScalesResponse) -> List[RankKvSlice]:

@@ -123,6 +123,7 @@ class Recipe:
     kv_observer: str = ""                # static_minmax (""), minmax, mse or percentile:P
     compat: str = ""                     # "" (Caliper's arithmetic) or llm-compressor
     histograms: bool = False             # keep |x| histograms (mse / percentile imply it)
+    attention: str = "off"               # off, or q: also the query's scale (needs kv on)
 
     def to_proto(self) -> pb.Recipe:
         if self.kv not in _KV:
@@ -134,7 +135,10 @@ class Recipe:
         if self.compat not in _COMPAT:
             raise ValueError(f"recipe.compat: expected \"\" or llm-compressor, got "
                              f"{self.compat!r}")
-        return pb.Recipe(kv=_KV[self.kv], kv_observer=kv_observer, kv_percentile=kv_percentile,
+        if self.attention not in ("off", "q"):
+            raise ValueError(f"recipe.attention: expected off or q, got {self.attention!r}")
+        return pb.Recipe(attention=pb.ATTENTION_Q if self.attention == "q" else
+                         pb.ATTENTION_UNSPECIFIED,kv=_KV[self.kv], kv_observer=kv_observer, kv_percentile=kv_percentile,
                          compat=_COMPAT[self.compat],
                          fp8_flavor=pb.FP8_E4M3FNUZ if self.fp8 == "e4m3fnuz" else pb.FP8_E4M3FN,
                          nvfp4_weights=self.nvfp4_weights,
@@ -154,7 +158,8 @@ class Recipe:
                    warmup=r.warmup_batches,
                    kv_observer=_observer_name(_KV_OBSERVERS, r.kv_observer, r.kv_percentile, ""),
                    compat="llm-compressor" if r.compat == pb.COMPAT_LLM_COMPRESSOR else "",
-                   histograms=r.histograms)
+                   histograms=r.histograms,
+                   attention="q" if r.attention == pb.ATTENTION_Q else "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,6 +417,43 @@ class Session:
                 chunks.append((f"layer {layer} {arg}{_rows(chunk)}", kind, chunk))
         self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
 
+    def observe_query(self, layer: int, query: TensorLike, *, tp_rank: int = 0, tp_size: int = 1,
+                      batch: int) -> None:
+        """Q of `layer` after RoPE for one forward pass `batch` (recipe attention q), from TP rank
+        tp_rank: [batch, q_heads, seq, head_dim], [tokens, q_heads, head_dim] or flattened. The
+        query heads of one KV group are reduced together (the server keeps one scale per KV
+        head)."""
+        where = "observe_query"
+        if self.proto.recipe.attention != pb.ATTENTION_Q:
+            raise _tensors.TensorError(f"{where}: the session's recipe has attention off "
+                                       "(recipe attention q observes the query)")
+        if not 0 <= layer < self.model.num_layers:
+            raise _tensors.TensorError(f"{where}: layer {layer} is outside the model's layers "
+                                       f"[0, {self.model.num_layers})")
+        _check_batch(batch, where)
+        _tensors.check_tp(tp_rank, tp_size, where)
+        kv_heads = _tensors.local_kv_heads(self.model.num_kv_heads, tp_size, where)
+        q_total = self.model.num_attention_heads
+        if q_total % tp_size or (q_total // tp_size) % kv_heads:
+            raise _tensors.TensorError(f"{where}: {q_total} query heads do not split over "
+                                       f"tp_size {tp_size} ranks of {kv_heads} KV heads")
+        heads = q_total // tp_size
+        note = (f" (the model's {q_total} query heads at tp_size {tp_size})"
+                if tp_size > 1 else "")
+        dtype = _tensors.dtype_name(query, f"{where}: query")
+        view = _tensors.kv_view(query, f"{where}: query", heads, self.model.head_dim, note,
+                                what="q_heads")
+        if self.mode == "raw":
+            pieces = _tensors.raw_chunks(view, dtype, self.chunk_bytes)
+        else:
+            # Per KV head: each KV head's group of query heads as one head of the reduction.
+            grouped = view.reshape(view.shape[0], kv_heads, -1)
+            chunk = statistic(self.proto.recipe, grouped, dtype, f"{where}: query", pb.QUERY)
+            chunk.shape = [int(d) for d in view.shape]
+            pieces = [chunk]
+        chunks = [(f"layer {layer} query{_rows(c)}", pb.QUERY, c) for c in pieces]
+        self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
+
     def observe_mla(self, layer: int, kv_c_normed: TensorLike, k_pe: TensorLike, *,
                     tp_rank: int = 0, tp_size: int = 1, batch: int) -> None:
         """MLA models: what the engine caches for `layer` in forward pass `batch`: kv_c_normed
@@ -646,7 +688,7 @@ def statistic(recipe: pb.Recipe, x: TensorLike, dtype: str, where: str,
     reduced on x's device."""
     # Sessions that keep histograms need them from K/V and inputs (the server refuses less).
     hist = kind != pb.WEIGHT and _histogram.recipe_needs_histograms(recipe)
-    if kind in (pb.KEY, pb.VALUE):
+    if kind in (pb.KEY, pb.VALUE, pb.QUERY):
         if recipe.kv_observer == pb.KV_OBSERVER_MINMAX:
             return _tensors.kv_minmax_statistics(x, dtype, where, hist)
         return _tensors.kv_statistics(x, dtype, where, hist)

@@ -5,6 +5,8 @@ attach(model, session) streams, for every forward pass of `model` (one forward =
     ([batch, kv_heads, seq, head_dim], before GQA repetition): an attention function registered
     with transformers wraps the model's own one and sees the key/value states it is handed
     (run the model with use_cache=False: with a cache, attention sees past tokens again);
+    with recipe attention q, the query it is handed too (after RoPE, [batch, q_heads, seq,
+    head_dim]), as an engine's FP8 attention quantizes it;
   - the input of every NVFP4 target Linear, named as in the checkpoint (forward pre-hooks);
     MoE experts stored as fused 3-D parameters (transformers 5) are observed per expert as
     expert E's gate/up (w1/w3) and down (w2) projections: with moe_experts="routed" (default)
@@ -116,6 +118,8 @@ def _make_attention(original: str):
                 session.observe_mla(module.layer_idx, latent, k_pe, batch=handle.batch)
             elif handle.enabled:
                 session.observe_kv(module.layer_idx, key, value, batch=handle.batch)
+                if handle.query:
+                    session.observe_query(module.layer_idx, query, batch=handle.batch)
         return _original_attention(original, module)(module, query, key, value, attention_mask,
                                                      **kwargs)
     return caliper_attention
@@ -152,6 +156,7 @@ def _attach(model, session, kv, inputs, weights, first_batch, moe_experts, insta
     inputs = inputs and recipe.nvfp4_activations
     weights = weights and recipe.nvfp4_weights
     handle = Handle(first_batch)
+    handle.query = kv and recipe.attention == pb.ATTENTION_Q
     installed.append(handle)
     model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
 

@@ -364,7 +364,9 @@ TEST(ObserverCodecTest, RandomBytesNeverCrashAndDecodedBlobsAreCanonical) {
     std::string bytes(rng() % 64, '\0');
     for (char& c : bytes) c = static_cast<char>(rng() % 4 == 0 ? rng() : rng() % 3);
     if (!bytes.empty()) bytes[0] = "KMAP"[rng() % 4];
-    if (bytes.size() > 1) bytes[1] = bytes[0] == 'K' || bytes[0] == 'A' ? kObserverCodecVersion : 1;
+    if (bytes.size() > 1) {
+      bytes[1] = bytes[0] == 'K' ? static_cast<char>(3 + rng() % 2) : bytes[0] == 'A' ? 3 : 1;
+    }
     if (auto kv = DecodeKvLayerObserver(bytes); kv.ok()) {
       ++decoded;
       EXPECT_EQ(EncodeKvLayerObserver(*kv), bytes);
