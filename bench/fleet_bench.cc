@@ -40,6 +40,7 @@
 #include "bench/bench_flags.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
+#include "tests/support/llama_description.h"
 #include "tests/support/postgres_instance.h"
 
 namespace caliper {
@@ -133,14 +134,8 @@ class Watchers {
 void CreateFleet(v1::Calibration::Stub& stub, int layers) {
   v1::CreateFleetRequest req;
   req.set_name("bench");
-  v1::ModelDescription* m = req.mutable_model();
-  m->set_architecture("LlamaForCausalLM");
-  m->set_model_type("llama");
-  m->set_num_layers(layers);
-  m->set_num_attention_heads(4 * kHeads);
-  m->set_num_kv_heads(kHeads);
-  m->set_head_dim(kHeadDim);
-  m->set_hidden_size(4 * kHeads * kHeadDim);
+  *req.mutable_model() = testing::LlamaDescription(
+      {.layers = layers, .attention_heads = 4 * kHeads, .kv_heads = kHeads, .head_dim = kHeadDim});
   req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
   req.mutable_policy()->set_min_tokens(kTokens);
   req.mutable_policy()->set_retain(1024);
@@ -278,14 +273,10 @@ IngestResult Ingest(v1::Calibration::Stub& stub, const std::string& fleet, int l
   {
     v1::CreateFleetRequest req;
     req.set_name(fleet);
-    v1::ModelDescription* m = req.mutable_model();
-    m->set_architecture("LlamaForCausalLM");
-    m->set_model_type("llama");
-    m->set_num_layers(layers);
-    m->set_num_attention_heads(4 * kHeads);
-    m->set_num_kv_heads(kHeads);
-    m->set_head_dim(kHeadDim);
-    m->set_hidden_size(4 * kHeads * kHeadDim);
+    *req.mutable_model() = testing::LlamaDescription({.layers = layers,
+                                                      .attention_heads = 4 * kHeads,
+                                                      .kv_heads = kHeads,
+                                                      .head_dim = kHeadDim});
     req.mutable_recipe()->set_kv(v1::KV_PER_HEAD);
     grpc::ClientContext ctx;
     v1::Fleet out;

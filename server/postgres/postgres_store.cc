@@ -54,6 +54,18 @@ class PostgresStore final : public StateStore {
     return std::make_unique<Connection>(pool_.get(), *conn, &name_);
   }
 
+  // A connection inside one read-only snapshot of every table: a merge committing meanwhile is
+  // seen whole or not at all.
+  absl::StatusOr<std::unique_ptr<Connection>> ConnectToSnapshot() {
+    absl::StatusOr<std::unique_ptr<Connection>> c = Connect();
+    if (!c.ok()) return c.status();
+    if (absl::Status s = (*c)->Exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").status();
+        !s.ok()) {
+      return s;
+    }
+    return c;
+  }
+
   absl::Status CreateSession(const CalibrationSession& session,
                              int max_sessions_per_tenant) override {
     absl::StatusOr<std::unique_ptr<Connection>> c = Connect();
@@ -116,14 +128,9 @@ class PostgresStore final : public StateStore {
 
   absl::StatusOr<std::unique_ptr<CalibrationSession>> LoadSession(
       absl::string_view id, absl::string_view tenant) override {
-    absl::StatusOr<std::unique_ptr<Connection>> c = Connect();
+    absl::StatusOr<std::unique_ptr<Connection>> c = ConnectToSnapshot();
     if (!c.ok()) return c.status();
     Connection& conn = **c;
-    // One snapshot of every table: a merge committing meanwhile is seen whole or not at all.
-    if (absl::Status s = conn.Exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").status();
-        !s.ok()) {
-      return s;
-    }
     absl::StatusOr<Loaded> loaded = LoadHead(conn, id, tenant);
     if (!loaded.ok()) return loaded.status();
     SessionDelta rows;
@@ -721,13 +728,9 @@ class PostgresStore final : public StateStore {
   // their rows, module counts from the module rows' keys (their observers stay unread).
   absl::StatusOr<std::vector<SessionStatus>> Statuses(absl::string_view tenant,
                                                       std::optional<absl::string_view> only) {
-    absl::StatusOr<std::unique_ptr<Connection>> c = Connect();
+    absl::StatusOr<std::unique_ptr<Connection>> c = ConnectToSnapshot();
     if (!c.ok()) return c.status();
     Connection& conn = **c;
-    if (absl::Status s = conn.Exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").status();
-        !s.ok()) {
-      return s;
-    }
     const std::string filter = only.has_value() ? " AND id = $2" : "";
     std::vector<Param> params = {Text(std::string(tenant))};
     if (only.has_value()) params.push_back(Text(std::string(*only)));

@@ -138,7 +138,8 @@ class Recipe:
         if self.attention not in ("off", "q"):
             raise ValueError(f"recipe.attention: expected off or q, got {self.attention!r}")
         return pb.Recipe(attention=pb.ATTENTION_Q if self.attention == "q" else
-                         pb.ATTENTION_UNSPECIFIED,kv=_KV[self.kv], kv_observer=kv_observer, kv_percentile=kv_percentile,
+                         pb.ATTENTION_UNSPECIFIED,
+                         kv=_KV[self.kv], kv_observer=kv_observer, kv_percentile=kv_percentile,
                          compat=_COMPAT[self.compat],
                          fp8_flavor=pb.FP8_E4M3FNUZ if self.fp8 == "e4m3fnuz" else pb.FP8_E4M3FN,
                          nvfp4_weights=self.nvfp4_weights,
@@ -411,11 +412,7 @@ class Session:
             dtype = _tensors.dtype_name(x, f"{where}: {arg}")
             view = _tensors.kv_view(x, f"{where}: {arg}", heads, self.model.head_dim, note)
             prepared.append((arg, kind, dtype, view))
-        chunks = []
-        for arg, kind, dtype, view in prepared:
-            for chunk in self._chunks(view, dtype, f"{where}: {arg}", kind):
-                chunks.append((f"layer {layer} {arg}{_rows(chunk)}", kind, chunk))
-        self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
+        self._put_layer(where, layer, prepared, tp_rank=tp_rank, tp_size=tp_size, batch=batch)
 
     def observe_query(self, layer: int, query: TensorLike, *, tp_rank: int = 0, tp_size: int = 1,
                       batch: int) -> None:
@@ -479,11 +476,7 @@ class Session:
                                            f"in {width} (the model's {arg} width)")
             view = _tensors.kv_view(x.reshape(-1, width), f"{where}: {arg}", 1, width, "")
             prepared.append((arg, kind, dtype, view))
-        chunks = []
-        for arg, kind, dtype, view in prepared:
-            for chunk in self._chunks(view, dtype, f"{where}: {arg}", kind):
-                chunks.append((f"layer {layer} {arg}{_rows(chunk)}", kind, chunk))
-        self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
+        self._put_layer(where, layer, prepared, tp_rank=tp_rank, tp_size=tp_size, batch=batch)
 
     def observe_input(self, module: str, x: TensorLike, *, batch: int, tp_rank: int = 0,
                       tp_size: int = 1) -> None:
@@ -535,6 +528,15 @@ class Session:
         if self.mode == "raw":
             return _tensors.raw_chunks(x, dtype, self.chunk_bytes)
         return [statistic(self.proto.recipe, x, dtype, where, kind)]
+
+    def _put_layer(self, where: str, layer: int, prepared: List[Tuple[str, int, str, Any]], *,
+                   tp_rank: int, tp_size: int, batch: int) -> None:
+        """Queues one layer's (argument, kind, dtype, view) tensors as chunks, named for errors."""
+        chunks = []
+        for arg, kind, dtype, view in prepared:
+            for chunk in self._chunks(view, dtype, f"{where}: {arg}", kind):
+                chunks.append((f"layer {layer} {arg}{_rows(chunk)}", kind, chunk))
+        self._put(chunks, dict(layer=layer, tp_rank=tp_rank, tp_size=tp_size, batch=batch))
 
     def _put(self, chunks: Sequence[Tuple[str, int, _tensors.Chunk]],
              fields: Dict[str, Union[int, str]]) -> None:
