@@ -529,7 +529,7 @@ class Session:
             return _tensors.raw_chunks(x, dtype, self.chunk_bytes)
         return [statistic(self.proto.recipe, x, dtype, where, kind)]
 
-    def _put_layer(self, where: str, layer: int, prepared: List[Tuple[str, int, str, Any]], *,
+    def _put_layer(self, where: str, layer: int, prepared: Sequence[Tuple[str, int, str, Any]], *,
                    tp_rank: int, tp_size: int, batch: int) -> None:
         """Queues one layer's (argument, kind, dtype, view) tensors as chunks, named for errors."""
         chunks = []
