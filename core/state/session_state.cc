@@ -333,7 +333,12 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> RestoreSession(absl::string_
     *counter.value = *value;
   }
 
-  in.set_codec_version(*version >= 6 ? 4 : *version >= 5 ? 3 : *version >= 3 ? 2 : 1);
+  // K/V layers carry the query's arrays only when the recipe observes it (as SnapshotSession
+  // writes them): a version-6 session with layer kinds alone has codec-3 layers.
+  in.set_codec_version(*version >= 6 && o.recipe.ObservesQuery() ? 4
+                       : *version >= 5                             ? 3
+                       : *version >= 3                             ? 2
+                                                                   : 1);
   absl::StatusOr<uint32_t> layers = in.GetCount("session.kv_layers", 8);
   if (!layers.ok()) return layers.status();
   if (absl::Status s = CheckLimit("session.kv_layers", *layers, "max_layers",

@@ -134,6 +134,24 @@ TEST_F(HybridSessionTest, GemmaSlidingLayersAreCalibratedLikeFullOnes) {
   ASSERT_TRUE(files.ok()) << files.status();
 }
 
+// Layer kinds make a version-6 record; without the query recipe its K/V layers have no query
+// arrays, and the record reads back as written (a full-attention layer's absmax included).
+TEST_F(HybridSessionTest, LayerKindsWithoutTheQueryRecipeRoundTrip) {
+  auto s = New(kQwen3Next, Recipe());
+  ASSERT_TRUE(Observe(*s, ChunkKind::kKey, 3, 2, 3.0f).ok());
+  ASSERT_TRUE(Observe(*s, ChunkKind::kValue, 3, 2, 2.0f).ok());
+  const SessionSnapshot snapshot = SnapshotSession(*s);
+  EXPECT_EQ(snapshot.bytes[1], 6);
+  absl::StatusOr<std::unique_ptr<CalibrationSession>> back = RestoreSession(snapshot.bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(SnapshotSession(**back).bytes, snapshot.bytes);
+  ASSERT_TRUE((*back)->Finalize().ok());
+  absl::StatusOr<SessionScales> scales = (*back)->Scales({}, Nvfp4Convention::kCompressedTensors);
+  ASSERT_TRUE(scales.ok()) << scales.status();
+  ASSERT_EQ(scales->kv_scales->k_absmax[3].size(), 2u);
+  EXPECT_GT(scales->kv_scales->k_absmax[3][0], 0.0f);
+}
+
 TEST_F(HybridSessionTest, LinearAttentionLayersHaveNoKvScales) {
   Recipe recipe;
   recipe.attention = AttentionScales::kQuery;
