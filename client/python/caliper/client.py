@@ -399,11 +399,7 @@ class Session:
             raise _tensors.TensorError(f"{where}: the session's model is MLA (kv_lora_rank "
                                        f"{self.model.kv_lora_rank}): its cache holds kv_c_normed "
                                        "and k_pe, not per-head K and V; use observe_mla")
-        if not 0 <= layer < self.model.num_layers:
-            raise _tensors.TensorError(f"{where}: layer {layer} is outside the model's layers "
-                                       f"[0, {self.model.num_layers})")
-        _check_batch(batch, where)
-        _tensors.check_tp(tp_rank, tp_size, where)
+        _check_layer_call(where, layer, self.model.num_layers, batch, tp_rank, tp_size)
         heads = _tensors.local_kv_heads(self.model.num_kv_heads, tp_size, where)
         note = (f" (the model's {self.model.num_kv_heads} KV heads at tp_size {tp_size})"
                 if tp_size > 1 else "")
@@ -424,11 +420,7 @@ class Session:
         if self.proto.recipe.attention != pb.ATTENTION_Q:
             raise _tensors.TensorError(f"{where}: the session's recipe has attention off "
                                        "(recipe attention q observes the query)")
-        if not 0 <= layer < self.model.num_layers:
-            raise _tensors.TensorError(f"{where}: layer {layer} is outside the model's layers "
-                                       f"[0, {self.model.num_layers})")
-        _check_batch(batch, where)
-        _tensors.check_tp(tp_rank, tp_size, where)
+        _check_layer_call(where, layer, self.model.num_layers, batch, tp_rank, tp_size)
         kv_heads = _tensors.local_kv_heads(self.model.num_kv_heads, tp_size, where)
         q_total = self.model.num_attention_heads
         if q_total % tp_size or (q_total // tp_size) % kv_heads:
@@ -462,11 +454,7 @@ class Session:
         if not model.is_mla:
             raise _tensors.TensorError(f"{where}: the session's model is not MLA (no "
                                        "kv_lora_rank); use observe_kv")
-        if not 0 <= layer < model.num_layers:
-            raise _tensors.TensorError(f"{where}: layer {layer} is outside the model's layers "
-                                       f"[0, {model.num_layers})")
-        _check_batch(batch, where)
-        _tensors.check_tp(tp_rank, tp_size, where)
+        _check_layer_call(where, layer, model.num_layers, batch, tp_rank, tp_size)
         prepared = []
         for arg, x, kind, width in (("kv_c_normed", kv_c_normed, pb.KEY, model.kv_lora_rank),
                                     ("k_pe", k_pe, pb.VALUE, model.qk_rope_head_dim)):
@@ -703,6 +691,16 @@ def _rows(chunk: _tensors.Chunk) -> str:
     if chunk.data is None or not chunk.shape:
         return ""
     return f" rows {chunk.first_row}..{chunk.first_row + chunk.shape[0]}"
+
+
+def _check_layer_call(where: str, layer: int, num_layers: int, batch: int, tp_rank: int,
+                      tp_size: int) -> None:
+    """What every per-layer observe checks first: the layer, the batch and the TP rank."""
+    if not 0 <= layer < num_layers:
+        raise _tensors.TensorError(f"{where}: layer {layer} is outside the model's layers "
+                                   f"[0, {num_layers})")
+    _check_batch(batch, where)
+    _tensors.check_tp(tp_rank, tp_size, where)
 
 
 def _check_batch(batch: int, where: str) -> None:
