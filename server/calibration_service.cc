@@ -9,8 +9,6 @@
 #include "absl/time/clock.h"
 #include "core/formats/lightllm_adapt.h"
 #include "core/formats/lightllm_format.h"
-#include "core/session/session_id.h"
-#include "core/session/session_report.h"
 #include "server/out_of_memory.h"
 #include "server/proto_convert.h"
 #include "server/rpc_timing.h"
@@ -28,9 +26,33 @@ CalibrationService::CalibrationService(ServiceOptions options, ReductionBackend*
   if (options_.stream_idle_timeout > absl::ZeroDuration() || options_.inflight != nullptr) {
     idle_thread_ = std::thread([this] { IdleWatchLoop(); });
   }
+  SessionService::Options sessions;
+  sessions.store = options_.store;
+  sessions.limits = options_.limits;
+  sessions.env = options_.env;
   fleet_metrics_ = std::make_unique<FleetMetrics>(*metrics_->registry(),
                                                  options_.fleet_saturation_layers);
-  if (options_.fleets != nullptr) fleet_thread_ = std::thread([this] { FleetSweepLoop(); });
+  if (options_.fleets != nullptr) {
+    sessions.uncounted_sessions = [this](const std::string& tenant) {
+      return fleets_->ClosedWindows(tenant);
+    };
+  }
+  sessions_ = std::make_unique<SessionService>(std::move(sessions));
+  if (options_.fleets != nullptr) {
+    fleet_export_ = std::make_unique<FleetExport>(
+        fleet_metrics_.get(), metrics_, log_,
+        [this](const std::string& tenant, const std::string& fleet) {
+          NotifyWatchers(tenant, fleet);
+        });
+    FleetService::Options fleets;
+    fleets.fleets = options_.fleets;
+    fleets.sessions = sessions_.get();
+    fleets.flusher = options_.flusher;
+    fleets.fleet_limits = options_.fleet_limits;
+    fleets.sweep_interval = options_.fleet_sweep_interval;
+    fleets.env = options_.env;
+    fleets_ = std::make_unique<FleetService>(std::move(fleets), fleet_export_.get());
+  }
 }
 
 CalibrationService::~CalibrationService() {
@@ -40,12 +62,7 @@ CalibrationService::~CalibrationService() {
   }
   streams_cv_.notify_all();
   if (idle_thread_.joinable()) idle_thread_.join();
-  {
-    std::lock_guard<std::mutex> lock(fleet_mu_);
-    fleet_stopping_ = true;
-  }
-  fleet_cv_.notify_all();
-  if (fleet_thread_.joinable()) fleet_thread_.join();
+  fleets_.reset();  // stops the sweep, which reports to fleet_export_
 }
 
 absl::StatusOr<std::string> CalibrationService::TenantOf(
@@ -106,18 +123,11 @@ grpc::ServerUnaryReactor* CalibrationService::CreateSession(
   return Answer(context, "CreateSession", "", [this, request, response](Call& call) {
     absl::StatusOr<CreateSessionArgs> args = CreateSessionFromProto(*request, options_.limits);
     if (!args.ok()) return args.status();
-    absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-        CalibrationSession::Create(std::move(args->model), std::move(args->recipe),
-                                   NewSessionId(), request->name(), call.tenant, options_.limits,
-                                   options_.env);
-    if (!session.ok()) return session.status();
-    // The id goes out only once it is committed: any replica then knows it.
-    if (absl::Status s = options_.store->CreateSession(**session, SessionLimitFor(call.tenant));
-        !s.ok()) {
-      return s;
-    }
-    call.session_id = (*session)->id();
-    *response = SessionToProto((*session)->Status());
+    absl::StatusOr<SessionStatus> created = sessions_->Create(
+        std::move(args->model), std::move(args->recipe), request->name(), call.tenant);
+    if (!created.ok()) return created.status();
+    call.session_id = created->id;
+    *response = SessionToProto(*created);
     return absl::OkStatus();
   });
 }
@@ -126,7 +136,7 @@ grpc::ServerUnaryReactor* CalibrationService::GetSession(grpc::CallbackServerCon
                                                          const v1::GetSessionRequest* request,
                                                          v1::Session* response) {
   return Answer(context, "GetSession", request->session_id(), [this, response](Call& call) {
-    absl::StatusOr<SessionStatus> status = options_.store->GetStatus(call.session_id, call.tenant);
+    absl::StatusOr<SessionStatus> status = sessions_->Get(call.session_id, call.tenant);
     if (status.ok()) *response = SessionToProto(*status);
     return status.status();
   });
@@ -136,7 +146,7 @@ grpc::ServerUnaryReactor* CalibrationService::ListSessions(
     grpc::CallbackServerContext* context, const v1::ListSessionsRequest* /*request*/,
     v1::ListSessionsResponse* response) {
   return Answer(context, "ListSessions", "", [this, response](Call& call) {
-    absl::StatusOr<std::vector<SessionStatus>> listed = options_.store->ListSessions(call.tenant);
+    absl::StatusOr<std::vector<SessionStatus>> listed = sessions_->List(call.tenant);
     if (!listed.ok()) return listed.status();
     for (const SessionStatus& status : *listed) *response->add_sessions() = SessionToProto(status);
     return absl::OkStatus();
@@ -147,7 +157,7 @@ grpc::ServerUnaryReactor* CalibrationService::DeleteSession(
     grpc::CallbackServerContext* context, const v1::DeleteSessionRequest* request,
     v1::DeleteSessionResponse* /*response*/) {
   return Answer(context, "DeleteSession", request->session_id(), [this](Call& call) {
-    return options_.store->DeleteSession(call.session_id, call.tenant);
+    return sessions_->Delete(call.session_id, call.tenant);
   });
 }
 
@@ -155,62 +165,56 @@ grpc::ServerUnaryReactor* CalibrationService::Finalize(grpc::CallbackServerConte
                                                        const v1::FinalizeRequest* request,
                                                        v1::Session* response) {
   return Answer(context, "Finalize", request->session_id(), [this, response](Call& call) {
-    absl::Status status = options_.store->FinalizeSession(call.session_id, call.tenant);
-    if (status.ok()) {
-      absl::StatusOr<SessionStatus> after = options_.store->GetStatus(call.session_id, call.tenant);
-      status = after.status();
-      if (after.ok()) *response = SessionToProto(*after);
-    }
-    metrics_->Finalization(status.ok());
-    return status;
+    absl::StatusOr<SessionStatus> after = sessions_->Finalize(call.session_id, call.tenant);
+    if (after.ok()) *response = SessionToProto(*after);
+    metrics_->Finalization(after.ok());
+    return after.status();
   });
 }
 
-// Finalize, GetScales and GetReport rebuild the committed session; finalization is
-// deterministic, so every replica computes the same scales from the same rows.
 grpc::ServerUnaryReactor* CalibrationService::GetScales(grpc::CallbackServerContext* context,
                                                         const v1::ScalesRequest* request,
                                                         v1::ScalesResponse* response) {
   if (!request->fleet().empty()) {
     return FleetCall(context, "GetScales",
-                     [this, request, response](const std::string& tenant) {
-                       return FleetScalesResponse(tenant, *request, response);
+                     [this, request, response](const std::string& tenant) -> absl::Status {
+                       if (!request->session_id().empty()) {
+                         return absl::InvalidArgumentError("session_id and fleet: give one");
+                       }
+                       return ScalesResponse(
+                           *request,
+                           [&](const ScalesQuery& query) {
+                             return fleets_->Scales(tenant, request->fleet(),
+                                                    request->version(), query);
+                           },
+                           response);
                      });
   }
   return Answer(context, "GetScales", request->session_id(),
                 [this, request, response](Call& call) -> absl::Status {
-                  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-                      options_.store->LoadSession(call.session_id, call.tenant);
-                  if (!session.ok()) return session.status();
-                  return ScalesResponseFor(**session, *request, response);
+                  return ScalesResponse(
+                      *request,
+                      [&](const ScalesQuery& query) {
+                        return sessions_->Scales(call.session_id, call.tenant, query);
+                      },
+                      response);
                 });
 }
 
-absl::Status CalibrationService::ScalesResponseFor(const CalibrationSession& session,
-                                                   const v1::ScalesRequest& request,
-                                                   v1::ScalesResponse* response) const {
-  absl::StatusOr<FinalScales> final = session.Final();
-  if (!final.ok()) return final.status();
-  return ScalesResponseFor(session.model(), session.recipe(), *final, session.Status(), request,
-                           response);
-}
-
-absl::Status CalibrationService::ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
-                                                   const FinalScales& final,
-                                                   const SessionStatus& described,
-                                                   const v1::ScalesRequest& request,
-                                                   v1::ScalesResponse* response) const {
-  absl::StatusOr<Deployment> deployment =
-      DeploymentFromProto(request.deployment(), options_.limits);
-  if (!deployment.ok()) return deployment.status();
+absl::Status CalibrationService::ScalesResponse(
+    const v1::ScalesRequest& request,
+    const std::function<absl::StatusOr<ScalesAnswer>(const ScalesQuery&)>& answer,
+    v1::ScalesResponse* response) const {
+  absl::StatusOr<ScalesQuery> query =
+      ScalesQueryFromProto(request.deployment(), request.convention(), options_.limits);
+  if (!query.ok()) return query.status();
   absl::StatusOr<std::vector<std::string>> formats =
       FormatsFromProto(request.formats(), options_.limits);
   if (!formats.ok()) return formats.status();
-  absl::StatusOr<SessionScales> scales =
-      ScalesForDeployment(model, recipe, final, *deployment,
-                          ConventionFromProto(request.convention()), described.id);
+  absl::StatusOr<ScalesAnswer> scales = answer(*query);
   if (!scales.ok()) return scales.status();
-  absl::StatusOr<v1::ScalesResponse> proto = ScalesToProto(*scales, *formats, described);
+  absl::StatusOr<v1::ScalesResponse> proto =
+      ScalesToProto(scales->scales, *formats, scales->described);
   if (!proto.ok()) return proto.status();
   *response = *std::move(proto);
   return absl::OkStatus();
@@ -240,21 +244,10 @@ grpc::ServerUnaryReactor* CalibrationService::Resume(grpc::CallbackServerContext
                                                      v1::ResumeResponse* response) {
   return Answer(context, "Resume", request->session_id(),
                 [this, request, response](Call& call) -> absl::Status {
-                  if (request->producer_id().empty()) {
-                    return absl::InvalidArgumentError("producer_id: required");
-                  }
-                  if (absl::Status s = CheckString("producer_id", request->producer_id(),
-                                                   "max_producer_id_bytes",
-                                                   options_.limits.max_producer_id_bytes);
-                      !s.ok()) {
-                    return s;
-                  }
-                  // The committed ledger: a producer whose replica died goes on at any other
-                  // replica from exactly where the store is.
-                  absl::StatusOr<uint64_t> committed = options_.store->CommittedSequence(
+                  absl::StatusOr<uint64_t> next = sessions_->NextSequence(
                       call.session_id, call.tenant, request->producer_id());
-                  if (!committed.ok()) return committed.status();
-                  response->set_next_sequence(*committed + 1);
+                  if (!next.ok()) return next.status();
+                  response->set_next_sequence(*next);
                   return absl::OkStatus();
                 });
 }
@@ -264,18 +257,23 @@ grpc::ServerUnaryReactor* CalibrationService::GetReport(grpc::CallbackServerCont
                                                         v1::ReportResponse* response) {
   if (!request->fleet().empty()) {
     return FleetCall(context, "GetReport",
-                     [this, request, response](const std::string& tenant) {
-                       return FleetReportResponse(tenant, *request, response);
+                     [this, request, response](const std::string& tenant) -> absl::Status {
+                       if (!request->session_id().empty()) {
+                         return absl::InvalidArgumentError("session_id and fleet: give one");
+                       }
+                       absl::StatusOr<std::string> report =
+                           fleets_->ReportJson(tenant, request->fleet(), request->version());
+                       if (!report.ok()) return report.status();
+                       response->set_report_json(*std::move(report));
+                       return absl::OkStatus();
                      });
   }
   return Answer(context, "GetReport", request->session_id(),
                 [this, response](Call& call) -> absl::Status {
-                  absl::StatusOr<std::unique_ptr<CalibrationSession>> session =
-                      options_.store->LoadSession(call.session_id, call.tenant);
-                  if (!session.ok()) return session.status();
-                  absl::StatusOr<SessionObservations> observations = (*session)->Observations();
-                  if (!observations.ok()) return observations.status();
-                  response->set_report_json(BuildSessionReportJson(*observations));
+                  absl::StatusOr<std::string> report =
+                      sessions_->ReportJson(call.session_id, call.tenant);
+                  if (!report.ok()) return report.status();
+                  response->set_report_json(*std::move(report));
                   return absl::OkStatus();
                 });
 }

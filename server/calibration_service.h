@@ -1,6 +1,6 @@
 // caliper.v1.Calibration over gRPC's callback API. Transport only: requests are translated to
-// calls of the StateStore (core/state/state_store.h: memory, file or PostgreSQL, one body per
-// RPC for all three) and core errors go out through ToGrpcStatus. Observe is a
+// calls of core's SessionService and FleetService (core/service/: one body per RPC over the
+// memory, file or PostgreSQL store) and core errors go out through ToGrpcStatus. Observe is a
 // ServerReadReactor over raw ByteBuffers, so chunk payloads are reduced in place in the received
 // slices (server/raw_tensor_chunk.h): a bad chunk is answered in-band (ObserveSummary.errors) and
 // the stream goes on; stream-level faults (unknown session on the first chunk, oversized or
@@ -21,17 +21,14 @@
 
 #include "absl/time/time.h"
 #include "core/env/env.h"
-#include "core/fleet/fleet_store.h"
-#include "core/fleet/window.h"
 #include "core/limits/limits.h"
-#include "core/session/session.h"
-#include "core/state/partial_flusher.h"
-#include "core/state/session_store.h"
-#include "core/state/state_store.h"
+#include "core/service/fleet_service.h"
+#include "core/service/session_service.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/thread_pool.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/event_log.h"
+#include "server/fleet_export.h"
 #include "server/fleet_metrics.h"
 #include "server/inflight_budget.h"
 #include "server/metrics.h"
@@ -54,8 +51,9 @@ struct ServiceOptions {
   // An Observe stream without a whole chunk for this long ends (silent, stalled or trickling
   // senders); 0: never. The clients' streams send continuously or close within seconds.
   absl::Duration stream_idle_timeout = absl::Seconds(60);
-  // The clock sessions are created on and streams' idle time and read holds are measured on
-  // (a test advances a fake one); the server's file store and flusher use it too.
+  // The clock sessions are created on, streams' idle time and read holds and fleet windows'
+  // ages are measured on (a test advances a fake one); the server's file store and flusher use
+  // it too.
   Env* env = Env::Default();
   // Where sessions live (required): a MemoryStateStore, --state_dir's FileStateStore or
   // --state_store's PostgreSQL store. Streams fold into partials that `flusher` (over `store`)
@@ -66,12 +64,11 @@ struct ServiceOptions {
   // Fleets (docs/fleets.md): null answers the fleet calls UNIMPLEMENTED.
   FleetStore* fleets = nullptr;
   FleetLimits fleet_limits;
-  // How often windows are checked for their policy's close and token counts committed.
+  // How often windows are checked for their policy's close and token counts committed (zero:
+  // never).
   absl::Duration fleet_sweep_interval = absl::Milliseconds(500);
   // Layers per fleet exported in caliper_fleet_layer_saturation (a label limit).
   int fleet_saturation_layers = 128;
-  // Milliseconds since the epoch for window ages and records; null: the wall clock.
-  std::function<int64_t()> fleet_clock_ms;
 };
 
 class CalibrationService final
@@ -170,49 +167,18 @@ class CalibrationService final
 
   // The calling tenant: "" without an authenticator, else from the call's bearer token.
   absl::StatusOr<std::string> TenantOf(const grpc::CallbackServerContext& context) const;
-  // GetScales' answer for the committed `session`.
-  absl::Status ScalesResponseFor(const CalibrationSession& session,
-                                 const v1::ScalesRequest& request,
-                                 v1::ScalesResponse* response) const;
-  // The same for scales kept apart from their session (a fleet version); `described` names
-  // what scales.json says they come from.
-  absl::Status ScalesResponseFor(const ModelConfig& model, const Recipe& recipe,
-                                 const FinalScales& final, const SessionStatus& described,
-                                 const v1::ScalesRequest& request,
-                                 v1::ScalesResponse* response) const;
+  // GetScales' answer: the request's deployment and convention parsed, `answer` of them
+  // rendered in the request's formats.
+  absl::Status ScalesResponse(
+      const v1::ScalesRequest& request,
+      const std::function<absl::StatusOr<ScalesAnswer>(const ScalesQuery&)>& answer,
+      v1::ScalesResponse* response) const;
 
   // Fleet calls: Answer, with UNIMPLEMENTED when the server has no fleet store.
   grpc::ServerUnaryReactor* FleetCall(grpc::CallbackServerContext* context,
                                       absl::string_view method,
                                       std::function<absl::Status(const std::string& tenant)> call);
-  int64_t NowMs() const;
-  // --max_sessions_per_tenant for a new session of `tenant`, closed fleet windows not counted.
-  int SessionLimitFor(const std::string& tenant);
-  absl::StatusOr<std::string> CreateWindowSession(const Fleet& fleet,
-                                                  absl::string_view weight_version);
-  void DropSessions(const std::vector<std::string>& ids, absl::string_view tenant);
-  // Finalizes the window's session; its scales, and in `tokens` its committed counts.
-  absl::StatusOr<FinalScales> FinalizeWindowSession(const std::string& id,
-                                                    const std::string& tenant,
-                                                    WindowTokens* tokens);
-  // Raises the fleet's record of its open windows' counts to what their sessions committed;
-  // returns the state after (as given when nothing moved).
-  FleetState RecordWindowTokens(FleetState state);
-  // Closes the window, runs the publish policy and commits the outcome; notifies watchers.
-  absl::StatusOr<Window> CloseFleetWindow(const std::string& tenant, const std::string& fleet,
-                                          const std::string& session_id,
-                                          WindowCloseReason reason);
-  void FleetSweepLoop();
-  // Pin or unpin (`change`): commits it, exports and announces the current version, and
-  // answers the fleet.
-  absl::Status MoveCurrent(const std::string& tenant, const std::string& fleet,
-                           FleetStore::Change change, v1::Fleet* response);
   void NotifyWatchers(absl::string_view tenant, absl::string_view fleet);
-  // GetScales of a fleet version (request.fleet set).
-  absl::Status FleetScalesResponse(const std::string& tenant, const v1::ScalesRequest& request,
-                                   v1::ScalesResponse* response);
-  absl::Status FleetReportResponse(const std::string& tenant, const v1::ReportRequest& request,
-                                   v1::ReportResponse* response);
 
   // Ends streams without a whole chunk for stream_idle_timeout and takes back the budget of
   // quiet reads (runs on idle_thread_).
@@ -236,12 +202,12 @@ class CalibrationService final
   std::thread idle_thread_;
   std::unique_ptr<ThreadPool> store_workers_;
 
+  std::unique_ptr<SessionService> sessions_;
   std::unique_ptr<FleetMetrics> fleet_metrics_;
-  std::mutex fleet_mu_;  // guards watchers_ and fleet_stopping_
-  std::condition_variable fleet_cv_;
-  bool fleet_stopping_ = false;
+  std::unique_ptr<FleetExport> fleet_export_;
+  std::unique_ptr<FleetService> fleets_;  // null without options_.fleets
+  std::mutex fleet_mu_;  // guards watchers_
   std::set<WatchReactor*> watchers_;
-  std::thread fleet_thread_;
 };
 
 }  // namespace caliper

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/state/file_state_store.h"
 #include "core/state/memory_state_store.h"
+#include "core/state/session_store.h"
 #include "server/postgres/postgres_fleet_store.h"
 #include "server/postgres/postgres_store.h"
 

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/service/observe_stream.h"
 #include "server/calibration_service.h"
 #include "server/inflight_budget.h"
 #include "server/out_of_memory.h"
@@ -30,10 +31,6 @@ namespace {
 constexpr int64_t kReadHoldNs = 1'000'000'000;
 constexpr int64_t kFirstReadWaitNs = 3'000'000'000;
 
-absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
 }  // namespace
 
 // One client stream. Chunks are processed one at a time on the callback thread that delivered
@@ -46,7 +43,8 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
         context_(context),
         response_(response),
         start_ns_(absl::GetCurrentTimeNanos()),
-        last_read_ns_(NowNs()) {
+        last_read_ns_(NowNs()),
+        stream_(service->options_.store, service->options_.flusher, service->options_.limits) {
     absl::StatusOr<std::string> tenant = service_->TenantOf(*context);
     const int open = ++service_->open_streams_;
     const int limit = service_->options_.max_concurrent_streams;
@@ -117,7 +115,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
                                [this] { return HandleChunk(); });
     } else {
       service_->metrics_->ChunkRejected(fault, v1::TARGET_UNSPECIFIED);
-      if (session_) session_->RecordRejected();
+      stream_.RecordRejected();
     }
     raw_.Clear();  // frees the payload before the next one arrives
     request_.Clear();
@@ -130,7 +128,6 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   }
 
   void OnDone() override {
-    if (partial_ != nullptr) service_->options_.flusher->Release(partial_);
     {
       std::lock_guard<std::mutex> lock(service_->streams_mu_);
       service_->live_streams_.erase(this);
@@ -140,7 +137,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     const double bytes = static_cast<double>(summary_.accepted_bytes());
     EventLog::Fields fields = {
         {"method", "Observe"},
-        {"session", session_id_},
+        {"session", stream_.session_id()},
         {"peer", context_->peer()},
         {"code", absl::StatusCodeToString(final_status_.code())},
         {"duration_ms", Millis(seconds)},
@@ -159,12 +156,8 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   // A stream's status goes out once everything it accepted is committed: an OK end is
   // acknowledged only then (or fails with why not), and after any end GetSession shows it.
   void FinishStream(const absl::Status& status) {
-    if (partial_ == nullptr) {
-      CompleteStream(status);
-      return;
-    }
     // A window's token counts are part of what is committed (its session's K/V observers).
-    service_->options_.flusher->WhenCommitted(partial_, [this, status](absl::Status committed) {
+    stream_.WhenCommitted([this, status](absl::Status committed) {
       CompleteStream(status.ok() ? committed : status);
     });
   }
@@ -250,7 +243,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
       error->set_code(absl::StatusCodeToString(status.code()));
       error->set_message(std::string(status.message()));
       service_->log_->Log(Severity::kWarning, "chunk_rejected",
-                          {{"session", session_id_},
+                          {{"session", stream_.session_id()},
                            {"peer", context_->peer()},
                            {"sequence", absl::StrCat(chunk_.sequence())},
                            {"code", absl::StatusCodeToString(status.code())},
@@ -267,73 +260,30 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
           ") exceeds the server's --max_message_bytes=", limit,
           "; split the tensor into smaller chunks (along tokens, rows or TP shards)"));
       service_->metrics_->ChunkRejected(status, chunk_.kind());
-      if (session_) session_->RecordRejected();
+      stream_.RecordRejected();
       return status;
     }
-    if (!session_) {
-      if (chunk_.session_id().empty()) {
-        absl::Status status =
-            absl::InvalidArgumentError("chunk.session_id: required on the first chunk of a stream");
-        service_->metrics_->ChunkRejected(status, chunk_.kind());
-        return status;
-      }
-      if (absl::Status s = CheckString("chunk.session_id", chunk_.session_id(),
-                                       "session_id_bytes", kMaxSessionIdBytes);
-          !s.ok()) {
+    if (!stream_.bound()) {
+      if (absl::Status s = stream_.Bind(chunk_.session_id(), tenant_); !s.ok()) {
         service_->metrics_->ChunkRejected(s, chunk_.kind());
         return s;
       }
-      absl::StatusOr<std::shared_ptr<CalibrationSession>> session = BindSession();
-      if (!session.ok()) {
-        service_->metrics_->ChunkRejected(session.status(), chunk_.kind());
-        return Prefixed("chunk.", session.status());
-      }
-      session_ = *std::move(session);
-      session_id_ = chunk_.session_id();
-    } else if (!chunk_.session_id().empty() && chunk_.session_id() != session_id_) {
-      session_->RecordRejected();
-      RejectChunk(absl::InvalidArgumentError(
-          absl::StrCat("chunk.session_id: \"", chunk_.session_id(),
-                       "\" differs from this stream's session \"", session_id_,
-                       "\"; open one stream per session")));
+    } else if (absl::Status s = stream_.CheckSession(chunk_.session_id()); !s.ok()) {
+      RejectChunk(s);
       return absl::OkStatus();
     }
 
     absl::StatusOr<ChunkRef> chunk = ChunkFromProto(chunk_, service_->options_.limits);
     if (!chunk.ok()) {
-      session_->RecordRejected();
+      stream_.RecordRejected();
       RejectChunk(chunk.status());
       return absl::OkStatus();
     }
     chunk->data = raw_.data();
-    // Exactly-once: a stream with a producer id is bound to it on its first numbered chunk.
-    if (!chunk_.producer_id().empty() && !producer_) {
-      absl::StatusOr<ProducerLedger::Stream> stream = OpenProducer();
-      if (!stream.ok()) {
-        service_->metrics_->ChunkRejected(stream.status(), chunk_.kind());
-        return stream.status();
-      }
-      producer_ = *std::move(stream);
-    } else if (producer_ && chunk_.producer_id() != producer_->producer_id) {
-      session_->RecordRejected();
-      RejectChunk(absl::InvalidArgumentError(absl::StrCat(
-          "chunk.producer_id: \"", chunk_.producer_id(), "\" differs from this stream's \"",
-          producer_->producer_id, "\"; open one stream per producer")));
-      return absl::OkStatus();
-    }
-    // Fenced by a newer stream of the producer, or the session finalized or deleted, as its
-    // last merge found: what this stream sends can no longer count.
-    if (absl::Status failed = service_->options_.flusher->failure(partial_); !failed.ok()) {
-      service_->metrics_->ChunkRejected(failed, chunk_.kind());
-      return failed;
-    }
-    const StreamObserveResult result = session_->Observe(
-        *chunk, *service_->backend_, producer_ ? &*producer_ : nullptr);
+    const StreamObserveResult result = stream_.Observe(*chunk, *service_->backend_);
     if (!result.status.ok() && result.ends_stream) {
-      // A gap or a newer connection of this producer: the stream cannot go on in order.
-      const absl::Status status = SupersededOr(result.status);
-      service_->metrics_->ChunkRejected(status, chunk_.kind());
-      return status;
+      service_->metrics_->ChunkRejected(result.status, chunk_.kind());
+      return result.status;
     }
     if (!result.status.ok()) {
       RejectChunk(result.status);
@@ -363,44 +313,6 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
     return absl::OkStatus();
   }
 
-  // The stream's session: a partial of the committed one that only this stream folds into
-  // (merged into the store by the flusher).
-  absl::StatusOr<std::shared_ptr<CalibrationSession>> BindSession() {
-    absl::StatusOr<std::unique_ptr<CalibrationSession>> empty =
-        service_->options_.store->LoadEmpty(chunk_.session_id(), tenant_);
-    if (!empty.ok()) return empty.status();
-    (*empty)->set_limits(service_->options_.limits);
-    std::shared_ptr<CalibrationSession> partial = *std::move(empty);
-    partial_ = service_->options_.flusher->Register(partial);
-    return partial;
-  }
-
-  // The producer's committed N comes from the store, which also fences its earlier streams
-  // (on every replica of a shared store).
-  absl::StatusOr<ProducerLedger::Stream> OpenProducer() {
-    absl::StatusOr<OpenedProducer> opened =
-        service_->options_.store->OpenProducer(session_id_, chunk_.producer_id());
-    if (!opened.ok()) return opened.status();
-    session_->RestoreProducers({{chunk_.producer_id(), opened->committed}});
-    absl::StatusOr<ProducerLedger::Stream> stream =
-        session_->OpenProducerStream(chunk_.producer_id());
-    if (stream.ok()) service_->options_.flusher->BindProducer(partial_, *stream, opened->epoch);
-    return stream;
-  }
-
-  // A gap in this stream whose missing chunks the store already holds: a newer stream of the
-  // producer committed them, so this one was superseded (its partial only knows its own).
-  absl::Status SupersededOr(const absl::Status& gap) {
-    if (!producer_ || gap.code() != absl::StatusCode::kFailedPrecondition) return gap;
-    absl::StatusOr<uint64_t> committed = service_->options_.store->CommittedSequence(
-        session_id_, tenant_, producer_->producer_id);
-    if (!committed.ok() || *committed + 1 < chunk_.sequence()) return gap;
-    return absl::AbortedError(absl::StrCat(
-        "chunk.sequence: producer '", producer_->producer_id,
-        "': this stream was superseded by a newer stream of the same producer, which committed "
-        "up to ", *committed, "; resume from ", *committed + 1));
-  }
-
   CalibrationService* const service_;
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;  // summary_ serialized, when the stream finishes
@@ -423,10 +335,7 @@ class CalibrationService::ObserveReactor final : public grpc::ServerReadReactor<
   grpc::ByteBuffer request_;
   RawTensorChunk raw_;
   const v1::TensorChunk& chunk_ = raw_.header();  // every field but data, which stays in raw_
-  std::shared_ptr<CalibrationSession> session_;  // bound by the first chunk
-  std::shared_ptr<PartialFlusher::Partial> partial_;  // bound with session_
-  std::optional<ProducerLedger::Stream> producer_;  // bound by the first chunk with a producer
-  std::string session_id_;
+  ObserveStream stream_;  // bound by the first chunk
   absl::Status final_status_;
 };
 

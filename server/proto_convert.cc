@@ -413,6 +413,14 @@ Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto) {
       .value_or(Nvfp4Convention::kCompressedTensors);
 }
 
+absl::StatusOr<ScalesQuery> ScalesQueryFromProto(const v1::Deployment& deployment,
+                                                 v1::Nvfp4Convention convention,
+                                                 const Limits& limits) {
+  absl::StatusOr<Deployment> parsed = DeploymentFromProto(deployment, limits);
+  if (!parsed.ok()) return parsed.status();
+  return ScalesQuery{*std::move(parsed), ConventionFromProto(convention)};
+}
+
 absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
                                                  const std::vector<std::string>& formats,
                                                  const SessionStatus& status) {

@@ -11,7 +11,7 @@
 #include "core/calibration/model_config.h"
 #include "core/formats/lightllm_format.h"
 #include "core/limits/limits.h"
-#include "core/session/session.h"
+#include "core/service/session_service.h"
 #include "proto/caliper.pb.h"
 
 namespace caliper {
@@ -42,6 +42,11 @@ absl::StatusOr<ChunkRef> ChunkFromProto(const v1::TensorChunk& proto,
 absl::StatusOr<Deployment> DeploymentFromProto(const v1::Deployment& proto,
                                                const Limits& limits = Limits());
 Nvfp4Convention ConventionFromProto(v1::Nvfp4Convention proto);
+// What a ScalesRequest or WatchScalesRequest asks of the scales, its deployment bounded as
+// DeploymentFromProto.
+absl::StatusOr<ScalesQuery> ScalesQueryFromProto(const v1::Deployment& deployment,
+                                                 v1::Nvfp4Convention convention,
+                                                 const Limits& limits);
 
 // ScalesRequest.formats de-duplicated in order; more than max_formats distinct names or a name
 // longer than kMaxFormatBytes is refused naming formats[i].

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
+#include "tests/support/fake_clock_env.h"
 #include "tests/support/postgres_instance.h"
 #include "tests/support/state_test_util.h"
 
@@ -96,7 +97,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     options.state_store = state_store_;
     options.service.limits.max_sessions_per_tenant = max_sessions_per_tenant_;
     options.service.fleet_sweep_interval = absl::Milliseconds(20);
-    options.service.fleet_clock_ms = [this] { return now_ms_.load(); };
+    options.service.env = &clock_;
     options.state_flush_interval = flush_interval_;
     options.service.fleet_saturation_layers = saturation_layers_;
     absl::StatusOr<std::unique_ptr<CaliperServer>> server =
@@ -264,7 +265,8 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
   int max_sessions_per_tenant_ = 0;
   absl::Duration flush_interval_ = absl::Seconds(1);  // --state_flush_interval
   int saturation_layers_ = 128;                       // --fleet_saturation_layers
-  std::atomic<int64_t> now_ms_{1'000'000};
+  // Window ages (and sessions, streams and the flusher) on a clock the test moves.
+  testing_util::FakeClockEnv clock_;
   EventLog log_{LogFormat::kText, stderr};
   std::unique_ptr<CaliperServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -525,10 +527,10 @@ TEST_P(FleetServiceTest, ClosesOnTokensAndOnSeconds) {
 
   const std::string b = OpenOk("step-2");
   ASSERT_TRUE(Stream(Traffic(b, 8, 4.0f)).ok());
-  now_ms_ += 59'000;
+  clock_.Advance(absl::Seconds(59));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(Get().current_version(), 1);  // not yet
-  now_ms_ += 2'000;
+  clock_.Advance(absl::Seconds(2));
   fleet = WaitFor([](const v1::Fleet& f) { return f.current_version() == 2; });
   EXPECT_EQ(fleet.current_version(), 2);
   for (const v1::FleetWindow& w : fleet.windows()) {

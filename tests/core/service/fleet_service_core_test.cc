@@ -1,0 +1,240 @@
+// core/service/fleet_service.h without a server: the memory stores, a fake clock, the sweep run
+// by hand, and what FleetEvents reports checked call by call.
+#include "core/service/fleet_service.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "core/state/memory_state_store.h"
+#include "core/tensor/reduction_backend.h"
+#include "tests/support/fake_clock_env.h"
+#include "tests/support/fleet_test_util.h"
+
+namespace caliper {
+namespace {
+
+constexpr int kLayers = 2, kHeads = 2, kHeadDim = 8;
+
+// What the service reported, in order.
+class RecordingEvents : public FleetEvents {
+ public:
+  struct Closed {
+    std::string fleet, session_id;
+    WindowCloseReason reason;
+    PublishReason decision;
+    bool published;
+  };
+  void CurrentVersion(const std::string&, const std::string& fleet, int64_t version) override {
+    current.emplace_back(fleet, version);
+  }
+  void WindowOpened() override { ++opened; }
+  void OpenRefused() override { ++refused; }
+  void WindowClosed(const std::string& fleet, const Window& window, WindowCloseReason reason,
+                    PublishReason decision, std::optional<double> publish_seconds) override {
+    closed.push_back({fleet, window.session_id, reason, decision, publish_seconds.has_value()});
+  }
+  void FleetDeleted(const std::string&, const std::string& fleet) override {
+    deleted.push_back(fleet);
+  }
+  void InUse(const std::string&, double s, const std::vector<double>&, int64_t) override {
+    saturation.push_back(s);
+  }
+  void Finalized(bool ok) override { finalized.push_back(ok); }
+  void Warning(absl::string_view event, Fields) override { warnings.emplace_back(event); }
+
+  std::vector<std::pair<std::string, int64_t>> current;
+  int opened = 0, refused = 0;
+  std::vector<Closed> closed;
+  std::vector<std::string> deleted, warnings;
+  std::vector<double> saturation;
+  std::vector<bool> finalized;
+};
+
+class FleetServiceCoreTest : public ::testing::Test {
+ protected:
+  FleetServiceCoreTest()
+      : store_(Limits()),
+        fleet_store_(NewMemoryFleetStore(FleetLimits())),
+        flusher_(&store_, absl::Hours(1), nullptr, &clock_),
+        backend_(MakeCpuBackend(1)) {
+    SessionService::Options sessions;
+    sessions.store = &store_;
+    sessions.env = &clock_;
+    sessions_ = std::make_unique<SessionService>(std::move(sessions));
+    FleetService::Options fleets;
+    fleets.fleets = fleet_store_.get();
+    fleets.sessions = sessions_.get();
+    fleets.flusher = &flusher_;
+    fleets.env = &clock_;
+    fleets.sweep_interval = absl::ZeroDuration();  // swept by hand
+    service_ = std::make_unique<FleetService>(std::move(fleets), &events_);
+  }
+  ~FleetServiceCoreTest() override {
+    service_.reset();
+    flusher_.Stop();
+  }
+
+  Fleet TestFleet(int64_t window_seconds = 0) {
+    Fleet fleet = testing::TinyFleet("prod", kLayers, kHeads);
+    fleet.policy.min_tokens = 8;
+    fleet.policy.window_seconds = window_seconds;
+    return fleet;
+  }
+
+  // `tokens` K and V tokens on every layer, all of magnitude `absmax`, folded into a partial of
+  // the window's session as a server's stream folds them: accepted, not yet merged.
+  void Stream(const std::string& session_id, int tokens, float absmax) {
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> empty = store_.LoadEmpty(session_id, "");
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    std::shared_ptr<CalibrationSession> partial = *std::move(empty);
+    partials_.push_back(flusher_.Register(partial));
+    const std::vector<float> data(static_cast<size_t>(tokens) * kHeads * kHeadDim, absmax);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      for (ChunkKind kind : {ChunkKind::kKey, ChunkKind::kValue}) {
+        ChunkRef chunk;
+        chunk.kind = kind;
+        chunk.layer = layer;
+        chunk.dtype = DType::kF32;
+        chunk.shape = {tokens, kHeads, kHeadDim};
+        chunk.data = absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(data.data()),
+                                               data.size() * sizeof(float));
+        ASSERT_TRUE(partial->Observe(chunk, *backend_, nullptr).status.ok());
+      }
+    }
+  }
+
+  Window OnlyWindow() {
+    absl::StatusOr<FleetState> state = service_->Get("", "prod");
+    EXPECT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(state->windows().size(), 1u);
+    return state->windows().front();
+  }
+
+  testing_util::FakeClockEnv clock_;
+  MemoryStateStore store_;
+  std::unique_ptr<FleetStore> fleet_store_;
+  PartialFlusher flusher_;
+  std::unique_ptr<ReductionBackend> backend_;
+  RecordingEvents events_;
+  std::unique_ptr<SessionService> sessions_;
+  std::unique_ptr<FleetService> service_;
+  std::vector<std::shared_ptr<PartialFlusher::Partial>> partials_;
+};
+
+TEST_F(FleetServiceCoreTest, AWindowClosesOnItsAgeOnTheEnvClockWithWhatItsStreamsAccepted) {
+  ASSERT_TRUE(service_->Create(TestFleet(/*window_seconds=*/60)).ok());
+  absl::StatusOr<FleetService::OpenedWindow> opened = service_->OpenWindow("", "prod", "step-1");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_TRUE(opened->created);
+  EXPECT_EQ(events_.opened, 1);
+  Stream(opened->window.session_id, 8, 3.0f);
+
+  // The flusher's interval (an hour) has not passed: the sweep sees nothing committed yet.
+  service_->SweepOnce();
+  EXPECT_EQ(OnlyWindow().state, WindowState::kOpen);
+  EXPECT_EQ(OnlyWindow().tokens.Count(), 0);
+  clock_.Advance(absl::Seconds(59));
+  service_->SweepOnce();
+  EXPECT_EQ(OnlyWindow().state, WindowState::kOpen);
+  EXPECT_TRUE(events_.closed.empty());
+
+  // Past 60 s of the window's age: the sweep closes it, after merging what was accepted.
+  clock_.Advance(absl::Seconds(2));
+  service_->SweepOnce();
+  const Window closed = OnlyWindow();
+  EXPECT_EQ(closed.state, WindowState::kClosed);
+  EXPECT_EQ(closed.close_reason, WindowCloseReason::kSeconds);
+  EXPECT_EQ(closed.tokens.Count(), 8);
+  EXPECT_EQ(closed.version, 1);
+  EXPECT_EQ(closed.closed_unix_ms - closed.opened_unix_ms, 61'000);
+  ASSERT_EQ(events_.closed.size(), 1u);
+  EXPECT_EQ(events_.closed[0].decision, PublishReason::kFirstVersion);
+  EXPECT_TRUE(events_.closed[0].published);
+  EXPECT_EQ(events_.finalized, std::vector<bool>{true});
+  ASSERT_FALSE(events_.current.empty());
+  EXPECT_EQ(events_.current.back(), std::make_pair(std::string("prod"), int64_t{1}));
+
+  // Its scales are the streamed magnitude, for the caller's deployment.
+  ScalesQuery query;
+  query.deployment.tp_size = 2;
+  absl::StatusOr<ScalesAnswer> scales = service_->Scales("", "prod", 0, query);
+  ASSERT_TRUE(scales.ok()) << scales.status();
+  ASSERT_TRUE(scales->scales.kv_scales.has_value());
+  EXPECT_EQ(scales->scales.tp_size, 2);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    EXPECT_FLOAT_EQ(scales->scales.kv_scales->k[layer][0], 3.0f / 448.0f);
+    EXPECT_FLOAT_EQ(scales->scales.kv_scales->v[layer][1], 3.0f / 448.0f);
+  }
+  EXPECT_EQ(scales->described.id, closed.session_id);
+}
+
+TEST_F(FleetServiceCoreTest, ARefusedWindowIsReportedAndPublishesNothing) {
+  ASSERT_TRUE(service_->Create(TestFleet()).ok());
+  absl::StatusOr<FleetService::OpenedWindow> opened = service_->OpenWindow("", "prod", "step-1");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Stream(opened->window.session_id, 4, 3.0f);  // under min_tokens (8)
+  absl::StatusOr<Window> closed = service_->CloseWindow("", "prod", "", "step-1");
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ(closed->decision, "below_min_tokens");
+  EXPECT_EQ(closed->version, 0);
+  ASSERT_EQ(events_.closed.size(), 1u);
+  EXPECT_EQ(events_.closed[0].reason, WindowCloseReason::kExplicit);
+  EXPECT_FALSE(events_.closed[0].published);
+  EXPECT_EQ(events_.current.back().second, 0);
+  // No version: scales are refused as such, never a scale of 1.0.
+  absl::StatusOr<ScalesAnswer> scales = service_->Scales("", "prod", 0, ScalesQuery());
+  EXPECT_TRUE(absl::IsFailedPrecondition(scales.status())) << scales.status();
+  // Closing it again is refused; an older weight version after a newer one too.
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      service_->CloseWindow("", "prod", closed->session_id, "").status()));
+  ASSERT_TRUE(service_->OpenWindow("", "prod", "step-2").ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(service_->OpenWindow("", "prod", "step-1").status()));
+  EXPECT_EQ(events_.refused, 1);
+}
+
+TEST_F(FleetServiceCoreTest, AWatcherGetsTheCurrentVersionThenEachNewOneThenNothing) {
+  ASSERT_TRUE(service_->Create(TestFleet()).ok());
+  float absmax = 2.0f;
+  for (const char* wv : {"step-1", "step-2"}) {
+    absl::StatusOr<FleetService::OpenedWindow> opened = service_->OpenWindow("", "prod", wv);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Stream(opened->window.session_id, 8, absmax);
+    absmax *= 2;
+    absl::StatusOr<Window> closed = service_->CloseWindow("", "prod", "", wv);
+    ASSERT_TRUE(closed.ok()) << closed.status();
+    ASSERT_NE(closed->version, 0) << closed->detail;
+  }
+  // A new subscriber gets the current version at once; one that has seen 1 gets 2.
+  absl::StatusOr<WatchStep> first = service_->NextForWatcher("", "prod", 0, ScalesQuery());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->version, 2);
+  EXPECT_EQ(first->weight_version, "step-2");
+  EXPECT_FALSE(first->more);
+  absl::StatusOr<WatchStep> second = service_->NextForWatcher("", "prod", 1, ScalesQuery());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->version, 2);
+  EXPECT_FALSE(second->more);
+  EXPECT_FALSE(second->gap);
+  absl::StatusOr<WatchStep> none = service_->NextForWatcher("", "prod", 2, ScalesQuery());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->version, 0);
+  // Another tenant's fleet is unknown to it.
+  EXPECT_TRUE(absl::IsNotFound(service_->NextForWatcher("team-2", "prod", 0, ScalesQuery())
+                                   .status()));
+}
+
+TEST_F(FleetServiceCoreTest, DeletingAFleetDropsItsWindowsSessions) {
+  ASSERT_TRUE(service_->Create(TestFleet()).ok());
+  ASSERT_TRUE(service_->OpenWindow("", "prod", "step-1").ok());
+  EXPECT_EQ(store_.size(), 1u);
+  ASSERT_TRUE(service_->Delete("", "prod").ok());
+  EXPECT_EQ(store_.size(), 0u);
+  EXPECT_EQ(events_.deleted, std::vector<std::string>{"prod"});
+  EXPECT_TRUE(absl::IsNotFound(service_->Get("", "prod").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(service_->Delete("", "")));
+}
+
+}  // namespace
+}  // namespace caliper
