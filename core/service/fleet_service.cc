@@ -58,12 +58,6 @@ int64_t FleetService::NowMs() const {
   return absl::ToUnixMillis(options_.env->Now());
 }
 
-absl::StatusOr<FleetState> FleetService::Load(const std::string& tenant,
-                                              absl::string_view name) {
-  if (absl::Status s = ValidateFleetName("fleet", name, options_.fleet_limits); !s.ok()) return s;
-  return options_.fleets->Get(tenant, name);
-}
-
 // --- fleets ------------------------------------------------------------------------------
 
 absl::StatusOr<FleetState> FleetService::Create(Fleet fleet) {
@@ -75,7 +69,8 @@ absl::StatusOr<FleetState> FleetService::Create(Fleet fleet) {
 }
 
 absl::StatusOr<FleetState> FleetService::Get(const std::string& tenant, absl::string_view name) {
-  return Load(tenant, name);
+  if (absl::Status s = ValidateFleetName("fleet", name, options_.fleet_limits); !s.ok()) return s;
+  return options_.fleets->Get(tenant, name);
 }
 
 absl::StatusOr<std::vector<FleetState>> FleetService::List(const std::string& tenant) {
@@ -124,10 +119,11 @@ void FleetService::DropSessions(const std::vector<std::string>& ids, const std::
 absl::StatusOr<FinalScales> FleetService::FinalizeWindowSession(const std::string& id,
                                                                 const std::string& tenant,
                                                                 WindowTokens* tokens) {
-  absl::StatusOr<SessionStatus> finalized = options_.sessions->Finalize(id, tenant);
+  // Finalized in the store, then loaded once for both its scales and its counts.
+  absl::Status finalized = options_.sessions->store().FinalizeSession(id, tenant);
   absl::StatusOr<SessionService::Finalized> done =
       finalized.ok() ? options_.sessions->Final(id, tenant)
-                     : absl::StatusOr<SessionService::Finalized>(finalized.status());
+                     : absl::StatusOr<SessionService::Finalized>(finalized);
   events_->Finalized(done.ok());
   if (!done.ok()) return done.status();
   *tokens = WindowTokens::Committed(done->session->Status(), done->session->model().num_layers);
@@ -166,7 +162,7 @@ absl::StatusOr<FleetService::OpenedWindow> FleetService::OpenWindow(
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<FleetState> state = Load(tenant, name);
+  absl::StatusOr<FleetState> state = Get(tenant, name);
   if (!state.ok()) return state.status();
   if (const Window* open = state->OpenWindowFor(weight_version); open != nullptr) {
     return OpenedWindow{*open, false};
@@ -333,7 +329,7 @@ absl::StatusOr<Window> FleetService::CloseWindowSession(const std::string& tenan
 absl::StatusOr<FleetVersionRef> FleetService::Version(const std::string& tenant,
                                                       absl::string_view name,
                                                       int64_t requested) {
-  absl::StatusOr<FleetState> state = Load(tenant, name);
+  absl::StatusOr<FleetState> state = Get(tenant, name);
   if (!state.ok()) return state.status();
   const int64_t id = requested != 0 ? requested : state->current();
   if (id == 0) {

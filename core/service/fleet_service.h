@@ -96,6 +96,7 @@ class FleetService {
   FleetService& operator=(const FleetService&) = delete;
 
   absl::StatusOr<FleetState> Create(Fleet fleet);
+  // The tenant's fleet, its name checked first.
   absl::StatusOr<FleetState> Get(const std::string& tenant, absl::string_view name);
   absl::StatusOr<std::vector<FleetState>> List(const std::string& tenant);
   // Removes the fleet, its versions and its windows' sessions.
@@ -143,11 +144,9 @@ class FleetService {
   // One pass of the sweep: raises windows' counts to what their sessions committed, closes the
   // windows that are due, and reports current versions that moved since the last pass.
   void SweepOnce();
-  const FleetLimits& limits() const { return options_.fleet_limits; }
 
  private:
   int64_t NowMs() const;
-  absl::StatusOr<FleetState> Load(const std::string& tenant, absl::string_view name);
   absl::StatusOr<std::string> CreateWindowSession(const Fleet& fleet,
                                                   absl::string_view weight_version);
   void DropSessions(const std::vector<std::string>& ids, const std::string& tenant);

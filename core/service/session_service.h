@@ -78,7 +78,6 @@ class SessionService {
 
   // max_sessions_per_tenant for a new session of `tenant`, its uncounted sessions added.
   int SessionLimitFor(const std::string& tenant) const;
-  const Limits& limits() const { return options_.limits; }
   StateStore& store() const { return *options_.store; }
 
  private:
