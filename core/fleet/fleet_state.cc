@@ -76,12 +76,6 @@ bool FleetState::RecordTokens(absl::string_view session_id, const WindowTokens& 
   return false;
 }
 
-void FleetState::AddTokens(absl::string_view session_id, const WindowTokens& tokens) {
-  for (Window& w : windows_) {
-    if (w.session_id == session_id && w.state == WindowState::kOpen) w.tokens.Add(tokens);
-  }
-}
-
 absl::StatusOr<const FleetVersion*> FleetState::CloseWindow(
     absl::string_view session_id, WindowCloseReason reason, const PublishDecision& decision,
     int64_t now_unix_ms, const FleetLimits& limits, VersionWrites* writes) {

@@ -86,8 +86,6 @@ class FleetState {
                                     const std::string& new_session_id, int64_t now_unix_ms,
                                     const FleetLimits& limits);
 
-  // Adds K/V tokens counted by a replica to an open window (ignored once closed).
-  void AddTokens(absl::string_view session_id, const WindowTokens& tokens);
   // Raises an open window's counts to what its session committed (ignored once closed; a
   // lagging read never lowers them). True when a count moved.
   bool RecordTokens(absl::string_view session_id, const WindowTokens& committed);

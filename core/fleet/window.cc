@@ -5,23 +5,6 @@
 
 namespace caliper {
 
-void WindowTokens::Count(ChunkKind kind, int layer, int tp_rank, int64_t tokens) {
-  if (tp_rank != 0 || tokens <= 0 || layer < 0 || layer >= num_layers()) return;
-  if (kind == ChunkKind::kKey) {
-    k_[layer] += tokens;
-  } else if (kind == ChunkKind::kValue) {
-    v_[layer] += tokens;
-  }
-}
-
-void WindowTokens::Add(const WindowTokens& other) {
-  const size_t n = std::min(k_.size(), other.k_.size());
-  for (size_t l = 0; l < n; ++l) {
-    k_[l] += other.k_[l];
-    v_[l] += other.v_[l];
-  }
-}
-
 int64_t WindowTokens::Layer(int layer) const {
   if (layer < 0 || layer >= num_layers()) return 0;
   return std::min(k_[layer], v_[layer]);

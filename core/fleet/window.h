@@ -23,9 +23,6 @@ class WindowTokens {
   WindowTokens() = default;
   explicit WindowTokens(int num_layers) : k_(num_layers, 0), v_(num_layers, 0) {}
 
-  // Counts one accepted chunk: K/V of a layer in range from TP rank 0; anything else is ignored.
-  void Count(ChunkKind kind, int layer, int tp_rank, int64_t tokens);
-  void Add(const WindowTokens& other);  // sums layer by layer (sizes as this one's)
   int num_layers() const { return static_cast<int>(k_.size()); }
   int64_t Layer(int layer) const;  // min(K, V) tokens of `layer`
   bool Seen(int layer) const { return Layer(layer) > 0; }

@@ -40,12 +40,9 @@ inline FinalScales UniformScales(const std::vector<float>& absmax, int heads) {
 
 // `tokens` K and V tokens on every layer in `layers` (TP rank 0).
 inline WindowTokens TokensOn(int num_layers, const std::vector<int>& layers, int64_t tokens) {
-  WindowTokens out(num_layers);
-  for (int l : layers) {
-    out.Count(ChunkKind::kKey, l, 0, tokens);
-    out.Count(ChunkKind::kValue, l, 0, tokens);
-  }
-  return out;
+  std::vector<int64_t> counts(num_layers, 0);
+  for (int l : layers) counts[l] = tokens;
+  return *WindowTokens::FromCounts(counts, counts);
 }
 
 }  // namespace caliper::testing

@@ -96,7 +96,7 @@ TEST_F(FleetStateTest, RecordTokensRaisesAnOpenWindowOnly) {
 
 TEST_F(FleetStateTest, VersionsAreNumberedInOrderWithParentsAndSources) {
   const std::string s1 = Open("w1", "s1");
-  state_.AddTokens(s1, testing::TokensOn(2, {0, 1}, 7000));
+  EXPECT_TRUE(state_.RecordTokens(s1, testing::TokensOn(2, {0, 1}, 7000)));
   EXPECT_EQ(Close(s1, Published(PublishReason::kFirstVersion)), 1);
   ASSERT_EQ(last_writes_.put.size(), 1u);
   EXPECT_EQ(last_writes_.put[0].first, 1);

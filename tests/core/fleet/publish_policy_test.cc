@@ -39,8 +39,7 @@ TEST(PublishPolicyTest, FirstVersionPublishesWhenEveryLayerIsSeen) {
 
 TEST(PublishPolicyTest, RefusesWindowsBelowMinTokensNamingTheLayers) {
   const FinalScales candidate = UniformScales({4.0f, 8.0f}, kHeads);
-  WindowTokens tokens = TokensOn(2, {0}, 100);
-  tokens.Add(TokensOn(2, {1}, 99));
+  const WindowTokens tokens = *WindowTokens::FromCounts({100, 99}, {100, 99});
   PublishDecision d = DecidePublish(Policy(), candidate, tokens, "w1", std::nullopt);
   EXPECT_EQ(d.reason, PublishReason::kBelowMinTokens);
   EXPECT_THAT(d.detail, HasSubstr("layers 1 saw 99"));

@@ -6,23 +6,17 @@
 namespace caliper {
 namespace {
 
-TEST(WindowTokensTest, CountsTpRankZeroOnlyAndTakesTheMinimumOverLayers) {
-  WindowTokens tokens(3);
-  for (int rank = 0; rank < 4; ++rank) {  // one replica at TP 4: counted once
-    tokens.Count(ChunkKind::kKey, 0, rank, 100);
-    tokens.Count(ChunkKind::kValue, 0, rank, 100);
-  }
+TEST(WindowTokensTest, TakesTheMinimumOfKAndVOverLayers) {
+  // Which chunks count (TP rank 0 only) is the session's rule (SessionTest); here the sums.
+  WindowTokens tokens = *WindowTokens::FromCounts({100, 50, 80}, {100, 70, 80});
   EXPECT_EQ(tokens.Layer(0), 100);
-  EXPECT_EQ(tokens.Count(), 0);  // layers 1 and 2 unseen
-  tokens.Count(ChunkKind::kKey, 1, 0, 50);
-  tokens.Count(ChunkKind::kValue, 1, 0, 70);
-  tokens.Count(ChunkKind::kKey, 2, 0, 80);
-  tokens.Count(ChunkKind::kValue, 2, 0, 80);
   EXPECT_EQ(tokens.Layer(1), 50);  // min(K, V)
   EXPECT_EQ(tokens.Count(), 50);
-  // A second replica adds its own tokens.
-  tokens.Count(ChunkKind::kKey, 1, 0, 10);
-  EXPECT_EQ(tokens.Count(), 60);
+  EXPECT_FALSE(tokens.Empty());
+  EXPECT_EQ(testing::TokensOn(3, {0}, 100).Count(), 0);  // layers 1 and 2 unseen
+  EXPECT_FALSE(testing::TokensOn(3, {0}, 100).Seen(1));
+  EXPECT_TRUE(WindowTokens(3).Empty());
+  EXPECT_EQ(WindowTokens().Count(), 0);  // no layers
 }
 
 TEST(WindowTokensTest, ComesFromTheSessionsCommittedRankZeroCountsAndOnlyRises) {
@@ -44,24 +38,11 @@ TEST(WindowTokensTest, ComesFromTheSessionsCommittedRankZeroCountsAndOnlyRises) 
   EXPECT_EQ(WindowTokens::Committed(SessionStatus(), 2).Count(), 0);
 }
 
-TEST(WindowTokensTest, IgnoresWhatIsNotKvOfAKnownLayer) {
-  WindowTokens tokens(1);
-  tokens.Count(ChunkKind::kWeight, 0, 0, 100);
-  tokens.Count(ChunkKind::kInput, 0, 0, 100);
-  tokens.Count(ChunkKind::kKey, 1, 0, 100);
-  tokens.Count(ChunkKind::kKey, -1, 0, 100);
-  tokens.Count(ChunkKind::kKey, 0, 0, -3);
-  EXPECT_TRUE(tokens.Empty());
-}
-
-TEST(WindowTokensTest, AddsDeltasAndRebuildsFromCounts) {
-  WindowTokens a = testing::TokensOn(2, {0, 1}, 10);
-  a.Add(testing::TokensOn(2, {1}, 5));
-  EXPECT_EQ(a.Layer(0), 10);
-  EXPECT_EQ(a.Layer(1), 15);
-  std::optional<WindowTokens> b = WindowTokens::FromCounts(a.k(), a.v());
+TEST(WindowTokensTest, RebuildsFromValidCountsOnly) {
+  std::optional<WindowTokens> b = WindowTokens::FromCounts({10, 15}, {12, 15});
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(b->Count(), 10);
+  EXPECT_EQ(b->v(), (std::vector<int64_t>{12, 15}));
   EXPECT_FALSE(WindowTokens::FromCounts({1, 2}, {1}).has_value());
   EXPECT_FALSE(WindowTokens::FromCounts({-1}, {1}).has_value());
 }
@@ -74,7 +55,7 @@ TEST(CloseDueTest, ClosesOnTokensAndOnSecondsFromTheGivenClock) {
   EXPECT_FALSE(CloseDue(w, policy, 99'000'000).has_value());  // neither set: explicit only
   policy.window_tokens = 1000;
   EXPECT_FALSE(CloseDue(w, policy, 1'000'000).has_value());
-  w.tokens.Add(testing::TokensOn(2, {0, 1}, 1));
+  w.tokens.Raise(testing::TokensOn(2, {0, 1}, 1000));
   EXPECT_EQ(CloseDue(w, policy, 1'000'000), WindowCloseReason::kTokens);
   policy.window_tokens = 0;
   policy.window_seconds = 60;
