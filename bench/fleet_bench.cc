@@ -1,21 +1,21 @@
 // Fleet latency: how long a closed window takes to become a version, and a published version to
-// reach WatchScales subscribers, each as a ratio to a plain GetScales round trip of a fleet
-// version measured in the same run against the same server.
-//   a. One in-memory server: W watchers; per window, CloseWindow's round trip (it returns once
-//      the version is committed: close to publish) and close-to-receive at every watcher.
-//   b. Two replicas over a PostgreSQL this program starts (tests/support/postgres_instance.h),
-//      W watchers on replica B, windows closed on replica A: B's watchers learn of the version
-//      from B's sweep (every 0.5 s), so this is the polling delay.
-//   c. Three replicas over PostgreSQL, --many_watchers (100) spread over all three, windows
-//      closed on the first: one replica's watchers hear at once, the others' after a sweep.
+// reach its WatchScales subscribers, with --watchers (100) subscribed, over
+//   a. one in-memory server: the baseline of the run;
+//   b. one replica over a PostgreSQL this program starts (tests/support/postgres_instance.h);
+//   c. three replicas over one PostgreSQL, the watchers spread evenly over them, windows closed
+//      on the first: its watchers hear at once, the others' at their replica's next sweep
+//      (every 0.5 s), so this is the polling delay;
+// each as a ratio to (a), and beside it a plain GetScales round trip of the fleet's version on
+// the same server. Per window: one K and V chunk per layer, then CloseWindow (it returns once the
+// version is committed: close to publish) and close-to-receive at every watcher.
 // Statistics ingest at fleet scale: --ranks (1,024) simulated TP ranks in this process (TP 8
 // replicas), each a producer stream into one window sending, per round ("a second" of its
 // traffic), one merged K and one V statistics message per layer; --rounds rounds as fast as
 // they go. Server CPU per 1,000 messages (this process's CPU less the sender threads' own) and
 // the producers one core absorbs at one round a second, for one in-memory server (the
 // baseline) and one replica over PostgreSQL (its database's CPU is not counted), as a ratio.
-//   fleet_bench [--windows=20] [--watchers=10] [--many_watchers=100] [--layers=32]
-//               [--baseline=200] [--ranks=1024] [--rounds=2] [--skip_postgres] [--skip_latency]
+//   fleet_bench [--windows=20] [--watchers=100] [--layers=32] [--baseline=200] [--ranks=1024]
+//               [--rounds=2] [--skip_postgres] [--skip_latency]
 #include <libpq-fe.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -37,6 +37,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bench/bench_flags.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
@@ -195,10 +196,15 @@ Stats GetScalesBaseline(v1::Calibration::Stub& stub, int count) {
   return Percentiles(ms);
 }
 
-// Windows filled and closed through `producer`, watched through `watched`; prints one block.
-void Run(const char* title, v1::Calibration::Stub& producer,
-         const std::vector<v1::Calibration::Stub*>& watched_stubs, int layers, int windows,
-         int watchers, int baseline) {
+struct Latency {
+  Stats get, close, receive;
+};
+
+// Windows filled and closed through `producer`, watched through `watched_stubs`; prints one
+// block, with ratios to `base` (the in-memory run) when given.
+Latency Run(const char* title, v1::Calibration::Stub& producer,
+            const std::vector<v1::Calibration::Stub*>& watched_stubs, int layers, int windows,
+            int watchers, int baseline, const Latency* base) {
   v1::Calibration::Stub& watched = *watched_stubs.front();
   CreateFleet(producer, layers);
   const std::string first = FillWindow(producer, "w-0", layers, 4.0f);
@@ -210,7 +216,8 @@ void Run(const char* title, v1::Calibration::Stub& producer,
     v1::FleetWindow out;
     Check(producer.CloseWindow(&ctx, req, &out), "CloseWindow");
   }
-  const Stats get = GetScalesBaseline(watched, baseline);
+  Latency out;
+  out.get = GetScalesBaseline(watched, baseline);
   // Watchers spread evenly over the watched replicas.
   std::vector<std::unique_ptr<Watchers>> groups;
   for (size_t i = 0; i < watched_stubs.size(); ++i) {
@@ -243,16 +250,23 @@ void Run(const char* title, v1::Calibration::Stub& producer,
     missed += watchers - static_cast<int>(got.size());
     for (const Clock::time_point& t : got) receive_ms.push_back(Ms(t - start));
   }
-  const Stats close = Percentiles(close_ms), receive = Percentiles(receive_ms);
+  out.close = Percentiles(close_ms);
+  out.receive = Percentiles(receive_ms);
+  auto ratio = [&](const Stats& s, const Stats Latency::*of) {
+    if (base == nullptr) return std::string();
+    return absl::StrFormat("  (%.1fx, %.1fx the in-memory server's)", s.p50 / (base->*of).p50,
+                           s.p99 / (base->*of).p99);
+  };
   std::printf("%s (%d layers, %d windows, %d watchers over %zu replica(s))\n", title, layers,
               windows, watchers, watched_stubs.size());
-  std::printf("  baseline GetScales round trip      p50 %8.2f ms  p99 %8.2f ms\n", get.p50,
-              get.p99);
-  std::printf("  close to publish (CloseWindow)     p50 %8.2f ms  p99 %8.2f ms  (%.1fx, %.1fx)\n",
-              close.p50, close.p99, close.p50 / get.p50, close.p99 / get.p99);
-  std::printf("  close to watcher receive           p50 %8.2f ms  p99 %8.2f ms  (%.1fx, %.1fx)\n",
-              receive.p50, receive.p99, receive.p50 / get.p50, receive.p99 / get.p99);
+  std::printf("  GetScales round trip               p50 %8.2f ms  p99 %8.2f ms\n", out.get.p50,
+              out.get.p99);
+  std::printf("  close to publish (CloseWindow)     p50 %8.2f ms  p99 %8.2f ms%s\n", out.close.p50,
+              out.close.p99, ratio(out.close, &Latency::close).c_str());
+  std::printf("  close to watcher receive           p50 %8.2f ms  p99 %8.2f ms%s\n",
+              out.receive.p50, out.receive.p99, ratio(out.receive, &Latency::receive).c_str());
   if (missed > 0) std::printf("  MISSED: %d deliveries did not arrive within 10 s\n", missed);
+  return out;
 }
 
 double CpuSeconds(clockid_t clock) {
@@ -378,20 +392,23 @@ void PrintIngest(const char* title, const IngestResult& r, int layers, const Ing
 int main(int argc, char** argv) {
   using namespace caliper;
   const int windows = static_cast<int>(FlagInt(argc, argv, "windows", 20));
-  const int watchers = static_cast<int>(FlagInt(argc, argv, "watchers", 10));
+  const int watchers = static_cast<int>(FlagInt(argc, argv, "watchers", 100));
   const int layers = static_cast<int>(FlagInt(argc, argv, "layers", 32));
   const int baseline = static_cast<int>(FlagInt(argc, argv, "baseline", 200));
-  const int many_watchers = static_cast<int>(FlagInt(argc, argv, "many_watchers", 100));
   const int ranks = static_cast<int>(FlagInt(argc, argv, "ranks", 1024));
   const int rounds = static_cast<int>(FlagInt(argc, argv, "rounds", 2));
   const bool latency = !FlagSet(argc, argv, "skip_latency");
   FILE* devnull = std::fopen("/dev/null", "w");
   EventLog log(LogFormat::kText, devnull);
   IngestResult memory_ingest;
+  Latency memory_latency;
   {
     std::unique_ptr<CaliperServer> server = StartServer("", &log);
     std::unique_ptr<v1::Calibration::Stub> stub = StubOf(*server);
-    if (latency) Run("a. one in-memory server", *stub, {stub.get()}, layers, windows, watchers, baseline);
+    if (latency) {
+      memory_latency = Run("a. one in-memory server (the baseline)", *stub, {stub.get()}, layers,
+                           windows, watchers, baseline, nullptr);
+    }
     memory_ingest = Ingest(*stub, "ingest", layers, ranks, rounds);
   }
   std::printf("statistics ingest (%d ranks at TP 8, %d layers, %d rounds)\n", ranks, layers,
@@ -401,7 +418,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<testing::PostgresInstance>> pg =
       testing::PostgresInstance::Start();
   if (!pg.ok()) {
-    std::printf("b. skipped: %s\n", std::string(pg.status().message()).c_str());
+    std::printf("PostgreSQL runs skipped: %s\n", std::string(pg.status().message()).c_str());
     return 0;
   }
   {
@@ -414,11 +431,10 @@ int main(int argc, char** argv) {
   {
     absl::StatusOr<std::string> db = (*pg)->NewDatabase();
     if (!db.ok()) return 1;
-    std::unique_ptr<CaliperServer> a = StartServer(*db, &log);
-    std::unique_ptr<CaliperServer> b = StartServer(*db, &log);
-    std::unique_ptr<v1::Calibration::Stub> stub_a = StubOf(*a), stub_b = StubOf(*b);
-    Run("b. two replicas over PostgreSQL, watchers on the other replica (sweep 0.5 s)", *stub_a,
-        {stub_b.get()}, layers, windows, watchers, baseline);
+    std::unique_ptr<CaliperServer> one = StartServer(*db, &log);
+    std::unique_ptr<v1::Calibration::Stub> stub = StubOf(*one);
+    Run("b. one replica over PostgreSQL", *stub, {stub.get()}, layers, windows, watchers,
+        baseline, &memory_latency);
   }
   {
     absl::StatusOr<std::string> db = (*pg)->NewDatabase();
@@ -428,9 +444,10 @@ int main(int argc, char** argv) {
     std::unique_ptr<CaliperServer> c = StartServer(*db, &log);
     std::unique_ptr<v1::Calibration::Stub> stub_a = StubOf(*a), stub_b = StubOf(*b),
                                            stub_c = StubOf(*c);
-    Run("c. three replicas over PostgreSQL, watchers on all three, windows closed on the first",
-        *stub_a, {stub_a.get(), stub_b.get(), stub_c.get()}, layers, windows, many_watchers,
-        baseline);
+    Run("c. three replicas over PostgreSQL, watchers on all three, windows closed on the first "
+        "(sweep 0.5 s)",
+        *stub_a, {stub_a.get(), stub_b.get(), stub_c.get()}, layers, windows, watchers, baseline,
+        &memory_latency);
   }
   return 0;
 }
