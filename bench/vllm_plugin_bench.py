@@ -99,7 +99,9 @@ def main() -> None:
                                        text=True)
                     if r.returncode:
                         raise SystemExit(r.stderr[-4000:])
-                    results[mode].append(json.loads(r.stdout.strip().splitlines()[-1]))
+                    lines = r.stdout.strip().splitlines()  # log lines may follow the result
+                    results[mode].append(json.loads(next(
+                        line for line in reversed(lines) if line.startswith("{"))))
         finally:
             proc.kill()
             proc.wait()

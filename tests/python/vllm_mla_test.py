@@ -1,13 +1,14 @@
 """caliper.vllm_hooks on vLLM's MLA path (its CPU build, venv "vllm"): a tiny random DeepseekV3
 whose latent entry is 576 wide (kv_lora_rank 512 + qk_rope_head_dim 64, the only width vLLM's CPU
-MLA kernel compiles for), kv_cache_dtype auto (the CPU MLA backends take no FP8 cache). What
+MLA kernel compiles for) and head dims of 32 (the AMX backend vLLM picks where the CPU has AMX
+packs W_UK/W_UV in blocks of 32), kv_cache_dtype auto (the CPU MLA backends take no FP8 cache). What
 MLAAttention is handed (kv_c_normed, k_pe) gives the scales transformers' DeepseekV3 gives through
 caliper.hooks on the same prompts, within bf16 rounding.
 
 rope_interleave is False here: with transformers' default (True) the latents still agree exactly
 but k_pe does not (layer 0 absmax 0.578 through transformers 5.17, 0.629 through vLLM 0.32, same
 weights and prompts): the two apply the decoupled RoPE differently for interleaved checkpoints.
-Not resolved here; with False both give 0.629 / 0.676 (layers 0 / 1)."""
+Not resolved here; with False both agree."""
 import json
 import os
 
@@ -29,7 +30,7 @@ def test_vllm_mla_capture_equals_transformers(server, tmp_path):
         hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
         n_group=1, topk_group=1, first_k_dense_replace=2, n_shared_experts=1, kv_lora_rank=512,
-        q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=16, v_head_dim=16,
+        q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
         vocab_size=512, max_position_embeddings=256, rope_interleave=False)
     cfg.architectures = ["DeepseekV3ForCausalLM"]
     model = transformers.DeepseekV3ForCausalLM(cfg).to(torch.bfloat16).eval()

@@ -56,12 +56,13 @@ def prompts(n: int, length: int, seed: int):
 
 
 def run_script(script: str, env: dict, *args) -> dict:
-    """Runs script in its own process (vLLM keeps per-process state); its last stdout line is
-    JSON."""
+    """Runs script in its own process (vLLM keeps per-process state); its result is the last
+    stdout line that is JSON (vLLM's and the plugin's log lines may follow it at exit)."""
     r = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
                        text=True, env=env, timeout=800)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(next(line for line in reversed(r.stdout.strip().splitlines())
+                           if line.startswith("{")))
 
 
 def clean_env(**extra) -> dict:
@@ -142,7 +143,10 @@ def window_tokens(fleet, weight_version):
             return w.tokens
     return -1
 
-# 1. Sampling into the window, next to the offline capture of the same steps.
+# 1. Sampling into the window, next to the offline capture of the same steps. The plugin opens
+#    its window in the background (serving never waits for Caliper): steps before that are not
+#    sampled, so the comparison starts once it is open.
+wait(lambda: state()["window"] != "", "the plugin opened no window")
 config = json.load(open(os.path.join(model_dir, "config.json")))
 offline = client.create_session(config, caliper.Recipe(kv="per_tensor"), name="offline")
 handle = vllm_hooks.attach(llm, offline)
@@ -400,6 +404,10 @@ run = lambda: [[list(o.outputs[0].token_ids),
 out = {}
 if mode == "live":
     client = caliper.Client(sys.argv[5])
+    deadline = time.time() + 60
+    while not llm.collective_rpc("caliper_state")[0]["window"]:  # opened in the background
+        assert time.time() < deadline
+        time.sleep(0.2)
     run()
     time.sleep(3)
     window = fleets.close_window(client, "f", weight_version="initial")
