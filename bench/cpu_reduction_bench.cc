@@ -2,6 +2,7 @@
 // memory read bandwidth, measured in the same run over a buffer of the same size (a plain
 // sum-read loop, run once per iteration next to the reduction). Counter ratio_to_read_bw =
 // reduction GB/s / read GB/s; goal >= 0.8 for per-head absmax on BF16 and F32.
+// BM_HistogramIncrementFloor is the bound any exact histogram pass meets here (see its comment).
 //   cpu_reduction_bench [--benchmark_filter=...] [--benchmark_min_time=...]
 #include <benchmark/benchmark.h>
 
@@ -12,7 +13,9 @@
 #include <random>
 #include <vector>
 
+#include "core/tensor/cpu_histogram.h"
 #include "core/tensor/dtype.h"
+#include "core/tensor/magnitude_histogram.h"
 #include "core/tensor/reduction_backend.h"
 #include "core/tensor/tensor_view.h"
 
@@ -142,6 +145,50 @@ void BM_AbsMaxHistogramPerHead(benchmark::State& state) {
   });
 }
 
+// The floor of an exact histogram pass on this machine: the scattered increments alone, one per
+// element, into per-head uint32 counts laid out as the CPU pass lays them out, over the slots of the same values precomputed outside the
+// timing (from the buffer's repeated 1 MiB block, so the slots stay in cache and no data is read).
+// Paired with the read baseline like the reductions: a histogram pass cannot beat this ratio.
+__attribute__((noinline)) void IncrementSlots(const std::vector<int16_t>& block_slots,
+                                              int64_t repeats, uint32_t* counts) {
+  constexpr int64_t kStride = kCpuHistogramHeadStride;
+  const int64_t rows = static_cast<int64_t>(block_slots.size()) / (kHeads * kHeadDim);
+  for (int64_t rep = 0; rep < repeats; ++rep) {
+    const int16_t* s = block_slots.data();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t h = 0; h < kHeads; ++h, s += kHeadDim) {
+        uint32_t* c = counts + h * kStride;
+#pragma GCC unroll 16
+        for (int64_t i = 0; i < kHeadDim; ++i) ++c[s[i]];
+      }
+    }
+  }
+}
+
+void BM_HistogramIncrementFloor(benchmark::State& state) {
+  const auto dtype = static_cast<DType>(state.range(0));
+  const std::vector<uint8_t>& b = Buffer(dtype);
+  const size_t item = ItemSize(dtype);
+  std::vector<int16_t> slots((size_t{1} << 20) / item);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    float v;
+    if (dtype == DType::kF32) {
+      std::memcpy(&v, &b[i * item], 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, &b[i * item], 2);
+      v = dtype == DType::kBF16 ? BF16ToFloat(bits) : F16ToFloat(bits);
+    }
+    slots[i] = static_cast<int16_t>(MagnitudeHistogram::SlotOf(v));
+  }
+  std::vector<uint32_t> counts(kHeads * kCpuHistogramHeadStride);
+  RunPaired(state, b, [&] {
+    IncrementSlots(slots, kBufferBytes >> 20, counts.data());
+    benchmark::DoNotOptimize(counts.data());
+  });
+  state.SetLabel(std::string(DTypeName(dtype)));
+}
+
 void BM_Range(benchmark::State& state) {
   const auto dtype = static_cast<DType>(state.range(0));
   const std::vector<uint8_t>& b = Buffer(dtype);
@@ -187,6 +234,12 @@ void DTypesAndThreads(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_SingleThreadReadBandwidth)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
 BENCHMARK(BM_AbsMaxPerHead)->Apply(DTypesAndThreads);
 BENCHMARK(BM_AbsMaxHistogramPerHead)->Apply(DTypesAndThreads);
+BENCHMARK(BM_HistogramIncrementFloor)
+    ->ArgName("dtype")
+    ->DenseRange(0, 2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
 BENCHMARK(BM_Range)->Apply(DTypesAndThreads);
 BENCHMARK(BM_RangePerGroup)->Apply(DTypesAndThreads);
 

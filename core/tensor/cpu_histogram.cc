@@ -1,6 +1,7 @@
-// Slots come from the magnitude bits with integer arithmetic only (f16 subnormals through an exact
-// int -> float conversion), so the slot loop vectorises; the increments are scattered stores
-// into per-task uint32 counts, kept zero between calls and merged over the slots a call touched.
+// Slots come from the magnitude bits with integer arithmetic in the key's own width (f16 subnormals
+// fixed up through an exact int -> float conversion), so the per-block loops vectorise; the
+// increments are scattered stores into per-task uint32 counts, kept zero between calls and merged
+// over the slots a call touched.
 #include "core/tensor/cpu_histogram.h"
 
 #include <algorithm>
@@ -17,7 +18,9 @@ namespace {
 
 using H = MagnitudeHistogram;
 
-constexpr int kHistBlock = 64;
+constexpr int kHistBlock = 128;
+constexpr int64_t kHeadStride = kCpuHistogramHeadStride;
+static_assert(H::kSlots <= 32767);  // slots are kept as int16
 
 // Slot of a finite magnitude key of dtype D; Inf / NaN keys land in the overflow slot.
 template <DType D>
@@ -41,6 +44,31 @@ CALIPER_INLINE int32_t SlotOfKey(typename KeyOps<CpuBits<D>>::Key k) {
   return m == 0 ? int32_t{H::kZeroSlot} : s;
 }
 
+// The slot of a magnitude key in the key's own width, branch-free so the block loop vectorises
+// (16 lanes for bf16/f16): the same as SlotOfKey except for f16 subnormals, which the caller
+// fixes up (they are rare, and their slot needs the position of the leading bit).
+template <DType D>
+CALIPER_INLINE typename KeyOps<CpuBits<D>>::Key FastSlotOfKey(typename KeyOps<CpuBits<D>>::Key k) {
+  using Key = typename KeyOps<CpuBits<D>>::Key;
+  constexpr Key kFirst = H::kFirstLogSlot - H::kBias;  // slot of a normal = (f32 bits >> kShift) + this
+  constexpr Key kOverflow = H::kOverflowSlot, kUnderflow = H::kUnderflowSlot;
+  Key t;
+  if constexpr (D == DType::kF16) {
+    // f16 normal: f32 bits >> kShift are (k >> 3) + (112 << 7); all land in the log bins.
+    constexpr int kF16Shift = 10 - H::kMantissaBits;
+    t = static_cast<Key>((k >> kF16Shift) + ((112 << H::kMantissaBits) + kFirst));
+    t = k >= Key{0x7c00} ? kOverflow : t;
+  } else {
+    constexpr int kShift = D == DType::kF32 ? H::kShift : 0;  // bf16 keys are f32 bits >> 16
+    t = static_cast<Key>((k >> kShift) + kFirst);
+    t = std::min(std::max(t, kUnderflow), kOverflow);
+  }
+  return k == 0 ? Key{H::kZeroSlot} : t;
+}
+
+// A nonzero f16 magnitude key below the smallest normal.
+CALIPER_INLINE bool IsF16Subnormal(int16_t k) { return k != 0 && k < int16_t{0x400}; }
+
 // Per-head running state of one task.
 template <typename Key>
 struct HeadState {
@@ -49,53 +77,80 @@ struct HeadState {
   int32_t lo = H::kSlots, hi = -1;  // slots touched since the last flush
 };
 
-// `rows` rows of num_heads segments of head_dim elements: counts[h * kSlots + slot] += ...
+// One head's segment of head_dim elements into that head's counts and running state.
+template <DType D>
+CALIPER_INLINE void HistSegment(const typename KeyOps<CpuBits<D>>::Loose* seg, int64_t head_dim,
+                                uint32_t* __restrict__ c,
+                                HeadState<typename KeyOps<CpuBits<D>>::Key>& state,
+                                int64_t* nonfinite) {
+  using Bits = CpuBits<D>;
+  using Ops = KeyOps<Bits>;
+  using Key = typename Ops::Key;
+  const Key inf = static_cast<Key>(InfBits<Bits>(D));
+  Key key[kHistBlock];
+  int16_t slot[kHistBlock];  // every slot fits: kSlots < 2^15
+  for (int64_t base = 0; base < head_dim; base += kHistBlock) {
+    const int m = static_cast<int>(std::min<int64_t>(kHistBlock, head_dim - base));
+    // A map loop and a reduction loop over the block, each vectorised (one mixed loop is not).
+    for (int i = 0; i < m; ++i) {
+      key[i] = Ops::Abs(seg[base + i]);
+      slot[i] = static_cast<int16_t>(FastSlotOfKey<D>(key[i]));
+    }
+    Key kmin = std::numeric_limits<Key>::max(), bmax = 0, bbad = 0, subnormal = 0;
+    for (int i = 0; i < m; ++i) {
+      kmin = std::min(kmin, key[i]);
+      bmax = std::max(bmax, key[i] < inf ? key[i] : Key{0});
+      bbad = static_cast<Key>(bbad + (key[i] < inf ? 0 : 1));
+      if constexpr (D == DType::kF16) {
+        subnormal = static_cast<Key>(subnormal | (IsF16Subnormal(key[i]) ? 1 : 0));
+      }
+    }
+    // Slots grow with keys, so the block's slot range comes from its extreme keys.
+    int32_t lo = FastSlotOfKey<D>(kmin);
+    const int32_t hi = bbad != 0 ? int32_t{H::kOverflowSlot} : FastSlotOfKey<D>(bmax);
+    if constexpr (D == DType::kF16) {
+      if (subnormal != 0) {
+        for (int i = 0; i < m; ++i) {
+          if (IsF16Subnormal(key[i])) slot[i] = static_cast<int16_t>(SlotOfKey<D>(key[i]));
+        }
+        lo = SlotOfKey<D>(kmin);
+      }
+    }
+    if (m == kHistBlock) {  // the common full block, unrolled: the increments are the cost
+#pragma GCC unroll 16
+      for (int i = 0; i < kHistBlock; ++i) ++c[slot[i]];
+    } else {
+      for (int i = 0; i < m; ++i) ++c[slot[i]];
+    }
+    state.lo = std::min(state.lo, lo);
+    state.hi = std::max(state.hi, hi);
+    *nonfinite += bbad;
+    if (bmax >= state.max_key) {
+      uint64_t eq = 0;
+      for (int i = 0; i < m; ++i) eq += key[i] == bmax;
+      if (bmax > state.max_key || state.max_count == 0) {
+        state.max_key = bmax;
+        state.max_count = eq;
+      } else {
+        state.max_count += eq;
+      }
+    }
+  }
+}
+
+// `rows` rows of num_heads segments of head_dim elements: counts[h * kHeadStride + slot] += ...
+// (rows in order: reading head by head over a tile of rows was slower).
 template <DType D>
 CALIPER_INLINE void HistRowsBody(const uint8_t* data, int64_t rows, int64_t num_heads,
                                  int64_t head_dim, uint32_t* __restrict__ counts,
                                  HeadState<typename KeyOps<CpuBits<D>>::Key>* heads,
                                  int64_t* bad) {
-  using Bits = CpuBits<D>;
-  using Ops = KeyOps<Bits>;
-  using Key = typename Ops::Key;
-  const auto* p = reinterpret_cast<const typename Ops::Loose*>(data);
-  const Key inf = static_cast<Key>(InfBits<Bits>(D));
-  int32_t slot[kHistBlock];
+  const auto* p = reinterpret_cast<const typename KeyOps<CpuBits<D>>::Loose*>(data);
   int64_t nonfinite = 0;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < num_heads; ++h) {
-      const auto* seg = p + (r * num_heads + h) * head_dim;
-      uint32_t* c = counts + h * H::kSlots;
-      HeadState<Key>& state = heads[h];
-      for (int64_t base = 0; base < head_dim; base += kHistBlock) {
-        const int m = static_cast<int>(std::min<int64_t>(kHistBlock, head_dim - base));
-        Key bmax = 0;
-        int32_t lo = H::kSlots, hi = -1, bbad = 0;
-        for (int i = 0; i < m; ++i) {
-          const Key k = Ops::Abs(seg[base + i]);
-          const bool finite = k < inf;
-          const int32_t s = SlotOfKey<D>(k);
-          slot[i] = s;
-          lo = std::min(lo, s);
-          hi = std::max(hi, s);
-          bmax = std::max(bmax, finite ? k : Key{0});
-          bbad += finite ? 0 : 1;
-        }
-        for (int i = 0; i < m; ++i) ++c[slot[i]];
-        state.lo = std::min(state.lo, lo);
-        state.hi = std::max(state.hi, hi);
-        nonfinite += bbad;
-        if (bmax >= state.max_key) {
-          uint64_t eq = 0;
-          for (int i = 0; i < m; ++i) eq += Ops::Abs(seg[base + i]) == bmax;
-          if (bmax > state.max_key || state.max_count == 0) {
-            state.max_key = bmax;
-            state.max_count = eq;
-          } else {
-            state.max_count += eq;
-          }
-        }
-      }
+      HistSegment<D>(p + (r * num_heads + h) * head_dim, head_dim, counts + h * kHeadStride,
+                     heads[h], &nonfinite);
     }
   }
   *bad += nonfinite;
@@ -142,15 +197,15 @@ void HistImpl(ThreadPool& pool, int tasks, const TensorView& t, int64_t num_head
   pool.ParallelFor(tasks, [&](int i) {
     // Kept all-zero between uses: a call clears only the slots it touched.
     thread_local std::vector<uint32_t> counts;
-    if (counts.size() < static_cast<size_t>(num_heads * H::kSlots)) {
-      counts.assign(num_heads * H::kSlots, 0);
+    if (counts.size() < static_cast<size_t>(num_heads * kHeadStride)) {
+      counts.assign(num_heads * kHeadStride, 0);
     }
     std::vector<HeadState<Key>> state(num_heads);
     int64_t task_bad = 0;
     auto flush = [&] {
       std::lock_guard<std::mutex> lock(mu);
       for (int64_t h = 0; h < num_heads; ++h) {
-        uint32_t* c = counts.data() + h * H::kSlots;
+        uint32_t* c = counts.data() + h * kHeadStride;
         for (int32_t s = state[h].lo; s <= state[h].hi; ++s) {
           hists[h].counts[s] += c[s];
           c[s] = 0;
