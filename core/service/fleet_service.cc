@@ -277,16 +277,17 @@ absl::StatusOr<Window> FleetService::CloseWindowSession(const std::string& tenan
       return AlreadyClosed(session_id, fleet);
     }
     const int64_t current = state->current();
-    std::optional<FinalScales> current_scales;
+    std::shared_ptr<const FinalScales> current_scales;
     std::optional<PublishBase> base;
     if (current != 0) {
-      absl::StatusOr<FinalScales> scales = options_.fleets->GetScales(tenant, fleet, current);
+      absl::StatusOr<std::shared_ptr<const FinalScales>> scales =
+          VersionScales(tenant, fleet, *state->Version(current));
       if (!scales.ok()) return scales.status();
       current_scales = *std::move(scales);
       int layer = -1;
       const double saturation = state->SaturationUnderCurrent(&layer);
-      base = PublishBase{state->Version(current)->weight_version, &*current_scales, saturation,
-                         layer};
+      base = PublishBase{state->Version(current)->weight_version, current_scales.get(),
+                         saturation, layer};
     }
     WindowTokens counted = window->tokens;
     counted.Raise(tokens);
@@ -393,10 +394,11 @@ absl::StatusOr<ScalesAnswer> FleetService::Scales(const std::string& tenant,
                                                   const ScalesQuery& query) {
   absl::StatusOr<FleetVersionRef> found = Version(tenant, name, version);
   if (!found.ok()) return found.status();
-  absl::StatusOr<FinalScales> final = options_.fleets->GetScales(tenant, name, found->id);
+  absl::StatusOr<std::shared_ptr<const FinalScales>> final =
+      VersionScales(tenant, name, found->version());
   if (!final.ok()) return final.status();
   const Fleet& fleet = found->state.fleet();
-  return AnswerScales(fleet.model, fleet.recipe, *final,
+  return AnswerScales(fleet.model, fleet.recipe, **final,
                       VersionSession(found->state, found->version()), query);
 }
 
@@ -412,9 +414,9 @@ absl::StatusOr<std::string> FleetService::ReportJson(const std::string& tenant,
   absl::StatusOr<std::string> window =
       options_.sessions->ReportJson(v.windows.front().session_id, tenant);
   if (!window.ok()) return window.status();
-  absl::StatusOr<FinalScales> scales = options_.fleets->GetScales(tenant, name, v.id);
+  absl::StatusOr<std::shared_ptr<const FinalScales>> scales = VersionScales(tenant, name, v);
   if (!scales.ok()) return scales.status();
-  return VersionReportJson(*window, found->state, v, *scales);
+  return VersionReportJson(*window, found->state, v, **scales);
 }
 
 absl::StatusOr<WatchStep> FleetService::NextForWatcher(const std::string& tenant,
@@ -427,13 +429,14 @@ absl::StatusOr<WatchStep> FleetService::NextForWatcher(const std::string& tenant
   if (catchup.ids.empty()) return step;
   const int64_t id = catchup.ids.front();
   const FleetVersion* version = state->Version(id);
-  absl::StatusOr<FinalScales> final = options_.fleets->GetScales(tenant, name, id);
-  if (version == nullptr || !final.ok()) {
+  absl::StatusOr<std::shared_ptr<const FinalScales>> final =
+      version == nullptr ? absl::NotFoundError("version") : VersionScales(tenant, name, *version);
+  if (!final.ok()) {
     step.retry = true;  // dropped meanwhile: the next look finds what is current
     return step;
   }
   absl::StatusOr<ScalesAnswer> answer =
-      AnswerScales(state->fleet().model, state->fleet().recipe, *final,
+      AnswerScales(state->fleet().model, state->fleet().recipe, **final,
                    VersionSession(*state, *version), query);
   if (!answer.ok()) return answer.status();
   step.version = id;
@@ -442,6 +445,32 @@ absl::StatusOr<WatchStep> FleetService::NextForWatcher(const std::string& tenant
   step.more = catchup.ids.size() > 1;
   step.answer = *std::move(answer);
   return step;
+}
+
+absl::StatusOr<std::shared_ptr<const FinalScales>> FleetService::VersionScales(
+    const std::string& tenant, absl::string_view name, const FleetVersion& version) {
+  constexpr size_t kCachedVersions = 32;
+  const std::string key =
+      absl::StrCat(tenant.size(), ":", tenant, name.size(), ":", name, "/", version.id, "/",
+                   version.created_unix_ms, "/",
+                   version.windows.empty() ? "" : version.windows.front().session_id);
+  {
+    std::lock_guard<std::mutex> lock(scales_mu_);
+    auto hit = scales_cache_.find(key);
+    if (hit != scales_cache_.end()) return hit->second;
+  }
+  absl::StatusOr<FinalScales> read = options_.fleets->GetScales(tenant, name, version.id);
+  if (!read.ok()) return read.status();
+  auto scales = std::make_shared<const FinalScales>(*std::move(read));
+  std::lock_guard<std::mutex> lock(scales_mu_);
+  if (scales_cache_.emplace(key, scales).second) {
+    scales_cache_order_.push_back(key);
+    if (scales_cache_order_.size() > kCachedVersions) {
+      scales_cache_.erase(scales_cache_order_.front());
+      scales_cache_order_.pop_front();
+    }
+  }
+  return scales;
 }
 
 // --- the sweep ---------------------------------------------------------------------------

@@ -9,7 +9,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -163,6 +165,11 @@ class FleetService {
   absl::StatusOr<FleetState> MoveCurrent(const std::string& tenant, absl::string_view name,
                                          FleetStore::Change change);
   void SweepLoop();
+  // A published version's scales, read from the store once per server and then shared: versions
+  // never change once committed, and every watcher of a publish asks for the same one.
+  absl::StatusOr<std::shared_ptr<const FinalScales>> VersionScales(const std::string& tenant,
+                                                                   absl::string_view name,
+                                                                   const FleetVersion& version);
 
   const Options options_;
   FleetEvents* const events_;
@@ -173,6 +180,11 @@ class FleetService {
   std::condition_variable sweep_cv_;
   bool stopping_ = false;
   std::thread sweep_thread_;
+  std::mutex scales_mu_;  // guards the two below
+  // Keyed by tenant, fleet, version id, creation time and first window (a fleet made again
+  // under the same name numbers its versions from 1 again); the oldest entry leaves first.
+  std::map<std::string, std::shared_ptr<const FinalScales>> scales_cache_;
+  std::deque<std::string> scales_cache_order_;
 };
 
 }  // namespace caliper

@@ -52,11 +52,44 @@ class RecordingEvents : public FleetEvents {
   std::vector<bool> finalized;
 };
 
+// The memory fleet store, counting the scale reads that reach it.
+class CountingFleetStore : public FleetStore {
+ public:
+  explicit CountingFleetStore(std::unique_ptr<FleetStore> inner) : inner_(std::move(inner)) {}
+  absl::Status Create(const FleetState& state) override { return inner_->Create(state); }
+  absl::StatusOr<FleetState> Get(absl::string_view tenant, absl::string_view name) override {
+    return inner_->Get(tenant, name);
+  }
+  absl::StatusOr<std::vector<FleetState>> List(absl::string_view tenant) override {
+    return inner_->List(tenant);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ListAll() override {
+    return inner_->ListAll();
+  }
+  absl::StatusOr<std::vector<std::string>> Delete(absl::string_view tenant,
+                                                  absl::string_view name) override {
+    return inner_->Delete(tenant, name);
+  }
+  absl::StatusOr<Updated> Update(absl::string_view tenant, absl::string_view name,
+                                 Change change) override {
+    return inner_->Update(tenant, name, change);
+  }
+  absl::StatusOr<FinalScales> GetScales(absl::string_view tenant, absl::string_view name,
+                                        int64_t version) override {
+    ++scale_reads;
+    return inner_->GetScales(tenant, name, version);
+  }
+  int scale_reads = 0;
+
+ private:
+  std::unique_ptr<FleetStore> inner_;
+};
+
 class FleetServiceCoreTest : public ::testing::Test {
  protected:
   FleetServiceCoreTest()
       : store_(Limits()),
-        fleet_store_(NewMemoryFleetStore(FleetLimits())),
+        fleet_store_(std::make_unique<CountingFleetStore>(NewMemoryFleetStore(FleetLimits()))),
         flusher_(&store_, absl::Hours(1), nullptr, &clock_),
         backend_(MakeCpuBackend(1)) {
     SessionService::Options sessions;
@@ -114,7 +147,7 @@ class FleetServiceCoreTest : public ::testing::Test {
 
   testing_util::FakeClockEnv clock_;
   MemoryStateStore store_;
-  std::unique_ptr<FleetStore> fleet_store_;
+  std::unique_ptr<CountingFleetStore> fleet_store_;
   PartialFlusher flusher_;
   std::unique_ptr<ReductionBackend> backend_;
   RecordingEvents events_;
@@ -223,6 +256,36 @@ TEST_F(FleetServiceCoreTest, AWatcherGetsTheCurrentVersionThenEachNewOneThenNoth
   // Another tenant's fleet is unknown to it.
   EXPECT_TRUE(absl::IsNotFound(service_->NextForWatcher("team-2", "prod", 0, ScalesQuery())
                                    .status()));
+}
+
+TEST_F(FleetServiceCoreTest, WatchersOfAPublishShareOneScaleReadAndARemadeFleetIsReadAgain) {
+  // Publishes version 1 of a fresh "prod" whose K/V absmax is `absmax`.
+  auto publish = [&](float absmax) {
+    ASSERT_TRUE(service_->Create(TestFleet()).ok());
+    absl::StatusOr<FleetService::OpenedWindow> opened = service_->OpenWindow("", "prod", "w");
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Stream(opened->window.session_id, 8, absmax);
+    absl::StatusOr<Window> closed = service_->CloseWindow("", "prod", "", "w");
+    ASSERT_TRUE(closed.ok()) << closed.status();
+    ASSERT_EQ(closed->version, 1) << closed->detail;
+  };
+  auto watch_k_absmax = [&]() -> float {
+    absl::StatusOr<WatchStep> step = service_->NextForWatcher("", "prod", 0, ScalesQuery());
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) return -1.0f;
+    EXPECT_EQ(step->version, 1);
+    EXPECT_TRUE(step->answer.scales.kv_scales.has_value());
+    if (!step->answer.scales.kv_scales.has_value()) return -1.0f;
+    return step->answer.scales.kv_scales->k_absmax.at(0).at(0);
+  };
+  publish(2.0f);
+  const int before = fleet_store_->scale_reads;
+  for (int watcher = 0; watcher < 100; ++watcher) EXPECT_EQ(watch_k_absmax(), 2.0f);
+  EXPECT_LE(fleet_store_->scale_reads - before, 1);
+  // Made again under the same name, the fleet numbers from 1 again: its own scales, read anew.
+  ASSERT_TRUE(service_->Delete("", "prod").ok());
+  publish(8.0f);
+  EXPECT_EQ(watch_k_absmax(), 8.0f);
 }
 
 TEST_F(FleetServiceCoreTest, DeletingAFleetDropsItsWindowsSessions) {
