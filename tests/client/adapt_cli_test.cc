@@ -1,6 +1,4 @@
 // Runs `caliper adapt` as a user would and checks files, stdout/stderr and exit codes.
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,6 +10,7 @@
 #include "core/formats/lightllm_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/cli_run.h"
 #include "tests/support/fixtures.h"
 
 namespace caliper {
@@ -21,38 +20,13 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
+using testing::RunResult;
 
-class AdaptCliTest : public ::testing::Test {
+class AdaptCliTest : public testing::CliRunTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("caliper_adapt_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  RunResult Run(const std::string& args) {
-    const std::string out = (dir_ / "stdout.txt").string(), err = (dir_ / "stderr.txt").string();
-    const std::string command =
-        std::string("'") + CALIPER_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
-    const int status = std::system(command.c_str());
-    RunResult result;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = testing::ReadFileOrEmpty(out);
-    result.err = testing::ReadFileOrEmpty(err);
-    return result;
-  }
-
   std::string Fixture(const std::string& short_name) {
     return "'" + testing::LightLlmFixturePath("test_kv_cache_calib_" + short_name + ".json") + "'";
   }
-  std::string Path(const std::string& name) { return (dir_ / name).string(); }
   std::string Write(const std::string& name, const std::string& text) {
     std::ofstream(Path(name), std::ios::binary) << text;
     return Path(name);
@@ -73,8 +47,6 @@ class AdaptCliTest : public ::testing::Test {
       EXPECT_THAT(entry.path().filename().string(), ::testing::Not(HasSubstr(std::string(kTempFileMarker))));
     }
   }
-
-  fs::path dir_;
 };
 
 constexpr char kQwen3Config[] = R"({"architectures": ["Qwen3MoeForCausalLM"],

@@ -1,8 +1,6 @@
 // The CLI vocabulary: the command table's parser (aliases, value aliases, choices, required
 // flags, defaults) and, through the real binary, that every deprecated spelling of 0.1 still
 // works, means the same as its canonical name and prints exactly one deprecation line.
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,6 +10,7 @@
 #include "client/cli_args.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/cli_run.h"
 #include "tests/support/fixtures.h"
 
 namespace caliper {
@@ -78,35 +77,10 @@ TEST(CliArgsTest, HelpShowsDefaultsRequiredAndOldSpellings) {
   EXPECT_THAT(help, HasSubstr("deprecated spelling: per_head, per_tensor"));
 }
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out, err;
-};
+using testing::RunResult;
 
-class DeprecatedSpellingTest : public ::testing::Test {
+class DeprecatedSpellingTest : public testing::CliRunTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("caliper_vocabulary_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  RunResult Run(const std::string& args) {
-    const std::string out = Path("stdout.txt"), err = Path("stderr.txt");
-    const std::string command =
-        std::string("'") + CALIPER_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
-    const int status = std::system(command.c_str());
-    RunResult result;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.out = testing::ReadFileOrEmpty(out);
-    result.err = testing::ReadFileOrEmpty(err);
-    return result;
-  }
-  std::string Path(const std::string& name) { return (dir_ / name).string(); }
-
   // Exactly one deprecation line naming `old` and `canonical`, then (when given) `then`.
   static void ExpectDeprecation(const RunResult& r, const std::string& command,
                                 const std::string& old, const std::string& canonical,
@@ -119,8 +93,6 @@ class DeprecatedSpellingTest : public ::testing::Test {
       EXPECT_THAT(r.err.substr(line.size()), HasSubstr(then)) << r.err;
     }
   }
-
-  fs::path dir_;
 };
 
 TEST_F(DeprecatedSpellingTest, AdaptNumHeadsWritesTheSameFile) {

@@ -19,11 +19,12 @@
 #include "core/state/session_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/support/session_test_util.h"
 #include "proto/caliper.grpc.pb.h"
 #include "server/caliper_server.h"
-#include "tests/support/state_test_util.h"
+#include "tests/support/committed_session.h"
 #include "tests/support/llama_description.h"
+#include "tests/support/session_test_util.h"
+#include "tests/support/state_test_util.h"
 
 namespace caliper {
 namespace {
@@ -92,18 +93,11 @@ ChunkRef RefOf(const v1::TensorChunk& c) {
 
 class ServiceTest : public ::testing::Test {
  protected:
-  // The session as the server's store holds it (what is committed).
   SessionStatus Committed(const std::string& id, const std::string& tenant = "") {
-    absl::StatusOr<SessionStatus> status = server_->store().GetStatus(id, tenant);
-    EXPECT_TRUE(status.ok()) << status.status();
-    return status.ok() ? *status : SessionStatus{};
+    return testing::CommittedStatus(*server_, id, tenant);
   }
-  // Waits (bounded) until the store holds `chunks` accepted chunks of the session: a stream
-  // that is still open has them merged every --state_flush_interval.
   void AwaitCommitted(const std::string& id, int64_t chunks) {
-    for (int i = 0; i < 1000 && Committed(id).accepted_chunks < chunks; ++i) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+    testing::AwaitCommitted(*server_, id, chunks);
   }
 
   void SetUp() override { StartServer(ServerOptions{}); }

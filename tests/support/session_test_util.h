@@ -2,6 +2,10 @@
 #ifndef CALIPER_TESTS_SUPPORT_SESSION_TEST_UTIL_H_
 #define CALIPER_TESTS_SUPPORT_SESSION_TEST_UTIL_H_
 
+#include <cstdint>
+#include <utility>
+#include <vector>
+
 #include "core/calibration/model_config.h"
 #include "core/session/session.h"
 
@@ -27,6 +31,29 @@ inline Recipe AllOnRecipe() {
   r.nvfp4_weights = true;
   r.nvfp4_activations = true;
   return r;
+}
+
+// A float32 chunk over `data` (which must outlive it) with `shape`.
+inline ChunkRef F32Chunk(ChunkKind kind, int layer, const std::vector<float>& data,
+                         std::vector<int64_t> shape, TpPlacement placement = {},
+                         int64_t batch = 0) {
+  ChunkRef c;
+  c.kind = kind;
+  c.layer = layer;
+  c.dtype = DType::kF32;
+  c.shape = std::move(shape);
+  c.placement = placement;
+  c.batch = batch;
+  c.data = ByteSpans(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float));
+  return c;
+}
+
+// K or V of one rank as [tokens, heads_local, head_dim].
+inline ChunkRef F32KvChunk(ChunkKind kind, int layer, const std::vector<float>& data,
+                           int heads_local, int head_dim, TpPlacement placement = {},
+                           int64_t batch = 0) {
+  const auto tokens = static_cast<int64_t>(data.size()) / (int64_t{heads_local} * head_dim);
+  return F32Chunk(kind, layer, data, {tokens, heads_local, head_dim}, placement, batch);
 }
 
 }  // namespace caliper::testing

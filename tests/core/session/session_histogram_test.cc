@@ -13,6 +13,7 @@
 #include "core/session/session_delta.h"
 #include "core/session/session_report.h"
 #include "core/state/session_state.h"
+#include "tests/support/session_test_util.h"
 
 namespace caliper {
 namespace {
@@ -43,14 +44,7 @@ std::vector<float> Data(uint32_t seed, int heads) {
 
 ChunkRef Kv(ChunkKind kind, int layer, const std::vector<float>& data, int heads_local,
             TpPlacement placement = {}) {
-  ChunkRef c;
-  c.kind = kind;
-  c.layer = layer;
-  c.dtype = DType::kF32;
-  c.shape = {static_cast<int64_t>(data.size() / (heads_local * kHeadDim)), heads_local, kHeadDim};
-  c.placement = placement;
-  c.data = ByteSpans(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float));
-  return c;
+  return testing::F32KvChunk(kind, layer, data, heads_local, kHeadDim, placement);
 }
 
 std::unique_ptr<CalibrationSession> Make(Recipe recipe) {

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/session_test_util.h"
 
 namespace caliper {
 namespace {
@@ -110,10 +111,6 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale) {
   return v;
 }
 
-absl::Span<const uint8_t> Bytes(const std::vector<float>& v) {
-  return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)};
-}
-
 float AbsMax(const std::vector<float>& v) {
   float m = 0;
   for (float x : v) m = std::max(m, std::fabs(x));
@@ -123,25 +120,12 @@ float AbsMax(const std::vector<float>& v) {
 // kv_c_normed as vLLM hands it: [tokens, kv_lora_rank]; k_pe: [tokens, 1, qk_rope_head_dim].
 ChunkRef Latent(int layer, const std::vector<float>& data, TpPlacement placement = {},
                 int64_t batch = 0) {
-  ChunkRef c;
-  c.kind = ChunkKind::kKey;
-  c.layer = layer;
-  c.shape = {static_cast<int64_t>(data.size() / kRank), kRank};
-  c.placement = placement;
-  c.batch = batch;
-  c.data = Bytes(data);
-  return c;
+  return testing::F32Chunk(ChunkKind::kKey, layer, data,
+                           {static_cast<int64_t>(data.size()) / kRank, kRank}, placement, batch);
 }
 ChunkRef Rope(int layer, const std::vector<float>& data, TpPlacement placement = {},
               int64_t batch = 0) {
-  ChunkRef c;
-  c.kind = ChunkKind::kValue;
-  c.layer = layer;
-  c.shape = {static_cast<int64_t>(data.size() / kRope), 1, kRope};
-  c.placement = placement;
-  c.batch = batch;
-  c.data = Bytes(data);
-  return c;
+  return testing::F32KvChunk(ChunkKind::kValue, layer, data, 1, kRope, placement, batch);
 }
 
 Recipe PerTensor() {

@@ -56,14 +56,8 @@ std::vector<float> InputData(int batch) {
 
 ChunkRef Chunk(ChunkKind kind, const std::vector<float>& data, std::vector<int64_t> shape,
                int64_t batch, TpPlacement placement = {}, absl::string_view module = "") {
-  ChunkRef c;
-  c.kind = kind;
+  ChunkRef c = testing::F32Chunk(kind, 0, data, std::move(shape), placement, batch);
   c.module = module;
-  c.dtype = DType::kF32;
-  c.shape = std::move(shape);
-  c.placement = placement;
-  c.batch = batch;
-  c.data = ByteSpans(reinterpret_cast<const uint8_t*>(data.data()), data.size() * sizeof(float));
   return c;
 }
 

@@ -41,21 +41,9 @@ std::vector<float> Ramp(size_t n, float step, float offset) {
   return v;
 }
 
-absl::Span<const uint8_t> Bytes(const std::vector<float>& v) {
-  return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float)};
-}
-
 ChunkRef Chunk(ChunkKind kind, int layer, const std::vector<float>& data, int heads_local,
                TpPlacement placement = {}, int64_t batch = 0) {
-  ChunkRef c;
-  c.kind = kind;
-  c.layer = layer;
-  c.dtype = DType::kF32;
-  c.shape = {static_cast<int64_t>(data.size() / (heads_local * kHeadDim)), heads_local, kHeadDim};
-  c.placement = placement;
-  c.batch = batch;
-  c.data = Bytes(data);
-  return c;
+  return testing::F32KvChunk(kind, layer, data, heads_local, kHeadDim, placement, batch);
 }
 
 // Query heads [first, first + count) of a [tokens, kQHeads, head_dim] tensor.

@@ -38,26 +38,13 @@ absl::Span<const uint8_t> Bytes(const std::vector<float>& v) {
 
 ChunkRef Kv(ChunkKind kind, int layer, const std::vector<float>& data, int heads_local,
             TpPlacement placement = {}, int64_t batch = 0) {
-  ChunkRef c;
-  c.kind = kind;
-  c.layer = layer;
-  c.dtype = DType::kF32;
-  c.shape = {static_cast<int64_t>(data.size() / (heads_local * kHeadDim)), heads_local, kHeadDim};
-  c.placement = placement;
-  c.batch = batch;
-  c.data = Bytes(data);
-  return c;
+  return testing::F32KvChunk(kind, layer, data, heads_local, kHeadDim, placement, batch);
 }
 
 ChunkRef Module(ChunkKind kind, absl::string_view module, const std::vector<float>& data,
                 std::vector<int64_t> shape, int64_t batch = 0) {
-  ChunkRef c;
-  c.kind = kind;
+  ChunkRef c = testing::F32Chunk(kind, 0, data, std::move(shape), {}, batch);
   c.module = module;
-  c.dtype = DType::kF32;
-  c.shape = std::move(shape);
-  c.batch = batch;
-  c.data = Bytes(data);
   return c;
 }
 
