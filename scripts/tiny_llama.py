@@ -194,13 +194,29 @@ def _train(size, seed, train, held, desc, out):
 
 
 FP8_MAX = 448.0  # float8_e4m3fn
-_FP8 = {"scales": None, "record": None}  # what the fp8_kv attention does on the current forward
+ROUNDINGS = ("nearest", "toward_zero")
+# What the fp8_kv attention does on the current forward.
+_FP8 = {"scales": None, "record": None, "rounding": "nearest"}
 
 
-def fake_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def to_fp8(x: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
+    """x saturated at +-448 and rounded to float8_e4m3fn: to nearest even (torch's cast, as CUDA
+    engines convert), or toward zero (what vLLM's CPU build stores: bench/kv_vllm_evidence_bench.py
+    measures it)."""
+    q = x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    if rounding == "toward_zero":
+        # E4M3 codes order like magnitudes: one code toward zero where nearest rounded away.
+        up = q.float().abs() > x.float().abs()
+        q = torch.where(up, (q.view(torch.uint8) - 1).view(torch.float8_e4m3fn), q)
+    elif rounding != "nearest":
+        raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
+    return q
+
+
+def fake_quant(x: torch.Tensor, scale: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
     """x [batch, kv_heads, seq, head_dim]; scale [kv_heads] (or one value): s * fp8(x / s)."""
     s = scale.to(x.dtype).reshape(1, -1, 1, 1)
-    return (x / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype) * s
+    return to_fp8(x / s, rounding).to(x.dtype) * s
 
 
 def _fp8_attention(module, query, key, value, attention_mask, **kwargs):
@@ -209,7 +225,8 @@ def _fp8_attention(module, query, key, value, attention_mask, **kwargs):
         _FP8["record"].setdefault(module.layer_idx, []).append((key.detach(), value.detach()))
     if _FP8["scales"] is not None:
         k_scale, v_scale = _FP8["scales"][module.layer_idx]
-        key, value = fake_quant(key, k_scale), fake_quant(value, v_scale)
+        key = fake_quant(key, k_scale, _FP8["rounding"])
+        value = fake_quant(value, v_scale, _FP8["rounding"])
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -228,10 +245,11 @@ def load(path: str, threads: int = THREADS):
 
 class fp8_kv:
     """Forwards inside run with K/V fake-quantised by scales {layer: (k [heads], v [heads])},
-    or unquantised with scales None; record={} collects each layer's (key, value) per forward."""
+    or unquantised with scales None; record={} collects each layer's (key, value) per forward;
+    rounding: see to_fp8."""
 
-    def __init__(self, scales=None, record=None):
-        self.state = {"scales": scales, "record": record}
+    def __init__(self, scales=None, record=None, rounding="nearest"):
+        self.state = {"scales": scales, "record": record, "rounding": rounding}
 
     def __enter__(self):
         self.saved = dict(_FP8)
@@ -241,19 +259,21 @@ class fp8_kv:
         _FP8.update(self.saved)
 
 
-def log_probs(model, ids: torch.Tensor, scales=None, batch: int = 16) -> torch.Tensor:
+def log_probs(model, ids: torch.Tensor, scales=None, batch: int = 16,
+              rounding: str = "nearest") -> torch.Tensor:
     """log p(next byte) [n, seq - 1, 256] for ids [n, seq], K/V quantised with scales."""
     out = []
-    with torch.no_grad(), fp8_kv(scales):
+    with torch.no_grad(), fp8_kv(scales, rounding=rounding):
         for i in range(0, len(ids), batch):
             logits = model(ids[i:i + batch], use_cache=False).logits[:, :-1].float()
             out.append(torch.log_softmax(logits, -1))
     return torch.cat(out)
 
 
-def evaluate(model, ids: torch.Tensor, ref: torch.Tensor, scales=None):
+def evaluate(model, ids: torch.Tensor, ref: torch.Tensor, scales=None,
+             rounding: str = "nearest"):
     """(perplexity, mean KL(ref || quantised) in nats per token) over ids, ref = log_probs(ids)."""
-    logp = log_probs(model, ids, scales)
+    logp = log_probs(model, ids, scales, rounding=rounding)
     nll = -logp.gather(-1, ids[:, 1:, None]).mean().item()
     kl = (ref.exp() * (ref - logp)).sum(-1).mean().item()
     return math.exp(nll), kl
