@@ -447,3 +447,83 @@ def test_hot_reload_equals_a_fresh_process_on_the_merged_checkpoint(server, tmp_
                        json.dumps(ENGINE))
     assert live["scales"] == fresh["scales"]
     assert live["outputs"] == fresh["outputs"]
+
+
+ACROSS_SCRIPT = r"""
+import json, sys, time
+import vllm
+import caliper, caliper.vllm as plugin
+from caliper import fleets
+mode, model_dir, warm, prompt, before = sys.argv[1:6]
+warm, prompt, before = json.loads(warm), json.loads(prompt), int(before)
+llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, kv_cache_dtype="fp8",
+               **json.loads(sys.argv[6]))
+LONG = 40
+def wait(ready, what):
+    deadline = time.time() + 60
+    while not ready():
+        assert time.time() < deadline, what
+        time.sleep(0.2)
+out = {}
+engine = llm.llm_engine
+if mode == "live":
+    client = caliper.Client(sys.argv[7])
+    wait(lambda: llm.collective_rpc("caliper_state")[0]["window"], "window opened")
+    llm.generate([{"prompt_token_ids": p} for p in warm],
+                 vllm.SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    time.sleep(3)
+    engine.add_request("across", {"prompt_token_ids": prompt},
+                       vllm.SamplingParams(max_tokens=LONG, temperature=0, logprobs=2))
+    tokens = []
+    while len(tokens) < before:  # decoded under the scales in use before the version
+        for o in engine.step():
+            tokens = list(o.outputs[0].token_ids)
+    out["before"] = tokens
+    out["window"] = fleets.close_window(client, "f", weight_version="initial").session_id
+    wait(lambda: plugin.engine_versions["pending"] == 1, "version 1 pending")
+    assert plugin.engine_versions["in_use"] == 0
+    out["switched_at"] = None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            final = o
+            if out["switched_at"] is None and plugin.engine_versions["in_use"] == 1:
+                out["switched_at"] = len(o.outputs[0].token_ids)
+else:  # fresh: the prompt and the tokens generated before the switch, as one prompt
+    engine.add_request("fresh", {"prompt_token_ids": prompt},
+                       vllm.SamplingParams(max_tokens=LONG - before, temperature=0, logprobs=2))
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            final = o
+out["tokens"] = list(final.outputs[0].token_ids)
+out["logprobs"] = [{str(k): v.logprob for k, v in d.items()} for d in final.outputs[0].logprobs]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(bool(fp8_kv_cache_missing()), reason=fp8_kv_cache_missing() or "runs")
+def test_a_request_running_across_the_switch_continues_as_a_fresh_process(server, tmp_path):
+    """With an FP8 KV cache, a request decoding when a version arrives is preempted at the
+    switch (CALIPER_SWITCH_GRACE_S=0) and recomputes its K/V under the new scales: its tokens and
+    logprobs after the switch are bit-identical to a fresh process on the merged checkpoint fed
+    the prompt and the tokens generated before the switch. Had the cache kept K/V written under
+    the old scales (scale 1.0), the logprobs would differ."""
+    from conftest import run_cli
+    config = tiny_llama(tmp_path / "model")
+    client = caliper.Client(server.address)
+    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
+    prompt, before = prompts(1, 32, seed=5)[0], 8
+    live = run_script(ACROSS_SCRIPT, clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
+                                               CALIPER_SAMPLE_FRACTION="1",
+                                               CALIPER_SWITCH_GRACE_S="0"),
+                      "live", tmp_path / "model", json.dumps(prompts(3, 32, seed=4)),
+                      json.dumps(prompt), before, json.dumps(ENGINE), server.address)
+    assert live["tokens"][:before] == live["before"]
+    assert before < live["switched_at"] < len(live["tokens"]), live["switched_at"]
+    client.session(live["window"]).scales(formats=["compressed-tensors"], out=tmp_path / "s")
+    run_cli("merge", "--checkpoint", tmp_path / "model", "--scales",
+            tmp_path / "s" / "compressed_tensors_scales.safetensors", "--out",
+            tmp_path / "merged", "--kv-only")
+    fresh = run_script(ACROSS_SCRIPT, clean_env(), "fresh", tmp_path / "merged", "[]",
+                       json.dumps(prompt + live["before"]), before, json.dumps(ENGINE))
+    assert live["tokens"][before:] == fresh["tokens"]
+    assert live["logprobs"][before:] == fresh["logprobs"]
