@@ -527,3 +527,84 @@ def test_a_request_running_across_the_switch_continues_as_a_fresh_process(server
                        json.dumps(prompt + live["before"]), before, json.dumps(ENGINE))
     assert live["tokens"][before:] == fresh["tokens"]
     assert live["logprobs"][before:] == fresh["logprobs"]
+
+
+TP_SCRIPT = r"""
+import json, sys, time
+import vllm
+import caliper, caliper.vllm as plugin
+from caliper import fleets
+def main():
+    mode, model_dir, prompts, kv_dtype = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+    llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, kv_cache_dtype=kv_dtype,
+                   tensor_parallel_size=2, distributed_executor_backend="mp",
+                   **json.loads(sys.argv[5]))
+    params = vllm.SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=2)
+    run = lambda: [[list(o.outputs[0].token_ids),
+                    [{str(k): v.logprob for k, v in d.items()} for d in o.prompt_logprobs[1:]]]
+                   for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                         use_tqdm=False)]
+    def wait(ready, what):
+        deadline = time.time() + 120
+        while not ready():
+            assert time.time() < deadline, what
+            time.sleep(0.2)
+    out = {}
+    if mode == "live":
+        client = caliper.Client(sys.argv[6])
+        wait(lambda: all(s["window"] for s in llm.collective_rpc("caliper_state")),
+             "every rank opened the window")
+        run()
+        time.sleep(3)
+        out["sent"] = [[s["tp_rank"], s["tp_size"], s["sampled_tokens"], s["producer"]]
+                       for s in llm.collective_rpc("caliper_state")]
+        out["window"] = fleets.close_window(client, "f", weight_version="initial").session_id
+        wait(lambda: plugin.engine_versions["pending"] == 1, "version 1 pending")
+        out["outputs"] = run()  # the first step switches every rank
+        out["versions"] = [s["version"] for s in llm.collective_rpc("caliper_state")]
+    else:
+        out["outputs"] = run()
+    def scales(worker):  # a callable collective_rpc cloudpickles to every rank
+        from vllm.model_executor.layers.attention.attention import Attention
+        return {n: [float(m._k_scale), float(m._v_scale), m._k_scale_float, m._v_scale_float]
+                for n, m in worker.model_runner.get_model().named_modules()
+                if isinstance(m, Attention)}
+    out["scales"] = llm.collective_rpc(scales)
+    print(json.dumps(out), flush=True)
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_tensor_parallel_two_ranks_feed_one_window_and_switch_together(server, tmp_path):
+    """TP 2 on the CPU build (two worker processes, one core each): both ranks stream their
+    KV head into one window, and after the publish both apply version 1 on the same step, each
+    with the scale vLLM's loader gives that rank from the merged per-head checkpoint; outputs
+    (with an FP8 cache where this CPU runs one) equal a fresh TP 2 process on that checkpoint."""
+    from conftest import run_cli
+    config = tiny_llama(tmp_path / "model")
+    client = caliper.Client(server.address)
+    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_head"), min_tokens=16)
+    ps = json.dumps(prompts(3, 32, seed=6))
+    kv_dtype = "auto" if fp8_kv_cache_missing() else "fp8"
+    env = dict(VLLM_CPU_OMP_THREADS_BIND="0|1" if (os.cpu_count() or 1) >= 2 else "0|0")
+    live = run_script(TP_SCRIPT, clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
+                                           CALIPER_SAMPLE_FRACTION="1", **env),
+                      "live", tmp_path / "model", ps, kv_dtype, json.dumps(ENGINE),
+                      server.address)
+    ranks = sorted(live["sent"])
+    assert [r[:2] for r in ranks] == [[0, 2], [1, 2]]
+    assert all(r[2] > 0 for r in ranks) and ranks[0][3] != ranks[1][3]  # two producers
+    assert live["versions"] == [1, 1]
+    window = client.session(live["window"])
+    k = [layer.k_scale for layer in window.scales(tp=1).kv_layers]
+    assert all(len(heads) == 2 and min(heads) > 0 for heads in k)  # a head from each rank
+    window.scales(formats=["compressed-tensors"], out=tmp_path / "s")
+    run_cli("merge", "--checkpoint", tmp_path / "model", "--scales",
+            tmp_path / "s" / "compressed_tensors_scales.safetensors", "--out",
+            tmp_path / "merged", "--kv-only")
+    fresh = run_script(TP_SCRIPT, clean_env(**env), "fresh", tmp_path / "merged", ps, kv_dtype,
+                       json.dumps(ENGINE))
+    assert live["scales"] == fresh["scales"]
+    assert live["scales"][0] != live["scales"][1]  # each rank its own head's scale
+    assert live["outputs"] == fresh["outputs"]
