@@ -6,8 +6,8 @@ them (tiny_llama.fake_quant), with the scales of each row:
   - scale 1.0: what vLLM uses when the checkpoint has none;
   - vLLM's calculate_kv_scales: on the first forward, k_scale = max|K| / 200, v_scale = max|V| / 100
     per tensor (Attention.calc_kv_scales, K_SCALE_CONSTANT / V_SCALE_CONSTANT), reproduced in torch:
-    vLLM's CPU build runs no FP8 KV cache on an AVX2 machine, and the vLLM in this project's venv
-    no longer has the option;
+    the vLLM in this project's venv no longer has the option (kv_vllm_evidence_bench.py runs the
+    headline rows through vLLM's own FP8 cache);
   - llm-compressor's defaults through its real oneshot (a KV-cache-only recipe, strategy tensor and
     attn_head), scales read from the checkpoint it writes;
   - Caliper's observers from a real caliper-server, fed by the transformers hooks (caliper.hooks);

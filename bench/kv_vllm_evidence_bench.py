@@ -8,10 +8,10 @@ its prompt logprobs over the whole byte vocabulary give perplexity and KL to the
 an unquantised cache (`kv_cache_dtype="auto"`, float32). vLLM's CPU attention writes K/V into the
 cache first and then attends over the cache for prefill as for decode (cpu_attn.py:
 do_kv_cache_update, then cpu_attention_with_kv_cache), so every prompt position reads FP8 K/V.
-It takes one float per layer (`_k_scale_float`, `_v_scale_float`): per-head scales reach its
-kernel as their maximum. It rounds x / scale toward zero, saturating at +-448 (tests/peers/
+It takes one float per layer and rank (`_k_scale_float`, `_v_scale_float`): per-head scales
+reach its kernel as the maximum over the rank's heads (--tp 2 with 2 KV heads: one head a rank). It rounds x / scale toward zero, saturating at +-448 (tests/peers/
 vllm_fp8_rounding_test.py). Each row is also evaluated in torch twice: as vLLM's CPU build stores
-it (one scale per layer, toward zero), and as a CUDA engine rounds (to nearest even, per head
+it (one scale per layer and rank, toward zero), and as a CUDA engine rounds (to nearest even, per head
 where the scales are per head), the kv_evidence_bench.py numbers.
 
 Rows: scale 1.0 (a checkpoint without scales), vLLM's calculate_kv_scales rule (first batch,
@@ -20,7 +20,7 @@ head. Needs an x86 CPU with AVX-512 or AMX (vLLM's CPU FP8 KV cache) or a CUDA d
 
 usage: $(scripts/python-client-env.sh build/python-env-vllm vllm)/bin/python
        bench/kv_vllm_evidence_bench.py --build build [--size test|bench] [--seeds 0,1,2]
-       [--model-seed 0] [--rescale]
+       [--model-seed 0] [--rescale] [--tp 1]
 """
 import argparse
 import json
@@ -47,7 +47,7 @@ ENGINE = dict(enforce_eager=True, dtype="float32", max_model_len=256,
 
 # One engine per process (vLLM keeps per-process state). argv: model dir, kv_cache_dtype, the
 # prompts (.pt), where to write the logprobs (.pt), engine kwargs (JSON). Prints the scales every
-# attention layer applies, as JSON on its last line.
+# attention layer of every TP rank applies, as JSON on its last line.
 ENGINE_SCRIPT = r"""
 import json, sys
 import torch, vllm
@@ -62,18 +62,24 @@ for i, o in enumerate(outs):
     for j, d in enumerate(o.prompt_logprobs[1:]):
         lp[i, j, list(d.keys())] = torch.tensor([v.logprob for v in d.values()])
 torch.save(lp, out)
-def scales(model):
+def scales(worker):  # collective_rpc cloudpickles a callable to every rank
     from vllm.model_executor.layers.attention.attention import Attention
-    return {n: [m._k_scale_float, m._v_scale_float] for n, m in model.named_modules()
+    return {n: [m._k_scale_float, m._v_scale_float]
+            for n, m in worker.model_runner.get_model().named_modules()
             if isinstance(m, Attention)}
-print(json.dumps({"applied": llm.apply_model(scales)[0], "kv_cache_dtype": kv_dtype}))
+print(json.dumps({"applied": llm.collective_rpc(scales), "kv_cache_dtype": kv_dtype}))
 """
 
 
-def run_engine(model_dir, kv_dtype, prompts, out):
+def run_engine(model_dir, kv_dtype, prompts, out, tp=1):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    engine = dict(ENGINE)
+    if tp > 1:  # one worker process per rank, each bound to its own core
+        engine.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
+        cores = os.cpu_count() or 1
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(tp)))
     r = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, model_dir, kv_dtype, prompts, out,
-                        json.dumps(ENGINE)], capture_output=True, text=True, env=env,
+                        json.dumps(engine)], capture_output=True, text=True, env=env,
                        timeout=1200)
     if r.returncode != 0:
         sys.exit(f"vLLM on {model_dir} ({kv_dtype}) failed:\n{r.stdout[-2000:]}{r.stderr[-6000:]}")
@@ -108,9 +114,17 @@ def merged(build, model_dir, scale_file, out):
     return out
 
 
-def head_max(scales):
-    return {layer: (k.max().expand_as(k).clone(), v.max().expand_as(v).clone())
-            for layer, (k, v) in scales.items()}
+def rank_max(t, tp):
+    """Per head, the scale vLLM's CPU kernel applies to the head at TP size tp: the max over
+    the heads of its rank (heads split evenly; with more ranks than heads, one head a rank)."""
+    heads = t.numel()
+    if heads < tp:
+        return t.clone()
+    return t.reshape(tp, heads // tp).amax(1).repeat_interleave(heads // tp)
+
+
+def as_ranks(scales, tp):
+    return {layer: (rank_max(k, tp), rank_max(v, tp)) for layer, (k, v) in scales.items()}
 
 
 def one_seed(args, model, model_dir, address, seed, work, train, held):
@@ -119,7 +133,8 @@ def one_seed(args, model, model_dir, address, seed, work, train, held):
     prompts = os.path.join(work, f"prompts-{seed}.pt")
     torch.save(evaluation, prompts)
     ref_torch = tiny_llama.log_probs(model, evaluation)
-    ref_vllm, _ = run_engine(model_dir, "auto", prompts, os.path.join(work, f"ref-{seed}.pt"))
+    ref_vllm, _ = run_engine(model_dir, "auto", prompts, os.path.join(work, f"ref-{seed}.pt"),
+                             args.tp)
     # The two unquantised references, to show the engine computes the model the torch rows do.
     ref_gap = metrics(ref_vllm, ref_torch, evaluation)
     rows = []  # (name, kv, torch scales, checkpoint or None for "no scales")
@@ -144,19 +159,25 @@ def one_seed(args, model, model_dir, address, seed, work, train, held):
     for name, kv, scales, checkpoint in rows:
         t0 = time.time()
         logp, applied = run_engine(checkpoint, "fp8", prompts,
-                                   os.path.join(work, f"lp-{seed}-{len(results)}.pt"))
+                                   os.path.join(work, f"lp-{seed}-{len(results)}.pt"), args.tp)
         nearest = tiny_llama.evaluate(model, evaluation, ref_torch, scales)
         # The engine in torch: one scale per layer, rounded toward zero (tests/peers/
         # vllm_fp8_rounding_test.py checks that this is how vLLM's CPU cache rounds).
-        as_vllm_cpu = tiny_llama.evaluate(model, evaluation, ref_torch, head_max(scales),
+        at_ranks = as_ranks(scales, args.tp)
+        as_vllm_cpu = tiny_llama.evaluate(model, evaluation, ref_torch, at_ranks,
                                           rounding="toward_zero")
-        want = [[float(k.max()), float(v.max())] for _, (k, v) in sorted(scales.items())]
-        got = [applied[n] for n in sorted(applied, key=lambda n: int(n.split(".")[2]))]
+        heads = model.config.num_key_value_heads
+        first = [min(r * heads // args.tp, heads - 1) for r in range(args.tp)]  # a head of rank r
+        want = [[[float(k[h]), float(v[h])] for _, (k, v) in sorted(at_ranks.items())]
+                for h in first]
+        got = [[rank[n] for n in sorted(rank, key=lambda n: int(n.split(".")[2]))]
+               for rank in applied]
         results[(name, kv)] = dict(vllm=metrics(logp, ref_vllm, evaluation), nearest=nearest,
                                    as_vllm_cpu=as_vllm_cpu,
-                                   applied_ok=all(math.isclose(a, b, rel_tol=1e-6) for g, w in
-                                                  zip(got, want) for a, b in zip(g, w)))
-        print(f"seed {seed}: {name} {kv}: {time.time() - t0:.0f} s, applied {got[:1]}...",
+                                   applied_ok=all(math.isclose(a, b, rel_tol=1e-6)
+                                                  for gr, wr in zip(got, want)
+                                                  for g, w in zip(gr, wr) for a, b in zip(g, w)))
+        print(f"seed {seed}: {name} {kv}: {time.time() - t0:.0f} s, applied {got[0][:1]}...",
               file=sys.stderr)
     return results, ref_gap
 
@@ -171,6 +192,8 @@ def main():
     ap.add_argument("--size", default="test", choices=sorted(tiny_llama.SIZES))
     ap.add_argument("--model-seed", type=int, default=0)
     ap.add_argument("--seeds", default="0,1,2", help="calibration/evaluation sample seeds")
+    ap.add_argument("--tp", type=int, default=1, help="vLLM's tensor-parallel size (worker "
+                    "processes; the CPU kernel takes one scale per rank and layer)")
     ap.add_argument("--rescale", action="store_true",
                     help="as kv_evidence_bench.py --rescale: K x64, V of even KV heads x64 and of "
                          "odd ones / 4096")
@@ -202,7 +225,7 @@ def main():
         server.wait()
     print(f"model {os.path.basename(model_dir)}" + (" rescaled (K x64, V x64 / x1/4096)"
                                                      if args.rescale else "")
-          + f"; {evidence.CALIBRATION} calibration x {evidence.SEQ} bytes, {evidence.EVALUATION} "
+          + f"; vLLM TP {args.tp}; {evidence.CALIBRATION} calibration x {evidence.SEQ} bytes, {evidence.EVALUATION} "
           f"evaluation x {evidence.SEQ} bytes, seeds {args.seeds}")
     gaps = [g for _, g in per_seed]
     print(f"vLLM unquantised cache vs torch float32: perplexity {fmt([g[0] for g in gaps], '.4f')}"
