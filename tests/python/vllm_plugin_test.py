@@ -610,75 +610,71 @@ def test_tensor_parallel_two_ranks_feed_one_window_and_switch_together(server, t
     assert live["outputs"] == fresh["outputs"]
 
 
-ENGINE_PROCESS_SCRIPT = r"""
-import json, sys, time
-import vllm
-import caliper.vllm as plugin
-model_dir, prompts = sys.argv[1], json.loads(sys.argv[2])
-llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, **json.loads(sys.argv[3]))
-params = vllm.SamplingParams(max_tokens=4, temperature=0)
-state = lambda: llm.collective_rpc("caliper_state")[0]
-def wait(ready, what):
-    deadline = time.time() + 180
-    while not ready():
-        assert time.time() < deadline, what
-        time.sleep(0.1)
-wait(lambda: state()["window"], "window opened")
-llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-wait(lambda: state()["unacknowledged"] == 0, "statistics acknowledged")
-s = state()
-print(json.dumps({"fed": s["total_sampled_tokens"], "producer": s["producer"],
-                  "window": s["window"]}), flush=True)
-wait(lambda: plugin.engine_versions["pending"] == 1, "version 1 pending")
-llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)  # switches first
-print(json.dumps({"version": state()["version"]}), flush=True)
-sys.stdin.read()  # until the test has seen its ReportInUse
-"""
 
-
-def test_two_engine_processes_feed_one_window_and_switch_to_one_version(server, tmp_path):
-    """Two vLLM processes on one fleet, threads bound to different cores: the window holds
-    both engines' tokens (two producers), and both switch to the version it published and
-    report it in use."""
+def test_two_openai_servers_feed_one_window_and_switch_to_one_version(server, tmp_path):
+    """Two OpenAI server processes on one fleet, threads bound to different cores, requests from
+    the openai client: the window holds exactly the tokens both served, it publishes version 1,
+    and both switch to it and report it in use (two engines in the fleet's in-use list)."""
+    openai = pytest.importorskip("openai")
     config = tiny_llama(tmp_path / "model")
-    client = caliper.Client(server.address)
-    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
-    cores = os.cpu_count() or 1
-    procs = []
+    servers = []
     try:
+        client = caliper.Client(server.address)
+        fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
+        cores = os.cpu_count() or 1
         for i in range(2):
             env = clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
                             CALIPER_SAMPLE_FRACTION="1", CALIPER_REPORT_S="0.5",
                             VLLM_CPU_OMP_THREADS_BIND=str(i % cores))
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", ENGINE_PROCESS_SCRIPT, str(tmp_path / "model"),
-                 json.dumps(prompts(2 + i, 32, seed=10 + i)), json.dumps(ENGINE)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=open(tmp_path / f"engine{i}.log", "w"), text=True, env=env))
+            env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+            port, log = free_port(), tmp_path / f"vllm{i}.log"
+            servers.append((port, log, subprocess.Popen(
+                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                 str(tmp_path / "model"), "--served-model-name", "tiny", "--host", "127.0.0.1",
+                 "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
+                 "--max-model-len", "256", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)],
+                env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)))
 
-        def result(p):
-            for line in p.stdout:
-                if line.startswith("{"):
-                    return json.loads(line)
-            raise AssertionError(f"an engine exited: {p.wait()}, "
-                                 f"{(tmp_path / 'engine0.log').read_text()[-3000:]}"
-                                 f"{(tmp_path / 'engine1.log').read_text()[-3000:]}")
-        fed = [result(p) for p in procs]
-        assert fed[0]["window"] == fed[1]["window"]
-        assert fed[0]["producer"] != fed[1]["producer"]
-        # prompts of 32 tokens, 4 generated: (32 + 3) tokens each through the model
-        assert [f["fed"] for f in fed] == [2 * 35, 3 * 35]
-        window = fleets.close_window(client, "f", weight_version="initial")
-        assert (window.version, window.tokens) == (1, fed[0]["fed"] + fed[1]["fed"])
-        assert [result(p)["version"] for p in procs] == [1, 1]
-        deadline = time.time() + 60
-        while sorted(u.version for u in fleets.get_fleet(client, "f").in_use) != [1, 1]:
-            assert time.time() < deadline, fleets.get_fleet(client, "f").in_use
-            time.sleep(0.2)
-        for p in procs:
-            p.stdin.close()
-            assert p.wait(timeout=120) == 0
+        def wait(ready, what, seconds=600):
+            deadline = time.time() + seconds
+            while not ready():
+                for _, log, proc in servers:
+                    assert proc.poll() is None, log.read_text()[-4000:]
+                assert time.time() < deadline, what
+                time.sleep(0.5)
+        for port, _, _ in servers:
+            wait(lambda: http_ok(f"http://127.0.0.1:{port}/health"), "an OpenAI server started")
+        apis = [openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                              max_retries=0, timeout=120) for port, _, _ in servers]
+        wait(lambda: any(w.open for w in fleets.get_fleet(client, "f").windows), "window open")
+        served = 0  # tokens through the model: the prompt, and each generated token but the last
+        for i, api in enumerate(apis):
+            for p in prompts(2 + i, 24, seed=20 + i):
+                r = api.completions.create(model="tiny", prompt=" ".join(f"t{t}" for t in p),
+                                           max_tokens=8, temperature=0)
+                served += r.usage.prompt_tokens + r.usage.completion_tokens - 1
+
+        def window():
+            return next(w for w in fleets.get_fleet(client, "f").windows if w.open)
+        wait(lambda: window().tokens >= served, f"the window reached {served} tokens", 120)
+        assert window().tokens == served
+        closed = fleets.close_window(client, "f", weight_version="initial")
+        assert (closed.version, closed.tokens) == (1, served)
+
+        def switched():  # each engine switches before its next step
+            for api in apis:
+                api.completions.create(model="tiny", prompt="t5 t6 t7", max_tokens=2)
+            return all("caliper: fleet f version 1 in use" in log.read_text()
+                       for _, log, _ in servers)
+        wait(switched, "both engines switched", 120)
+        wait(lambda: [u.version for u in fleets.get_fleet(client, "f").in_use] == [1, 1],
+             "both engines reported version 1 in use", 60)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        for _, _, proc in servers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
