@@ -206,6 +206,36 @@ def one_seed(args, model, model_dir, address, seed, work, train, held):
     return results, ppl_ref, extra
 
 
+def rescaled(model, work):
+    """--rescale: the same function with K x64 and V of even KV heads x64, of odd ones / 4096
+    (tiny_llama.rescale_kv), saved to work/rescaled (llm-compressor and vLLM load a directory)."""
+    heads = model.config.num_key_value_heads
+    model = tiny_llama.rescale_kv(model, [64.0] * heads,
+                                  [64.0 if h % 2 == 0 else 1 / 4096 for h in range(heads)])
+    model_dir = os.path.join(work, "rescaled")
+    model.config._attn_implementation_internal = "sdpa"
+    model.save_pretrained(model_dir)
+    model.config._attn_implementation_internal = "fp8_kv"
+    tiny_llama.save_tokenizer(model_dir)
+    return model, model_dir
+
+
+def run_seeds(args, one_seed, model, model_dir, seeds, work, train, held):
+    """one_seed(args, model, model_dir, address, seed, work, train, held) for each seed, against
+    one caliper-server of args.build."""
+    server, address = start_server(args.build)
+    per_seed = []
+    try:
+        for seed in seeds:
+            t0 = time.time()
+            per_seed.append(one_seed(args, model, model_dir, address, seed, work, train, held))
+            print(f"seed {seed}: {time.time() - t0:.0f} s", file=sys.stderr)
+    finally:
+        server.terminate()
+        server.wait()
+    return per_seed
+
+
 def fmt(values, spec):
     if len(values) == 1:
         return format(values[0], spec)
@@ -232,24 +262,8 @@ def main():
         info = json.load(f)
     work = tempfile.mkdtemp(prefix="kv-evidence-")
     if args.rescale:
-        heads = model.config.num_key_value_heads
-        model = tiny_llama.rescale_kv(model, [64.0] * heads,
-                                      [64.0 if h % 2 == 0 else 1 / 4096 for h in range(heads)])
-        model_dir = os.path.join(work, "rescaled")  # for llm-compressor, which loads a directory
-        model.config._attn_implementation_internal = "sdpa"
-        model.save_pretrained(model_dir)
-        model.config._attn_implementation_internal = "fp8_kv"
-        tiny_llama.save_tokenizer(model_dir)
-    server, address = start_server(args.build)
-    per_seed = []
-    try:
-        for seed in seeds:
-            t0 = time.time()
-            per_seed.append(one_seed(args, model, model_dir, address, seed, work, train, held))
-            print(f"seed {seed}: {time.time() - t0:.0f} s", file=sys.stderr)
-    finally:
-        server.terminate()
-        server.wait()
+        model, model_dir = rescaled(model, work)
+    per_seed = run_seeds(args, one_seed, model, model_dir, seeds, work, train, held)
     names = list(dict.fromkeys(name for name, _ in per_seed[0][0]))
     print(f"model {os.path.basename(model_dir)}: {info['parameters']} parameters, held-out "
           f"perplexity {info['held_out_perplexity']:.2f} (uniform 256); {CALIBRATION} calibration "

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -205,28 +204,12 @@ def main():
     train, held, _ = tiny_llama.corpus()
     work = tempfile.mkdtemp(prefix="kv-vllm-evidence-")
     if args.rescale:
-        heads = model.config.num_key_value_heads
-        model = tiny_llama.rescale_kv(model, [64.0] * heads,
-                                      [64.0 if h % 2 == 0 else 1 / 4096 for h in range(heads)])
-        model_dir = os.path.join(work, "rescaled")
-        model.config._attn_implementation_internal = "sdpa"
-        model.save_pretrained(model_dir)
-        model.config._attn_implementation_internal = "fp8_kv"
-        tiny_llama.save_tokenizer(model_dir)
-    server, address = evidence.start_server(args.build)
-    per_seed = []
-    try:
-        for seed in seeds:
-            t0 = time.time()
-            per_seed.append(one_seed(args, model, model_dir, address, seed, work, train, held))
-            print(f"seed {seed}: {time.time() - t0:.0f} s", file=sys.stderr)
-    finally:
-        server.terminate()
-        server.wait()
+        model, model_dir = evidence.rescaled(model, work)
+    per_seed = evidence.run_seeds(args, one_seed, model, model_dir, seeds, work, train, held)
     print(f"model {os.path.basename(model_dir)}" + (" rescaled (K x64, V x64 / x1/4096)"
                                                      if args.rescale else "")
-          + f"; vLLM TP {args.tp}; {evidence.CALIBRATION} calibration x {evidence.SEQ} bytes, {evidence.EVALUATION} "
-          f"evaluation x {evidence.SEQ} bytes, seeds {args.seeds}")
+          + f"; vLLM TP {args.tp}; {evidence.CALIBRATION} calibration x {evidence.SEQ} bytes, "
+          f"{evidence.EVALUATION} evaluation x {evidence.SEQ} bytes, seeds {args.seeds}")
     gaps = [g for _, g in per_seed]
     print(f"vLLM unquantised cache vs torch float32: perplexity {fmt([g[0] for g in gaps], '.4f')}"
           f", KL {fmt([g[1] for g in gaps], '.3e')} nats/token\n")
