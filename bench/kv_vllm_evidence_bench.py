@@ -181,10 +181,6 @@ def one_seed(args, model, model_dir, address, seed, work, train, held):
     return results, ref_gap
 
 
-def fmt(values, spec):
-    return evidence.fmt(values, spec)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -211,8 +207,8 @@ def main():
           + f"; vLLM TP {args.tp}; {evidence.CALIBRATION} calibration x {evidence.SEQ} bytes, "
           f"{evidence.EVALUATION} evaluation x {evidence.SEQ} bytes, seeds {args.seeds}")
     gaps = [g for _, g in per_seed]
-    print(f"vLLM unquantised cache vs torch float32: perplexity {fmt([g[0] for g in gaps], '.4f')}"
-          f", KL {fmt([g[1] for g in gaps], '.3e')} nats/token\n")
+    print(f"vLLM unquantised cache vs torch float32: perplexity {evidence.fmt([g[0] for g in gaps], '.4f')}"
+          f", KL {evidence.fmt([g[1] for g in gaps], '.3e')} nats/token\n")
     print("| scales | kv | vLLM fp8 cache: perplexity | vLLM: KL (nats/token) | torch as vLLM CPU "
           "stores it: KL | torch, nearest even, scales as calibrated: KL | non-finite vLLM "
           "logprobs | vLLM applied the scales |")
@@ -220,10 +216,10 @@ def main():
     for key in per_seed[0][0]:
         got = [r[key] for r, _ in per_seed]
         print(f"| {key[0]} | {key[1].replace('_', ' ')} | "
-              f"{fmt([g['vllm'][0] for g in got], '.4f')} | "
-              f"{fmt([g['vllm'][1] for g in got], '.3e')} | "
-              f"{fmt([g['as_vllm_cpu'][1] for g in got], '.3e')} | "
-              f"{fmt([g['nearest'][1] for g in got], '.3e')} | "
+              f"{evidence.fmt([g['vllm'][0] for g in got], '.4f')} | "
+              f"{evidence.fmt([g['vllm'][1] for g in got], '.3e')} | "
+              f"{evidence.fmt([g['as_vllm_cpu'][1] for g in got], '.3e')} | "
+              f"{evidence.fmt([g['nearest'][1] for g in got], '.3e')} | "
               f"{sum(g['vllm'][2] for g in got)} | "
               f"{'yes' if all(g['applied_ok'] for g in got) else 'NO'} |")
     print(f"\nwork dir {work}")
