@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`caliper check` on checkpoints real producers made: llm-compressor's own `oneshot` (tiny random
-Llama and Mixtral, NVFP4 + FP8 KV) and `caliper quantize`. Clean ones give no finding; copies
+Llama, Mixtral and Qwen3-MoE, NVFP4 + FP8 KV) and `caliper quantize`. Clean ones give no finding; copies
 with one defect injected per rule give that rule's finding on the injected tensor (exit 4); the
 `--repair` copies of the broken ones check clean."""
 import argparse
@@ -65,6 +65,8 @@ def main():
         mixtral = build_model(os.path.join(work, "mixtral"), "mixtral")
         ct_llama = run_oneshot(llama, os.path.join(work, "llama-nvfp4"))
         ct_mixtral = run_oneshot(mixtral, os.path.join(work, "mixtral-nvfp4"))
+        qwen3 = build_model(os.path.join(work, "qwen3-moe"), "qwen3_moe")
+        ct_qwen3 = run_oneshot(qwen3, os.path.join(work, "qwen3-moe-nvfp4"))
         # caliper quantize from llm-compressor's scales: another producer of the same form.
         scales = scale_file_from(ct_llama, os.path.join(work, "scales.safetensors"))
         ours = os.path.join(work, "llama-caliper")
@@ -72,7 +74,8 @@ def main():
                 "--quiet")
 
         for label, ckpt in [("llm-compressor llama", ct_llama),
-                            ("llm-compressor mixtral", ct_mixtral), ("caliper quantize", ours)]:
+                            ("llm-compressor mixtral", ct_mixtral),
+                            ("llm-compressor qwen3-moe", ct_qwen3), ("caliper quantize", ours)]:
             code, doc, out = check(args.caliper, ckpt)
             if code != 0 or doc["summary"]["breaks"] + doc["summary"]["degrades"] != 0:
                 failures.append(f"{label}: clean checkpoint gave findings:\n{out}")
@@ -80,28 +83,42 @@ def main():
                 print(f"ok {label}: clean ({doc['scale_tensors']} scale tensors of "
                       f"{doc['tensors']})")
 
-        names = sorted(load_all(ct_mixtral))
-        expert_inputs = [n for n in names if re.search(r"experts\.\d+\..*input_global_scale$", n)]
-        first_layer = [n for n in expert_inputs if ".layers.0." in n]
-        dead, missing = first_layer[0], first_layer[-1]
+        for moe, ckpt in (("mixtral", ct_mixtral), ("qwen3-moe", ct_qwen3)):
+            names = sorted(load_all(ckpt))
+            expert_inputs = [n for n in names
+                             if re.search(r"experts\.\d+\..*input_global_scale$", n)]
+            first_layer = [n for n in expert_inputs if ".layers.0." in n]
+            dead, missing = first_layer[0], first_layer[-1]
 
-        def dead_expert(t):
-            t[dead] = torch.zeros_like(t[dead])  # no token reached it
-            del t[missing]
+            def dead_expert(t):
+                t[dead] = torch.zeros_like(t[dead])  # no token reached it
+                del t[missing]
 
-        broken = copy_with(ct_mixtral, os.path.join(work, "mixtral-dead"), dead_expert)
-        code, doc, _ = check(args.caliper, broken)
-        expect(failures, "dead expert", code, doc, "zero-scale", re.escape(dead))
-        expect(failures, "missing expert scale", code, doc, "expert-input-scale-missing",
-               re.escape(missing))
+            broken_moe = copy_with(ckpt, os.path.join(work, f"{moe}-dead"), dead_expert)
+            if moe == "mixtral":
+                broken = broken_moe  # repaired below
+            code, doc, _ = check(args.caliper, broken_moe)
+            expect(failures, f"{moe} dead expert", code, doc, "zero-scale", re.escape(dead))
+            expect(failures, f"{moe} missing expert scale", code, doc,
+                   "expert-input-scale-missing", re.escape(missing))
 
-        router = [n for n in names if re.search(r"\.gate\.weight$", n)][0]
-        routed = copy_with(ct_mixtral, os.path.join(work, "mixtral-router"),
-                           lambda t: t.__setitem__(router.replace(".weight", ".input_global_scale"),
-                                                   torch.tensor([100.0])))
-        code, doc, _ = check(args.caliper, routed)
-        expect(failures, "router with a scale", code, doc, "config-ignored-module-has-scale",
-               re.escape(router.replace(".weight", "")))
+            router = [n for n in names if re.search(r"\.gate\.weight$", n)][0]
+            routed = copy_with(ckpt, os.path.join(work, f"{moe}-router"),
+                               lambda t: t.__setitem__(
+                                   router.replace(".weight", ".input_global_scale"),
+                                   torch.tensor([100.0])))
+            code, doc, _ = check(args.caliper, routed)
+            expect(failures, f"{moe} router with a scale", code, doc,
+                   "config-ignored-module-has-scale", re.escape(router.replace(".weight", "")))
+
+            # An expert's gate and up projections (vLLM's w1/w3) with different global scales.
+            up = next(n for n in names if re.search(
+                r"layers\.1\..*experts\.1\.(up_proj|w3)\.weight_global_scale$", n))
+            skewed = copy_with(ckpt, os.path.join(work, f"{moe}-w1w3"),
+                               lambda t: t.__setitem__(up, t[up] * 2.0))
+            code, doc, _ = check(args.caliper, skewed)
+            expect(failures, f"{moe} expert gate/up scales differ", code, doc,
+                   "fused-scale-mismatch", r"layers\.1\..*experts\.1 \(gate_proj,up_proj\)")
 
         k0 = "model.layers.0.self_attn.k_proj.weight_global_scale"
         fused = copy_with(ct_llama, os.path.join(work, "llama-fused"),

@@ -18,16 +18,24 @@ def save_tokenizer(path, vocab):
 
 
 def build_model(path, kind="llama", dtype=torch.bfloat16, seed=0):
-    """Saves a tiny random model: llama (2 layers, 4 heads / 2 KV heads) or mixtral (4 experts)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+    """Saves a tiny random model: llama (2 layers, 4 heads / 2 KV heads), mixtral or qwen3_moe
+    (4 experts, every layer sparse)."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
     torch.manual_seed(seed)
     common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
-    else:
+    elif kind == "mixtral":
         model = MixtralForCausalLM(MixtralConfig(**common, num_local_experts=4,
                                                  num_experts_per_tok=2))
+    elif kind == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+            **common, head_dim=16, moe_intermediate_size=64, num_experts=4,
+            num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[]))
+    else:
+        raise ValueError(f"kind: {kind!r}")
     with torch.no_grad():  # heavier tails than the init: outlier channels like real models
         for name, p in model.named_parameters():
             if p.dim() == 2 and "embed" not in name:
