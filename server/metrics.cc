@@ -72,8 +72,9 @@ constexpr absl::string_view kRejectReasons[] = {"invalid_argument",    "not_foun
                                                 "failed_precondition", "resource_exhausted",
                                                 "other"};
 
-// ChunkKind order: kKey, kValue, kWeight, kInput.
-constexpr absl::string_view kKindLabels[] = {"key", "value", "weight", "input_activation"};
+// ChunkKind order: kKey, kValue, kWeight, kInput, kQuery.
+constexpr absl::string_view kKindLabels[kChunkKindCount] = {"key", "value", "weight",
+                                                        "input_activation", "query"};
 constexpr absl::string_view kUnspecifiedKind = "unspecified";
 
 absl::string_view KindLabel(ChunkKind kind) { return kKindLabels[static_cast<int>(kind)]; }
@@ -84,6 +85,7 @@ absl::string_view KindLabel(v1::TargetKind kind) {
     case v1::VALUE: return KindLabel(ChunkKind::kValue);
     case v1::WEIGHT: return KindLabel(ChunkKind::kWeight);
     case v1::INPUT_ACTIVATION: return KindLabel(ChunkKind::kInput);
+    case v1::QUERY: return KindLabel(ChunkKind::kQuery);
     default: return kUnspecifiedKind;
   }
 }
@@ -130,7 +132,7 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
                                      .Help("Bytes of the tensors accepted statistics stand for, "
                                            "by target kind.")
                                      .Register(*registry_);
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < kChunkKindCount; ++k) {
     const std::string kind(kKindLabels[k]);
     statistic_bytes_[k] = &statistic_bytes.Add({{"kind", kind}});
     statistic_tensor_bytes_[k] = &statistic_tensor_bytes.Add({{"kind", kind}});

@@ -54,11 +54,11 @@ class ServerMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   // Indexed by ChunkKind.
-  prometheus::Counter* bytes_[4];
-  prometheus::Counter* chunks_[4];
-  prometheus::Counter* skipped_warmup_[4];
-  prometheus::Counter* statistic_bytes_[4];
-  prometheus::Counter* statistic_tensor_bytes_[4];
+  prometheus::Counter* bytes_[kChunkKindCount];
+  prometheus::Counter* chunks_[kChunkKindCount];
+  prometheus::Counter* skipped_warmup_[kChunkKindCount];
+  prometheus::Counter* statistic_bytes_[kChunkKindCount];
+  prometheus::Counter* statistic_tensor_bytes_[kChunkKindCount];
   // By reason, then kind label.
   std::map<std::pair<std::string, std::string>, prometheus::Counter*, std::less<>> rejected_;
   prometheus::Counter* duplicates_;

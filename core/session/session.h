@@ -81,6 +81,7 @@ struct Recipe {
 ScaleArithmetic RecipeArithmetic(const Recipe& recipe, const ModelConfig& model);
 
 enum class ChunkKind { kKey, kValue, kWeight, kInput, kQuery };
+inline constexpr int kChunkKindCount = static_cast<int>(ChunkKind::kQuery) + 1;  // the count
 // "KEY", "VALUE", "WEIGHT", "INPUT_ACTIVATION", "QUERY"
 absl::string_view ChunkKindName(ChunkKind kind);
 // "off", "q" (recipe.attention as configs and the CLI spell it).

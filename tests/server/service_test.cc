@@ -514,6 +514,46 @@ TEST_F(ServiceTest, MetricsCountIngestAndRejections) {
   EXPECT_THAT(page, ::testing::Not(HasSubstr(id)));  // no session ids as labels
 }
 
+TEST_F(ServiceTest, QueryChunksAreIngestedCountedAndGiveQueryScales) {
+  v1::CreateSessionRequest request = TinyRequest();
+  request.mutable_recipe()->set_attention(v1::ATTENTION_Q);
+  grpc::ClientContext ctx;
+  v1::Session session;
+  ASSERT_TRUE(stub_->CreateSession(&ctx, request, &session).ok());
+  std::vector<v1::TensorChunk> chunks;
+  uint64_t sequence = 0;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (v1::TargetKind kind : {v1::KEY, v1::VALUE}) {
+      chunks.push_back(KvChunk(session.id(), kind, layer, Random(kHeads * kHeadDim * 2, layer),
+                               sequence++));
+    }
+    // 4 query heads, 2 per KV head: [tokens, q_heads, head_dim].
+    std::vector<float> q = Random(4 * kHeadDim * 2, 10 + layer);
+    q[layer] = 7.5f + static_cast<float>(layer);  // the largest |q| of KV head 0
+    v1::TensorChunk c = KvChunk(session.id(), v1::QUERY, layer, q, sequence++);
+    c.clear_shape();
+    for (int64_t d : {2, 4, kHeadDim}) c.add_shape(d);
+    chunks.push_back(c);
+  }
+  v1::ObserveSummary summary;
+  const grpc::Status s = Stream(chunks, &summary);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(summary.accepted_chunks(), static_cast<int64_t>(chunks.size()));
+  ASSERT_TRUE(Finalize(session.id()).ok());
+  v1::ScalesResponse scales;
+  ASSERT_TRUE(Scales(session.id(), 1, &scales).ok());
+  ASSERT_EQ(scales.kv_layers_size(), kLayers);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    ASSERT_EQ(scales.kv_layers(layer).q_absmax_size(), kHeads);
+    EXPECT_FLOAT_EQ(scales.kv_layers(layer).q_absmax(0), 7.5f + static_cast<float>(layer));
+  }
+  const std::string page = server_->metrics().Render();
+  EXPECT_THAT(page, HasSubstr(absl::StrCat("caliper_ingested_chunks_total{kind=\"query\"} ",
+                                           kLayers)));
+  EXPECT_THAT(page, HasSubstr(absl::StrCat("caliper_ingested_bytes_total{kind=\"query\"} ",
+                                           kLayers * 4 * kHeadDim * 2 * 4)));
+}
+
 TEST_F(ServiceTest, HealthCheckServesAndAdaptWorks) {
   // grpc.health.v1.Health/Check with an empty request; SERVING is status = 1 (bytes 08 01).
   grpc::GenericStub generic(channel_);
