@@ -35,7 +35,7 @@ KV_BYTES = 2 * LAYERS * TOKENS * KV_HEADS * HEAD_DIM * 4   # K and V per layer
 WEIGHT_BYTES = WEIGHTS * HEAD_DIM * (2 * KV_HEADS * HEAD_DIM) * 4
 KV_CHUNKS, WEIGHT_CHUNKS = 2 * LAYERS, WEIGHTS
 # `kind` values are the API's TargetKind names in lower case (unspecified: a chunk naming none).
-KIND_LABELS = {"key", "value", "weight", "input_activation"}
+KIND_LABELS = {"key", "value", "weight", "input_activation", "query"}
 KNOWN_LABEL_VALUES = {"kind": KIND_LABELS | {"unspecified"},
                       "result": {"ok", "error", "restored", "corrupt"},
                       "backend": {"cpu", "cuda"}}

@@ -43,7 +43,8 @@ def test_vllm_capture_agrees_with_transformers(server, tmp_path):
     prompts = [torch.randint(0, 512, (48,), generator=g).tolist() for _ in range(6)]
 
     client = caliper.Client(server.address)
-    recipe = caliper.Recipe(kv="per_head", nvfp4_weights=True, nvfp4_activations=True)
+    recipe = caliper.Recipe(kv="per_head", nvfp4_weights=True, nvfp4_activations=True,
+                            attention="q")
     hf = client.create_session(config, recipe, name="transformers")
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, dtype="auto", attn_implementation="eager").eval()
@@ -80,6 +81,13 @@ def test_vllm_capture_agrees_with_transformers(server, tmp_path):
             print(f"layer {la['layer']} {key}: relative differences {np.round(diff, 4).tolist()}")
     print(f"vLLM vs transformers K/V absmax: max relative difference {worst:.4%}")
     assert worst <= TOLERANCE
+    # The query after RoPE, per KV head (recipe attention q), from both hooks.
+    qa = [l.q_absmax for l in hf.scales(tp=1).kv_layers]
+    qb = [l.q_absmax for l in live.scales(tp=1).kv_layers]
+    assert all(len(q) == 2 for q in qa + qb), (qa, qb)
+    worst_q = max(abs(x - y) / x for la, lb in zip(qa, qb) for x, y in zip(la, lb))
+    print(f"vLLM vs transformers query absmax {qa} / {qb}: max relative difference {worst_q:.4%}")
+    assert worst_q <= TOLERANCE
     ma = scales_doc(tmp_path / "hf" / "scales.json")["nvfp4"]["modules"]
     mb = scales_doc(tmp_path / "vllm" / "scales.json")["nvfp4"]["modules"]
     assert sorted(ma) == sorted(mb) and len(ma) == 2 * 7
@@ -102,6 +110,7 @@ def test_vllm_capture_agrees_with_transformers(server, tmp_path):
     exe = os.path.join(os.path.dirname(sys.executable), "caliper-capture")
     r = subprocess.run([exe, f"--server={server.address}", f"--model={model_dir}",
                         f"--token-ids={ids_file}", "--engine=vllm", "--kv=per-head", "--nvfp4",
+                        "--attention=q",
                         f"--kv-cache-memory-bytes={KV_CACHE_BYTES}", f"--out={tmp_path / 'cap'}"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert scales_doc(tmp_path / "cap" / "scales.json") == \

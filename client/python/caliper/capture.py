@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8", default="e4m3fn", metavar="FLAVOR",
                    type=_choice("fp8", ["e4m3fn", "e4m3fnuz"]),
                    help="FP8 KV format: e4m3fn (qmax 448) or e4m3fnuz (qmax 240)")
+    p.add_argument("--attention", default="off", metavar="MODE",
+                   type=_choice("attention", ["off", "q"]),
+                   help="q: also the query's FP8 scale, per KV head (needs --kv on; default off)")
     p.add_argument("--nvfp4", action="store_true",
                    help="also compute NVFP4 global scales (Linear inputs and weights)")
     p.add_argument("--observer", default="static_minmax", metavar="NAME",
@@ -259,11 +262,13 @@ def run(argv: Optional[List[str]] = None) -> int:
         recipe = caliper.Recipe(kv=args.kv.replace("-", "_"), fp8=args.fp8,
                                 nvfp4_weights=args.nvfp4, nvfp4_activations=args.nvfp4,
                                 observer=args.observer, warmup=args.warmup,
-                                kv_observer=args.kv_observer, compat=args.compat or "")
+                                kv_observer=args.kv_observer, compat=args.compat or "",
+                                attention=args.attention)
         try:
             recipe.to_proto()
         except ValueError as e:
-            raise UsageError(str(e).replace("recipe.kv_observer", "--kv-observer")) from None
+            raise UsageError(str(e).replace("recipe.kv_observer", "--kv-observer")
+                             .replace("recipe.attention", "--attention")) from None
         try:
             client = caliper.Client(args.server, token=token, tls_ca=args.tls_ca,
                                     tls_cert=args.tls_cert, tls_key=args.tls_key,

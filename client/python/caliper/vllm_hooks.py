@@ -8,6 +8,9 @@ attach(llm, session) streams, with this worker's TP rank and size:
     checkpoint's layer index; for MLA models (DeepSeek-V3, Kimi K2) what MLAAttention caches
     instead, kv_c_normed [num_tokens, kv_lora_rank] and k_pe [num_tokens, 1, qk_rope_head_dim]
     (the latent is the same on every TP rank), through Session.observe_mla;
+  - with recipe attention q, the query every (non-MLA) attention layer is handed, after RoPE
+    ([num_tokens, q_heads_local * head_dim], the step's actual tokens), as an engine's FP8
+    attention quantizes it (Session.observe_query);
   - with NVFP4 activations, the input of every fused, TP-sharded linear layer under the
     checkpoint's module names: QKVParallelLinear `qkv_proj` and MergedColumnParallelLinear
     `gate_up_proj` are unfused through the model's packed_modules_mapping (their input, the
@@ -125,6 +128,7 @@ def attach(model: vllm.LLM, session: Session, *, kv: bool = True, inputs: bool =
     from ._pb import caliper_pb2 as pb
     recipe = session.proto.recipe
     kv = kv and recipe.kv != pb.KV_OFF
+    query = kv and recipe.attention == pb.ATTENTION_Q
     inputs = inputs and recipe.nvfp4_activations
     weights = weights and recipe.nvfp4_weights
     net = _model(llm)
@@ -159,12 +163,15 @@ def attach(model: vllm.LLM, session: Session, *, kv: bool = True, inputs: bool =
             if not handle.enabled:
                 return
             # Attention(q, key, value) / MLAAttention(q, kv_c_normed, k_pe).
-            key, value = args[1], args[2]
+            q, key, value = args[0], args[1], args[2]
             n = _actual_tokens(layer_name)
             if n is not None:
-                key, value = key[:n], value[:n]
+                q, key, value = q[:n], key[:n], value[:n]
             observe = session.observe_mla if mla else session.observe_kv
             observe(layer, key, value, tp_rank=tp_rank, tp_size=tp_size, batch=handle.batch)
+            if query and not mla:
+                session.observe_query(layer, q, tp_rank=tp_rank, tp_size=tp_size,
+                                      batch=handle.batch)
         hook = module.register_forward_pre_hook(pre)
         handle._removers.append(hook.remove)
         handle.kv_layers.append(layer)
