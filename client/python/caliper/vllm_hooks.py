@@ -23,8 +23,9 @@ A batch is one model forward (one engine step) after attach: the profiling and w
 vLLM runs at start-up happen before, so they are never captured; generate with max_tokens=1
 makes every step a prefill of the scheduled prompts, as a transformers forward is.
 Not captured: FusedMoE experts (attach refuses NVFP4 for MoE models). Under TP > 1 the server
-places a row-parallel shard's 16-column groups (minmax observer) at its rank's offset; TP > 1
-is untested here (the CPU build runs one rank).
+places a row-parallel shard's 16-column groups (minmax observer) at its rank's offset. TP > 1
+is untested for these hooks: they attach in-process, and vLLM runs TP > 1 workers in their own
+processes (the plugin, caliper.vllm, loads in every worker and is tested at TP 2).
 """
 from __future__ import annotations
 
