@@ -204,7 +204,12 @@ llm.collective_rpc("reload_weights")
 out["reset_by_reload"] = state()["scales"][0]["_k_scale_float"]
 for call in ("sleep", "wake_up"):
     llm.collective_rpc(call)
+# The same traffic captured offline (vllm_hooks on the same steps, then the transformers hooks
+# on the trainer's samples): what version 2 must equal bit for bit.
+offline2 = client.create_session(config, caliper.Recipe(kv="per_tensor"), name="offline step-2")
+handle = vllm_hooks.attach(llm, offline2)
 run(prompts[2:4])
+handle.detach()
 s = state()
 out["after_reload"] = {str(k): v for k, v in s["scales"].items()}
 out["resets_repaired"] = s["resets_repaired"]
@@ -218,9 +223,20 @@ ref_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="
                                                               attn_implementation="eager")
 w = caliper.refit(ref_model, "f", prompts[4:6], weight_version="step-2", client=client)
 out["trainer_window"] = w.session_id
+import caliper.hooks
+handle = caliper.hooks.attach(ref_model, offline2, first_batch=1000)
+with torch.no_grad():
+    for ids in prompts[4:6]:
+        ref_model(torch.tensor([ids]), use_cache=False)
+handle.detach()
+offline2.finalize()
 wait(lambda: window_tokens("f", "step-2") >= engine_tokens + 2 * len(prompts[4]), "trainer")
 window = fleets.close_window(client, "f", weight_version="step-2")
 out["closed2"] = [window.decision, window.version]
+out["version2_equals_offline"] = [
+    (a.k_absmax, a.v_absmax, a.k_scale, a.v_scale) == (b.k_absmax, b.v_absmax, b.k_scale, b.v_scale)
+    for a, b in zip(client.session(window.session_id).scales().kv_layers,
+                    offline2.scales().kv_layers)]
 wait(lambda: plugin.engine_versions["pending"] == 2, "WatchScales did not deliver version 2")
 run(prompts[:1])
 out["version_in_use2"] = state()["version"]
@@ -252,6 +268,9 @@ def test_plugin_samples_llm_traffic_reloads_and_refits(server, tmp_path):
     assert out["weight_version"] == "step-2"
     assert out["trainer_window"] == out["refit_window"] != out["first_window"]
     assert out["closed2"] == ["new_weight_version", 2]
+    # version 2 (the engine's steps after the refit and the trainer's samples) equals the
+    # offline capture of the same steps and samples, bit for bit
+    assert out["version2_equals_offline"] == [True, True]
     assert out["version_in_use2"] == 2
 
 
