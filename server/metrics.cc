@@ -3,6 +3,7 @@
 #include <CivetServer.h>
 #include <civetweb.h>
 
+#include <array>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -11,6 +12,7 @@
 
 #include <prometheus/text_serializer.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace caliper {
@@ -72,22 +74,27 @@ constexpr absl::string_view kRejectReasons[] = {"invalid_argument",    "not_foun
                                                 "failed_precondition", "resource_exhausted",
                                                 "other"};
 
-// ChunkKind order: kKey, kValue, kWeight, kInput, kQuery.
-constexpr absl::string_view kKindLabels[kChunkKindCount] = {"key", "value", "weight",
-                                                        "input_activation", "query"};
+// A target kind's label: the API's name in lower case (ChunkKindName is a switch the compiler
+// checks, so a new kind gets its label and its counters with no list to extend here).
+const std::array<std::string, kChunkKindCount>& KindLabels() {
+  static const std::array<std::string, kChunkKindCount> labels = [] {
+    std::array<std::string, kChunkKindCount> out;
+    for (int k = 0; k < kChunkKindCount; ++k) {
+      out[k] = absl::AsciiStrToLower(ChunkKindName(static_cast<ChunkKind>(k)));
+    }
+    return out;
+  }();
+  return labels;
+}
 constexpr absl::string_view kUnspecifiedKind = "unspecified";
 
-absl::string_view KindLabel(ChunkKind kind) { return kKindLabels[static_cast<int>(kind)]; }
-
 absl::string_view KindLabel(v1::TargetKind kind) {
-  switch (kind) {
-    case v1::KEY: return KindLabel(ChunkKind::kKey);
-    case v1::VALUE: return KindLabel(ChunkKind::kValue);
-    case v1::WEIGHT: return KindLabel(ChunkKind::kWeight);
-    case v1::INPUT_ACTIVATION: return KindLabel(ChunkKind::kInput);
-    case v1::QUERY: return KindLabel(ChunkKind::kQuery);
-    default: return kUnspecifiedKind;
+  if (kind == v1::TARGET_UNSPECIFIED || !v1::TargetKind_IsValid(kind)) return kUnspecifiedKind;
+  const std::string label = absl::AsciiStrToLower(v1::TargetKind_Name(kind));
+  for (const std::string& known : KindLabels()) {
+    if (known == label) return known;
   }
+  return kUnspecifiedKind;
 }
 
 absl::string_view ReasonOf(const absl::Status& status) {
@@ -133,7 +140,7 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
                                            "by target kind.")
                                      .Register(*registry_);
   for (int k = 0; k < kChunkKindCount; ++k) {
-    const std::string kind(kKindLabels[k]);
+    const std::string& kind = KindLabels()[k];
     statistic_bytes_[k] = &statistic_bytes.Add({{"kind", kind}});
     statistic_tensor_bytes_[k] = &statistic_tensor_bytes.Add({{"kind", kind}});
     bytes_[k] = &bytes.Add({{"kind", kind}});
@@ -145,7 +152,7 @@ ServerMetrics::ServerMetrics(absl::string_view backend)
                        .Help("Tensor chunks rejected, by reason and target kind.")
                        .Register(*registry_);
   for (absl::string_view reason : kRejectReasons) {
-    std::vector<absl::string_view> kinds(std::begin(kKindLabels), std::end(kKindLabels));
+    std::vector<absl::string_view> kinds(KindLabels().begin(), KindLabels().end());
     kinds.push_back(kUnspecifiedKind);
     for (absl::string_view kind : kinds) {
       rejected_.emplace(std::make_pair(std::string(reason), std::string(kind)),
