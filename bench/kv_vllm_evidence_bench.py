@@ -136,7 +136,7 @@ def one_seed(args, model, model_dir, address, seed, work, train, held):
                              args.tp)
     # The two unquantised references, to show the engine computes the model the torch rows do.
     ref_gap = metrics(ref_vllm, ref_torch, evaluation)
-    rows = []  # (name, kv, torch scales, checkpoint or None for "no scales")
+    rows = []  # (name, kv, torch scales, checkpoint)
     rows.append(("scale 1.0 (no scales in the checkpoint)", "per_tensor",
                  tiny_llama.unit_scales(model), model_dir))
     first = evidence.vllm_first_batch(model, calibration)
@@ -154,21 +154,21 @@ def one_seed(args, model, model_dir, address, seed, work, train, held):
             rows.append((f"Caliper {observer}", kv, scales, merged(
                 args.build, model_dir, os.path.join(files, "compressed_tensors_scales.safetensors"),
                 os.path.join(work, f"m-{seed}-{kv}-{observer}"))))
+    heads = model.config.num_key_value_heads
+    rank_heads = [min(r * heads // args.tp, heads - 1) for r in range(args.tp)]  # one of rank r
     results = {}
     for name, kv, scales, checkpoint in rows:
         t0 = time.time()
         logp, applied = run_engine(checkpoint, "fp8", prompts,
                                    os.path.join(work, f"lp-{seed}-{len(results)}.pt"), args.tp)
         nearest = tiny_llama.evaluate(model, evaluation, ref_torch, scales)
-        # The engine in torch: one scale per layer, rounded toward zero (tests/peers/
+        # The engine in torch: one scale per layer and rank, rounded toward zero (tests/peers/
         # vllm_fp8_rounding_test.py checks that this is how vLLM's CPU cache rounds).
         at_ranks = as_ranks(scales, args.tp)
         as_vllm_cpu = tiny_llama.evaluate(model, evaluation, ref_torch, at_ranks,
                                           rounding="toward_zero")
-        heads = model.config.num_key_value_heads
-        first = [min(r * heads // args.tp, heads - 1) for r in range(args.tp)]  # a head of rank r
         want = [[[float(k[h]), float(v[h])] for _, (k, v) in sorted(at_ranks.items())]
-                for h in first]
+                for h in rank_heads]
         got = [[rank[n] for n in sorted(rank, key=lambda n: int(n.split(".")[2]))]
                for rank in applied]
         results[(name, kv)] = dict(vllm=metrics(logp, ref_vllm, evaluation), nearest=nearest,

@@ -201,8 +201,8 @@ _FP8 = {"scales": None, "record": None, "rounding": "nearest"}
 
 def to_fp8(x: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
     """x saturated at +-448 and rounded to float8_e4m3fn: to nearest even (torch's cast, as CUDA
-    engines convert), or toward zero (what vLLM's CPU build stores: bench/kv_vllm_evidence_bench.py
-    measures it)."""
+    engines convert), or toward zero (what vLLM's CPU build stores: tests/peers/
+    vllm_fp8_rounding_test.py checks it against vLLM's own cache write)."""
     q = x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     if rounding == "toward_zero":
         # E4M3 codes order like magnitudes: one code toward zero where nearest rounded away.

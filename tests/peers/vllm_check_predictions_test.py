@@ -19,40 +19,22 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.peers.vllm_engine_load_test import build_dense, fp8_kv_cache_missing, run
+from tests.peers.vllm_engine_load_test import build_dense
+from tests.peers.vllm_engine_load_test import check as check_that
+from tests.peers.vllm_engine_load_test import failures, fp8_kv_cache_missing, run
 
 SHARD = "model-caliper-scales.safetensors"  # where `caliper merge` puts the scales
 
-# A fresh process per load: a failed load leaves vLLM's process state behind.
+# A fresh process per load (a failed load leaves vLLM's process state behind), reading the
+# attention layers as peers.vllm_engine_load does.
 LOAD = r"""
-import json, os, sys
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-from vllm import LLM
-def read(model):
-    out = {}
-    for name, m in model.named_modules():
-        if hasattr(m, "_k_scale") and hasattr(m, "_v_scale") and "layers." in name:
-            layer = int(name.split("layers.")[1].split(".")[0])
-            out[layer] = [m._k_scale.float().reshape(-1).tolist(),
-                          m._v_scale.float().reshape(-1).tolist()]
-    return out
+import json, sys
+from tests.peers.vllm_engine_load_test import vllm_scales
 try:
-    llm = LLM(model=sys.argv[1], kv_cache_dtype="fp8", enforce_eager=True, max_model_len=128,
-              dtype="bfloat16")
-    print(json.dumps({"scales": llm.apply_model(read)[0]}))
+    print(json.dumps({"scales": vllm_scales(sys.argv[1])}))
 except Exception as e:
     print(json.dumps({"error": f"{type(e).__name__}: {e}"[-400:]}))
 """
-
-failures = []
-
-
-def check_that(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
 
 def vllm_load(model_dir):
     r = subprocess.run([sys.executable, "-c", LOAD, model_dir], capture_output=True, text=True,

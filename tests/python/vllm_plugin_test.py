@@ -407,6 +407,17 @@ def fp8_kv_cache_missing() -> str:
             "cache needs")
 
 
+def merged_checkpoint(session, tmp_path: pathlib.Path) -> pathlib.Path:
+    """tmp_path/merged: tmp_path/model with the session's K/V scales (`caliper merge --kv-only`
+    of its compressed-tensors file), what a fresh vLLM process is started from."""
+    from conftest import run_cli
+    session.scales(formats=["compressed-tensors"], out=tmp_path / "s")
+    run_cli("merge", "--checkpoint", tmp_path / "model", "--scales",
+            tmp_path / "s" / "compressed_tensors_scales.safetensors", "--out",
+            tmp_path / "merged", "--kv-only")
+    return tmp_path / "merged"
+
+
 FP8_SCRIPT = r"""
 import json, sys, time
 import vllm
@@ -450,7 +461,6 @@ def test_hot_reload_equals_a_fresh_process_on_the_merged_checkpoint(server, tmp_
     """With an FP8 KV cache: after the switch, the scales and the prompt logprobs and greedy
     tokens are bit-identical to a fresh vLLM process started from the checkpoint holding the
     same scales (`caliper merge`)."""
-    from conftest import run_cli
     config = tiny_llama(tmp_path / "model")
     client = caliper.Client(server.address)
     fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
@@ -458,10 +468,7 @@ def test_hot_reload_equals_a_fresh_process_on_the_merged_checkpoint(server, tmp_
     live = run_script(FP8_SCRIPT, clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
                                             CALIPER_SAMPLE_FRACTION="1"),
                       "live", tmp_path / "model", ps, json.dumps(ENGINE), server.address)
-    client.session(live["window"]).scales(formats=["compressed-tensors"], out=tmp_path / "s")
-    run_cli("merge", "--checkpoint", tmp_path / "model", "--scales",
-            tmp_path / "s" / "compressed_tensors_scales.safetensors", "--out",
-            tmp_path / "merged", "--kv-only")
+    merged_checkpoint(client.session(live["window"]), tmp_path)
     fresh = run_script(FP8_SCRIPT, clean_env(), "fresh", tmp_path / "merged", ps,
                        json.dumps(ENGINE))
     assert live["scales"] == fresh["scales"]
@@ -526,7 +533,6 @@ def test_a_request_running_across_the_switch_continues_as_a_fresh_process(server
     logprobs after the switch are bit-identical to a fresh process on the merged checkpoint fed
     the prompt and the tokens generated before the switch. Had the cache kept K/V written under
     the old scales (scale 1.0), the logprobs would differ."""
-    from conftest import run_cli
     config = tiny_llama(tmp_path / "model")
     client = caliper.Client(server.address)
     fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
@@ -538,10 +544,7 @@ def test_a_request_running_across_the_switch_continues_as_a_fresh_process(server
                       json.dumps(prompt), before, json.dumps(ENGINE), server.address)
     assert live["tokens"][:before] == live["before"]
     assert before < live["switched_at"] < len(live["tokens"]), live["switched_at"]
-    client.session(live["window"]).scales(formats=["compressed-tensors"], out=tmp_path / "s")
-    run_cli("merge", "--checkpoint", tmp_path / "model", "--scales",
-            tmp_path / "s" / "compressed_tensors_scales.safetensors", "--out",
-            tmp_path / "merged", "--kv-only")
+    merged_checkpoint(client.session(live["window"]), tmp_path)
     fresh = run_script(ACROSS_SCRIPT, clean_env(), "fresh", tmp_path / "merged", "[]",
                        json.dumps(prompt + live["before"]), before, json.dumps(ENGINE))
     assert live["tokens"][before:] == fresh["tokens"]
@@ -600,7 +603,6 @@ def test_tensor_parallel_two_ranks_feed_one_window_and_switch_together(server, t
     KV head into one window, and after the publish both apply version 1 on the same step, each
     with the scale vLLM's loader gives that rank from the merged per-head checkpoint; outputs
     (with an FP8 cache where this CPU runs one) equal a fresh TP 2 process on that checkpoint."""
-    from conftest import run_cli
     config = tiny_llama(tmp_path / "model")
     client = caliper.Client(server.address)
     fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_head"), min_tokens=16)
@@ -618,10 +620,7 @@ def test_tensor_parallel_two_ranks_feed_one_window_and_switch_together(server, t
     window = client.session(live["window"])
     k = [layer.k_scale for layer in window.scales(tp=1).kv_layers]
     assert all(len(heads) == 2 and min(heads) > 0 for heads in k)  # a head from each rank
-    window.scales(formats=["compressed-tensors"], out=tmp_path / "s")
-    run_cli("merge", "--checkpoint", tmp_path / "model", "--scales",
-            tmp_path / "s" / "compressed_tensors_scales.safetensors", "--out",
-            tmp_path / "merged", "--kv-only")
+    merged_checkpoint(window, tmp_path)
     fresh = run_script(TP_SCRIPT, clean_env(**env), "fresh", tmp_path / "merged", ps, kv_dtype,
                        json.dumps(ENGINE))
     assert live["scales"] == fresh["scales"]
