@@ -1,5 +1,6 @@
 // Build helpers shared by the CPU hot loops (reductions, NVFP4 packing). Internal to core/tensor.
-// Hot loops get an AVX2 clone picked at load time; the default clone keeps the binary portable.
+// Hot loops get an AVX2 clone picked at load time (some an AVX-512 one too); the default clone
+// keeps the binary portable. The loops are integer and min/max only, so every clone gives the same bits.
 #ifndef CALIPER_CORE_TENSOR_SIMD_H_
 #define CALIPER_CORE_TENSOR_SIMD_H_
 
@@ -7,8 +8,13 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CALIPER_CLONES __attribute__((target_clones("avx2", "default")))
+// For the loops measured faster with 512-bit vectors (bench/cpu_reduction_bench: per-head absmax
+// and the histogram pass); the min/max range loops measured slower with them, so keep AVX2.
+#define CALIPER_CLONES_AVX512 \
+  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define CALIPER_CLONES
+#define CALIPER_CLONES_AVX512
 #endif
 #define CALIPER_INLINE inline __attribute__((always_inline))
 
