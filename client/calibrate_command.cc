@@ -143,6 +143,10 @@ std::vector<FlagSpec> WithRecipeFlags(std::vector<FlagSpec> flags) {
       {.name = "fp8", .value_name = "FLAVOR",
        .help = "FP8 KV format: e4m3fn (qmax 448) or e4m3fnuz (qmax 240)",
        .default_value = "e4m3fn", .choices = {"e4m3fn", "e4m3fnuz"}},
+      {.name = "attention", .value_name = "MODE",
+       .help = "q: also the query's FP8 scale, per KV head (from model.layers.{L}.self_attn.q; "
+               "needs --kv on; docs/attention-scales.md)",
+       .default_value = "off", .choices = {"off", "q"}},
       {.name = "nvfp4",
        .help = "also compute NVFP4 global scales (activations from {module}.input)"},
       {.name = "observer", .value_name = "NAME",
@@ -200,6 +204,7 @@ absl::StatusOr<v1::Recipe> RecipeFromFlags(const CliArgs& flags) {
   } else {
     recipe.set_kv_observer(v1::KV_OBSERVER_STATIC_MINMAX);
   }
+  recipe.set_attention(*flags.Get("attention") == "q" ? v1::ATTENTION_Q : v1::ATTENTION_OFF);
   recipe.set_histograms(flags.Has("histograms"));
   if (flags.Get("compat") == std::optional<std::string>("llm-compressor")) {
     recipe.set_compat(v1::COMPAT_LLM_COMPRESSOR);
@@ -244,6 +249,7 @@ absl::StatusOr<StreamPlans> PlanStreams(const CliArgs& flags, const v1::Recipe& 
   PlanOptions options;
   options.kv = recipe.kv() != v1::KV_OFF;
   options.inputs = recipe.nvfp4_activations();
+  options.query = recipe.attention() == v1::ATTENTION_Q;
   options.chunk_bytes = chunk_bytes;
   auto tensor_files = ExpandTensorPaths(flags.GetAll("tensors"));
   if (!tensor_files.ok()) return tensor_files.status();
@@ -417,7 +423,7 @@ absl::Status RunCalibrateIntoFleet(const CliArgs& flags, std::ostream& out, std:
     return UsageError("--fleet needs --weight-version (the weights the dumps were taken with)");
   }
   for (const char* name : {"model", "out", "tp", "format", "convention", "name", "weights", "kv",
-                           "fp8", "nvfp4", "observer", "kv-observer", "compat", "histograms",
+                           "fp8", "attention", "nvfp4", "observer", "kv-observer", "compat", "histograms",
                            "warmup"}) {
     if (flags.Has(name)) {
       return UsageError(absl::StrCat("--", name, ": not with --fleet (the fleet's model and "

@@ -18,7 +18,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// "model.layers.12.self_attn.k" -> layer 12, kind KEY. Other names -> false.
+// "model.layers.12.self_attn.k" -> layer 12, kind KEY (".v": VALUE, ".q": QUERY). Other names
+// -> false.
 bool ParseKvName(const std::string& name, int* layer, v1::TargetKind* kind) {
   const std::string marker = "layers.";
   const size_t at = name.rfind(marker);
@@ -32,6 +33,8 @@ bool ParseKvName(const std::string& name, int* layer, v1::TargetKind* kind) {
     *kind = v1::KEY;
   } else if (rest == ".self_attn.v") {
     *kind = v1::VALUE;
+  } else if (rest == ".self_attn.q") {
+    *kind = v1::QUERY;
   } else {
     return false;
   }
@@ -111,7 +114,7 @@ absl::StatusOr<StreamPlan> PlanDumpFile(const std::string& path, const PlanOptio
   for (const SafetensorsEntry& entry : plan.file->tensors()) {
     PlannedChunk base;
     if (ParseKvName(entry.name, &base.layer, &base.kind)) {
-      if (!options.kv) {
+      if (base.kind == v1::QUERY ? !options.query : !options.kv) {
         plan.skipped.push_back(entry.name);
         continue;
       }

@@ -1,5 +1,5 @@
-// Turns safetensors files into Observe streams: K/V and activation dumps (tensor names
-// `model.layers.{L}.self_attn.k|v`, `{module}.input`; `__metadata__` tp_rank/tp_size/batch) and
+// Turns safetensors files into Observe streams: K/V, query and activation dumps (tensor names
+// `model.layers.{L}.self_attn.k|v|q`, `{module}.input`; `__metadata__` tp_rank/tp_size/batch) and
 // HF checkpoint weights (`{module}.weight`). Tensors are split along their first dimension into
 // chunks of at most `chunk_bytes`; each file is one producer (exactly-once, docs/durability.md):
 // chunk i goes out as sequence i + 1, so a resumed stream re-sends only what the server has not
@@ -49,6 +49,7 @@ struct StreamPlan {
 
 struct PlanOptions {
   bool kv = true;              // stream K/V
+  bool query = false;          // stream the query after RoPE (recipe attention q)
   bool inputs = false;         // stream {module}.input
   int64_t chunk_bytes = 4 << 20;
 };

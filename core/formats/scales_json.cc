@@ -44,6 +44,10 @@ ordered_json KvCache(const ScalesJsonInputs& in) {
                             {"v_absmax", FloatList(in.kv->v_absmax[layer])},
                             {"k_scale", FloatList(in.kv->k[layer])},
                             {"v_scale", FloatList(in.kv->v[layer])}};
+      if (layer < in.kv->q.size() && !in.kv->q[layer].empty()) {  // recipe attention q
+        entry["q_absmax"] = FloatList(in.kv->q_absmax[layer]);
+        entry["q_scale"] = FloatList(in.kv->q[layer]);
+      }
       if (layer < in.kv->mla_latent_absmax.size() && layer < in.kv->mla_rope_absmax.size()) {
         // Each cached part's own absmax, so a part the entry's scale would saturate is visible.
         entry["mla_kv_c_normed_absmax"] = ShortFloat(in.kv->mla_latent_absmax[layer]);

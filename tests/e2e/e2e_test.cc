@@ -866,6 +866,82 @@ TEST_F(E2eTest, CliReportsRejectedChunksAndWritesNothing) {
   EXPECT_FALSE(fs::exists(out + "/scales.json"));
 }
 
+// `--attention q`: the dumps' model.layers.{L}.self_attn.q streams as QUERY, and each layer's
+// q_scale (per KV head: the max over its group of query heads, / 448) lands in scales.json and
+// in the compressed-tensors file as [num_attention_heads, 1, 1]; without the flag the queries
+// are skipped, said on stderr, and no q_scale is written.
+TEST_F(E2eTest, CliCalibratesTheQueryScalePerKvHead) {
+  const DemoFiles demo = Demo("demo_q", 2);
+  constexpr int kLayers = 4, kKvHeads = 4, kHeads = 8, kDim = 32, kTokens = 6;
+  SafetensorsWriter writer;
+  auto bf16 = [](const std::vector<float>& values) {
+    std::string bytes(values.size() * 2, '\0');
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint16_t bits = FloatToBF16(values[i]);
+      std::memcpy(&bytes[2 * i], &bits, 2);
+    }
+    return bytes;
+  };
+  for (int layer = 0; layer < kLayers; ++layer) {
+    std::vector<float> kv(kTokens * kKvHeads * kDim, 0.125f);
+    std::vector<float> q(kTokens * kHeads * kDim, -0.25f);
+    for (int j = 0; j < kHeads; ++j) {  // query head j peaks at -(j + 1) / 2 - layer, token 3
+      q[(3 * kHeads + j) * kDim + 5] = -0.5f * static_cast<float>(j + 1) - static_cast<float>(layer);
+    }
+    const std::string prefix = absl::StrCat("model.layers.", layer, ".self_attn.");
+    ASSERT_TRUE(writer.Add(prefix + "k", "BF16", {kTokens, kKvHeads, kDim}, bf16(kv)).ok());
+    ASSERT_TRUE(writer.Add(prefix + "v", "BF16", {kTokens, kKvHeads, kDim}, bf16(kv)).ok());
+    ASSERT_TRUE(writer.Add(prefix + "q", "BF16", {kTokens, kHeads, kDim}, bf16(q)).ok());
+  }
+  const std::string dir = TempDir("q_dumps");
+  ASSERT_TRUE(writer.WriteFile(dir + "/batch0.safetensors").ok());
+  const std::string common = absl::StrCat("calibrate --server=", server_->address(), " --model=",
+                                          demo.config_json, " --tensors=", dir,
+                                          "/batch0.safetensors --format=compressed-tensors");
+
+  const std::string out = TempDir("q_out");
+  RunResult run = RunCli(absl::StrCat(common, " --attention=q --out=", out));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  auto scales = nlohmann::json::parse(ReadFile(out + "/scales.json"));
+  auto ct = SafetensorsFile::Open(out + "/compressed_tensors_scales.safetensors");
+  ASSERT_TRUE(ct.ok()) << ct.status();
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const auto& row = scales["kv_cache"]["layers"][layer];
+    ASSERT_EQ(row["q_scale"].size(), static_cast<size_t>(kKvHeads)) << row.dump();
+    const SafetensorsEntry* q_scale =
+        (*ct)->Find(absl::StrCat("model.layers.", layer, ".self_attn.q_scale"));
+    ASSERT_NE(q_scale, nullptr) << "layer " << layer;
+    EXPECT_EQ(q_scale->shape, (std::vector<int64_t>{kHeads, 1, 1}));
+    const auto bytes = (*ct)->Data(*q_scale);
+    for (int g = 0; g < kKvHeads; ++g) {
+      const float absmax = static_cast<float>(g + 1 + layer);  // heads 2g, 2g + 1: (2g + 2) / 2
+      EXPECT_EQ(row["q_absmax"][g].get<float>(), absmax) << "layer " << layer << " head " << g;
+      EXPECT_EQ(row["q_scale"][g].get<float>(), absmax / 448.0f) << "layer " << layer;
+      for (int j = 2 * g; j < 2 * g + 2; ++j) {
+        float written;
+        std::memcpy(&written, bytes.data() + 4 * j, 4);
+        EXPECT_EQ(written, absmax / 448.0f) << "layer " << layer << " query head " << j;
+      }
+    }
+  }
+
+  const std::string plain = TempDir("q_off");
+  RunResult off = RunCli(absl::StrCat(common, " --out=", plain));
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  EXPECT_TRUE(absl::StrContains(off.output, "not streaming 4 tensor(s) this recipe does not use"))
+      << off.output;
+  auto plain_scales = nlohmann::json::parse(ReadFile(plain + "/scales.json"));
+  EXPECT_FALSE(plain_scales["kv_cache"]["layers"][0].contains("q_scale"));
+  auto plain_ct = SafetensorsFile::Open(plain + "/compressed_tensors_scales.safetensors");
+  ASSERT_TRUE(plain_ct.ok()) << plain_ct.status();
+  EXPECT_EQ((*plain_ct)->Find("model.layers.0.self_attn.q_scale"), nullptr);
+
+  RunResult kv_off = RunCli(absl::StrCat(common, " --attention=q --kv=off --nvfp4 --out=",
+                                         TempDir("q_kv_off")));
+  EXPECT_NE(kv_off.exit_code, 0) << kv_off.output;
+  EXPECT_TRUE(absl::StrContains(kv_off.output, "attention")) << kv_off.output;
+}
+
 }  // namespace
 }  // namespace caliper
 
