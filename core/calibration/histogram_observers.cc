@@ -224,6 +224,25 @@ void ApplyKvHistogramObserver(absl::Span<const KvLayerObserver> layers, KvObserv
                               double percentile, KvScales* scales) {
   const bool mse = kind == KvObserverKind::kMse;
   const double qmax = Fp8Max(scales->flavor);
+  if (!scales->mla_latent_absmax.empty()) {
+    // MLA: the cached entry [kv_c_normed | k_pe] takes one scale, so the clip point is the
+    // merged histogram's over every element of both parts (K slot: latent, V slot: k_pe).
+    for (size_t l = 0; l < layers.size() && l < scales->k.size(); ++l) {
+      MagnitudeHistogram merged;
+      for (KvKind part : {KvKind::kKey, KvKind::kValue}) {
+        for (const MagnitudeHistogram& hist : layers[l].hist(part)) merged.Merge(hist);
+      }
+      if (merged.empty()) {
+        scales->warnings.push_back({absl::StrCat("layer ", l, " MLA cache"),
+                                    "no histogram was kept for this layer; the scale is the "
+                                    "absmax one"});
+        continue;
+      }
+      const double t = HistogramClip(merged, mse, percentile, scales->flavor);
+      if (t > 0) scales->k[l][0] = scales->v[l][0] = static_cast<float>(t / qmax);
+    }
+    return;
+  }
   for (size_t l = 0; l < layers.size() && l < scales->k.size(); ++l) {
     if (!KvLayerHasScales(*scales, l)) continue;  // no KV cache
     for (KvKind kind : {KvKind::kKey, KvKind::kValue, KvKind::kQuery}) {

@@ -43,7 +43,9 @@ double HistogramClip(const MagnitudeHistogram& hist, bool mse, double percentile
 // Replaces the scales FinalizeKvScales chose (absmax entries are kept) by `kind`'s clip point /
 // qmax, per head or, per tensor, from the heads' merged histogram. kind must be kPercentile or
 // kMse. An entry whose histogram is empty or all zero keeps its scale (and FinalizeKvScales'
-// warning); a layer with no histograms at all gets a warning saying the max was used.
+// warning); a layer with no histograms at all gets a warning saying the max was used. MLA scales
+// (FinalizeMlaKvScales): one clip point per layer from the latent's and k_pe's merged histogram,
+// written as both k and v.
 void ApplyKvHistogramObserver(absl::Span<const KvLayerObserver> layers, KvObserverKind kind,
                               double percentile, KvScales* scales);
 

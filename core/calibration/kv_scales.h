@@ -75,7 +75,7 @@ bool KvLayerHasScales(const KvScales& scales, size_t layer);
 // its K slot and k_pe in its V slot (one head: the latent is shared by every attention head).
 // The entry's absmax is the max of both parts (kMinMax: the moving average of the per-batch
 // range over both parts); a part never observed while the other was gets a warning naming it.
-// Histogram observers are not defined for MLA (the caller refuses them).
+// Histogram observers are applied after, as for other models (ApplyKvHistogramObserver).
 KvScales FinalizeMlaKvScales(absl::Span<const KvLayerObserver> layers, Fp8Flavor flavor,
                              const KvScaleRule& rule = KvScaleRule());
 

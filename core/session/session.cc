@@ -189,12 +189,6 @@ absl::StatusOr<std::unique_ptr<CalibrationSession>> CalibrationSession::Create(
         "recipe.kv: KV_PER_HEAD on an MLA model (model.kv_lora_rank is set): its cache holds one "
         "latent per token shared by every head, quantized with one scale; use KV_PER_TENSOR");
   }
-  if (model.mla.has_value() && recipe.kv != KvMode::kOff &&
-      IsHistogramObserver(recipe.kv_observer)) {
-    return absl::InvalidArgumentError(
-        "recipe.kv_observer: the percentile and mse observers are not defined for MLA models "
-        "(model.kv_lora_rank is set); use static_minmax or minmax");
-  }
   if (recipe.warmup_batches < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("recipe.warmup_batches: must be >= 0, got ", recipe.warmup_batches));
@@ -651,6 +645,10 @@ absl::Status CalibrationSession::Finalize() {
   if (recipe_.kv != KvMode::kOff && model_.mla.has_value()) {
     final_kv_ = FinalizeMlaKvScales(kv_layers_, recipe_.fp8_flavor,
                                     {recipe_.kv_observer, recipe_.averaging_constant, Arithmetic()});
+    if (IsHistogramObserver(recipe_.kv_observer)) {
+      ApplyKvHistogramObserver(kv_layers_, recipe_.kv_observer, recipe_.kv_percentile,
+                               &*final_kv_);
+    }
   } else if (recipe_.kv != KvMode::kOff) {
     final_kv_ = FinalizeKvScales(kv_layers_,
                                  recipe_.kv == KvMode::kPerHead ? KvGranularity::kPerHead

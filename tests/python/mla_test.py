@@ -60,8 +60,8 @@ def cached_absmax(model, config, data):
     return latent, rope
 
 
-def capture(server, model, config, data, mode, out):
-    session = caliper.Client(server.address).create_session(config, RECIPE, mode=mode)
+def capture(server, model, config, data, mode, out, recipe=RECIPE):
+    session = caliper.Client(server.address).create_session(config, recipe, mode=mode)
     handle = caliper.hooks.attach(model, session)
     with torch.no_grad():
         for ids in data:
@@ -127,6 +127,53 @@ def test_hooks_leave_the_output_unchanged():
     assert torch.equal(before, after)
     seq = ids.shape[1]
     assert rec.mla == [(0, (1, seq, 16), (1, seq, 8)), (1, (1, seq, 16), (1, seq, 8))]
+
+
+def cached_entries(model, data):
+    """Per layer, every cached element's |x| (kv_c_normed and k_pe together, f64)."""
+    parts = [[] for _ in range(LAYERS)]
+    with torch.no_grad():
+        for ids in data:
+            cache = transformers.DynamicCache(config=model.config)
+            model(ids, past_key_values=cache, use_cache=True)
+            for i in range(LAYERS):
+                for t in (cache.layers[i].keys, cache.layers[i].values):
+                    parts[i].append(t.reshape(-1).abs().double())
+    return [torch.cat(p) for p in parts]
+
+
+def fp8_mse(x, scale):
+    """Exact mean squared FP8 (e4m3fn, round to nearest, saturating) round-trip error."""
+    q = (x / scale).clamp(max=448.0).to(torch.float8_e4m3fn).double() * scale
+    return ((x - q) ** 2).mean().item()
+
+
+@pytest.mark.parametrize("kv_observer", ["mse", "percentile:99"])
+def test_histogram_observers_take_the_whole_entry(server, tmp_path, kv_observer):
+    """percentile and mse on MLA: one clip point from both cached parts' elements; statistics
+    mode (histograms from the producer) gives the raw-mode scales bit for bit."""
+    model, config = tiny_deepseek()
+    data = samples()
+    recipe = caliper.Recipe(kv="per_tensor", kv_observer=kv_observer)
+    _, raw = capture(server, model, config, data, "raw", tmp_path / "raw", recipe)
+    _, stats = capture(server, model, config, data, "statistics", tmp_path / "stats", recipe)
+    doc = json.loads((tmp_path / "raw" / "scales.json").read_text())
+    doc_s = json.loads((tmp_path / "stats" / "scales.json").read_text())
+    assert doc_s["kv_cache"]["layers"] == doc["kv_cache"]["layers"]
+    for i, (layer, x) in enumerate(zip(doc["kv_cache"]["layers"], cached_entries(model, data))):
+        scale = layer["k_scale"][0]
+        assert layer["v_scale"] == layer["k_scale"]
+        absmax = x.max().item()
+        assert layer["k_absmax"][0] == pytest.approx(absmax, rel=1e-6)
+        if kv_observer == "mse":
+            assert fp8_mse(x, scale) <= fp8_mse(x, absmax / 448) * (1 + 1e-9), f"layer {i}"
+        else:
+            clip = scale * 448
+            assert (x > clip * (1 + 1e-6)).double().mean().item() <= 0.01, f"layer {i}"
+            # the smallest |x| with at most 1% of the values above it
+            exact = torch.sort(x, descending=True).values[int(0.01 * x.numel())].item()
+            assert clip <= exact * 2 ** (1 / 128) * (1 + 1e-6), f"layer {i}"
+            assert clip < absmax
 
 
 def test_per_head_and_observe_kv_are_refused(server):

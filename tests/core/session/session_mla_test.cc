@@ -1,11 +1,14 @@
 // MLA models (DeepSeek-V3, Kimi K2): the model description, what is observed (kv_c_normed in
 // KEY chunks, k_pe in VALUE chunks), the one scale of the cached entry, and its files.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/calibration/histogram_observers.h"
+#include "core/calibration/histogram_statistics.h"
 #include "core/calibration/kv_scales.h"
 #include "core/calibration/model_config.h"
 #include "core/check/check_rules.h"
@@ -156,7 +159,7 @@ class MlaSessionTest : public ::testing::Test {
   }
 };
 
-TEST_F(MlaSessionTest, PerHeadAndHistogramObserversAreRefused) {
+TEST_F(MlaSessionTest, PerHeadIsRefused) {
   Recipe per_head;
   per_head.kv = KvMode::kPerHead;
   absl::StatusOr<std::unique_ptr<CalibrationSession>> s =
@@ -164,11 +167,139 @@ TEST_F(MlaSessionTest, PerHeadAndHistogramObserversAreRefused) {
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), HasSubstr("recipe.kv: KV_PER_HEAD on an MLA model"));
   EXPECT_THAT(s.status().message(), HasSubstr("kv_lora_rank"));
-  Recipe mse = PerTensor();
-  mse.kv_observer = KvObserverKind::kMse;
-  s = CalibrationSession::Create(Model(), mse, "mla");
-  ASSERT_FALSE(s.ok());
-  EXPECT_THAT(s.status().message(), HasSubstr("recipe.kv_observer"));
+}
+
+// Heavy-tailed parts of different spread: the latent (t-distributed, 3 degrees of freedom) and a
+// k_pe with two outlier channels, as RoPE'd keys have.
+struct MlaParts {
+  std::vector<float> latent, rope;
+};
+MlaParts HeavyTailedParts(uint32_t seed, int tokens) {
+  std::mt19937 rng(seed);
+  std::student_t_distribution<float> t3(3.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  MlaParts p{std::vector<float>(tokens * kRank), std::vector<float>(tokens * kRope)};
+  for (float& x : p.latent) x = 0.4f * t3(rng);
+  for (size_t i = 0; i < p.rope.size(); ++i) {
+    p.rope[i] = normal(rng) * (i % kRope < 2 ? 6.0f : 1.0f);
+  }
+  return p;
+}
+
+// |x| of every element of both parts: what one scale quantizes.
+std::vector<double> EntryMagnitudes(const MlaParts& p) {
+  std::vector<double> m;
+  for (const auto* part : {&p.latent, &p.rope}) {
+    for (float x : *part) m.push_back(std::fabs(static_cast<double>(x)));
+  }
+  return m;
+}
+
+// The exact mean squared FP8 round-trip error of the entry's elements with scale `s`.
+double ExactMse(const std::vector<double>& magnitudes, double s) {
+  double sum = 0;
+  for (double x : magnitudes) {
+    const double e = x - s * Fp8RoundMagnitude(x / s, Fp8Flavor::kE4M3FN);
+    sum += e * e;
+  }
+  return sum / static_cast<double>(magnitudes.size());
+}
+
+// percentile and mse on MLA: one clip point for the whole cached entry [kv_c_normed | k_pe],
+// from both parts' elements. Checked against exact computations on the same values (several
+// seeds): the percentile clip is at or above the exact quantile and within one bin (2^(1/128))
+// of it; the mse scale's exact round-trip MSE is no worse than the max scale's and within 2% of
+// the best of a 400-point grid over (max / 16, max].
+TEST_F(MlaSessionTest, HistogramObserversClipTheWholeEntry) {
+  constexpr int kManyTokens = 512;
+  for (uint32_t seed : {11u, 12u, 13u}) {
+    const MlaParts parts = HeavyTailedParts(seed, kManyTokens);
+    std::vector<double> mags = EntryMagnitudes(parts);
+    const double absmax = *std::max_element(mags.begin(), mags.end());
+
+    Recipe percentile = PerTensor();
+    percentile.kv_observer = KvObserverKind::kPercentile;
+    percentile.kv_percentile = 99.9;
+    auto p = NewSession(percentile);
+    Recipe mse = PerTensor();
+    mse.kv_observer = KvObserverKind::kMse;
+    auto m = NewSession(mse);
+    for (auto* s : {p.get(), m.get()}) {
+      ObserveOk(*s, Latent(0, parts.latent));
+      ObserveOk(*s, Rope(0, parts.rope));
+      ObserveOk(*s, Latent(1, parts.latent));
+      ObserveOk(*s, Rope(1, parts.rope));
+    }
+    const KvScales kp = *Final(*p).kv_scales, km = *Final(*m).kv_scales;
+    EXPECT_TRUE(kp.warnings.empty());
+    EXPECT_FLOAT_EQ(kp.k_absmax[0][0], static_cast<float>(absmax));  // absmax kept as reported
+
+    std::vector<double> sorted = mags;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    const size_t allowed = static_cast<size_t>(0.001 * static_cast<double>(sorted.size()));
+    const double exact_quantile = sorted[allowed];  // count(|x| > q) <= 0.1% of all values
+    const double clip = static_cast<double>(kp.k[0][0]) * 448.0;
+    EXPECT_EQ(kp.k[0][0], kp.v[0][0]);
+    const size_t above = std::count_if(mags.begin(), mags.end(), [&](double x) { return x > clip; });
+    EXPECT_LE(above, allowed) << "seed " << seed;
+    EXPECT_LE(clip, exact_quantile * std::exp2(1.0 / 128) * (1 + 1e-6)) << "seed " << seed;
+    EXPECT_LT(clip, absmax) << "seed " << seed;  // the tail is clipped
+
+    const double chosen = ExactMse(mags, km.k[0][0]);
+    const double at_max = ExactMse(mags, absmax / 448.0);
+    double best = at_max;
+    for (int i = 0; i < 400; ++i) {
+      const double t = absmax * std::exp2(-4.0 * i / 400.0);
+      best = std::min(best, ExactMse(mags, t / 448.0));
+    }
+    EXPECT_EQ(km.k[0][0], km.v[0][0]);
+    EXPECT_LE(chosen, at_max * (1 + 1e-9)) << "seed " << seed;
+    EXPECT_LE(chosen, best * 1.02) << "seed " << seed;
+    EXPECT_EQ(km.k[1][0], km.k[0][0]);
+  }
+}
+
+// The sparse histogram a producer sends for one chunk (one "head": an MLA part).
+HistogramStatistics SparseHistogram(const std::vector<float>& values) {
+  MagnitudeHistogram h;
+  for (float x : values) h.Add(x);
+  HistogramStatistics out;
+  out.max_count = h.max_count;
+  int previous = -1;
+  for (int slot = 0; slot < MagnitudeHistogram::kSlots; ++slot) {
+    if (h.counts[slot] == 0) continue;
+    out.slot_gaps.push_back(static_cast<uint32_t>(slot - previous - 1));
+    out.counts.push_back(h.counts[slot]);
+    previous = slot;
+  }
+  return out;
+}
+
+// Statistics mode with histograms gives the raw-mode MLA scales bit for bit.
+TEST_F(MlaSessionTest, HistogramStatisticsEqualRawData) {
+  const MlaParts parts = HeavyTailedParts(21, 64);
+  for (KvObserverKind kind : {KvObserverKind::kPercentile, KvObserverKind::kMse}) {
+    Recipe r = PerTensor();
+    r.kv_observer = kind;
+    r.kv_percentile = 99.0;
+    auto raw = NewSession(r);
+    ObserveOk(*raw, Latent(0, parts.latent));
+    ObserveOk(*raw, Rope(0, parts.rope));
+    auto stats = NewSession(r);
+    for (bool latent : {true, false}) {
+      const std::vector<float>& v = latent ? parts.latent : parts.rope;
+      ChunkRef c = latent ? Latent(0, v) : Rope(0, v);
+      c.data = {};
+      c.statistics = ChunkStatistics{};
+      c.statistics->absmax = {AbsMax(v)};
+      c.statistics->histograms = {SparseHistogram(v)};
+      ObserveOk(*stats, c);
+    }
+    const KvScales a = *Final(*raw).kv_scales, b = *Final(*stats).kv_scales;
+    EXPECT_EQ(a.k[0][0], b.k[0][0]);
+    EXPECT_NE(a.k[0][0], a.k_absmax[0][0] / 448.0f);  // the observer moved it off the max
+    EXPECT_EQ(a.v[0][0], b.v[0][0]);
+  }
 }
 
 // Hand-computed: the latent's absmax is 3.5, k_pe's 44.8; the entry's scale is 44.8 / 448 = 0.1
