@@ -422,7 +422,7 @@ absl::Status RunCalibrateIntoFleet(const CliArgs& flags, std::ostream& out, std:
   if (!flags.Has("weight-version")) {
     return UsageError("--fleet needs --weight-version (the weights the dumps were taken with)");
   }
-  for (const char* name : {"model", "out", "tp", "format", "convention", "name", "weights", "kv",
+  for (const char* name : {"model", "out", "tp", "format", "convention", "kv-cache-dtype", "name", "weights", "kv",
                            "fp8", "attention", "nvfp4", "observer", "kv-observer", "compat", "histograms",
                            "warmup"}) {
     if (flags.Has(name)) {
@@ -544,6 +544,7 @@ absl::Status RunCalibrate(const CliArgs& flags, std::ostream& out, std::ostream&
   if (absl::Status s = FinalizeSession(*stub, retry, &session, err); !s.ok()) return s;
   v1::Deployment deployment;
   deployment.set_tp_size(static_cast<int>(deploy_tp->value_or(plans->producer_tp)));
+  deployment.set_kv_cache_dtype(KvCacheDtypeFromFlag(*flags.Get("kv-cache-dtype")));
   v1::ScalesRequest request;
   request.set_session_id(session.id());
   return FetchAndWriteScales(*stub, "calibrate", retry, request, session.recipe(), deployment,
@@ -598,6 +599,7 @@ const CommandSpec& CalibrateCommand() {
           {.name = "tp", .value_name = "T",
            .help = "deployment TP size to write files for (absent: the dumps' TP size)",
            .aliases = {"deploy-tp"}},
+          KvCacheDtypeFlag(),
           ConventionFlag(),
           FormatFlag(),
           {.name = "name", .value_name = "TEXT",

@@ -71,6 +71,7 @@ absl::Status RunScales(const CliArgs& flags, std::ostream& out, std::ostream& er
     deployment.set_tp_size(static_cast<int>(tp->value_or(1)));
   }
   if (rank->has_value()) deployment.set_rank(static_cast<int>(**rank));
+  deployment.set_kv_cache_dtype(KvCacheDtypeFromFlag(*flags.Get("kv-cache-dtype")));
   return FetchAndWriteScales(*stub, "scales", retry, request, recipe, deployment, convention,
                              flags.GetAll("format"), *flags.Get("out"), out, err);
 }
@@ -100,6 +101,7 @@ const CommandSpec& ScalesCommand() {
            .aliases = {"total-heads"}},
           {.name = "rank", .value_name = "R",
            .help = "also put TP rank R's K/V slice into scales.json (needs --tp)"},
+          KvCacheDtypeFlag(),
           ConventionFlag(),
           FormatFlag(),
       })),

@@ -26,6 +26,13 @@ FlagSpec KvFlag() {
           .value_aliases = {{"per_head", "per-head"}, {"per_tensor", "per-tensor"}}};
 }
 
+FlagSpec KvCacheDtypeFlag() {
+  return {.name = "kv-cache-dtype", .value_name = "DTYPE",
+          .help = "the engine's KV cache: fp8, or nvfp4 (k/v_scale become NVFP4 global decode "
+                  "scales, absmax / 2688, per tensor; docs/attention-scales.md)",
+          .default_value = "fp8", .choices = {"fp8", "nvfp4"}};
+}
+
 FlagSpec ConventionFlag() {
   return {.name = "convention", .value_name = "NAME",
           .help = "NVFP4 global-scale form: compressed-tensors (divisor) or modelopt (multiplier)",
@@ -37,6 +44,10 @@ FlagSpec FormatFlag() {
   return {.name = "format", .value_name = "NAME",
           .help = "also write engine files: compressed-tensors, modelopt, vllm-legacy",
           .repeated = true};
+}
+
+v1::KvCacheDtype KvCacheDtypeFromFlag(const std::string& value) {
+  return value == "nvfp4" ? v1::KV_CACHE_NVFP4 : v1::KV_CACHE_FP8;
 }
 
 }  // namespace caliper::cli

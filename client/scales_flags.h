@@ -13,10 +13,12 @@ namespace caliper::cli {
 FlagSpec KvFlag();
 FlagSpec ConventionFlag();
 FlagSpec FormatFlag();
+FlagSpec KvCacheDtypeFlag();
 
 v1::KvMode KvModeFromFlag(const std::string& value);
 std::string KvModeFlagValue(v1::KvMode mode);
 v1::Nvfp4Convention ConventionFromFlag(const std::string& value);
+v1::KvCacheDtype KvCacheDtypeFromFlag(const std::string& value);
 
 }  // namespace caliper::cli
 

@@ -43,7 +43,8 @@ absl::StatusOr<WrittenOutputs> WriteScalesOutputs(const std::string& dir,
   for (const auto& file : scales.files()) {
     if (file.format() == "lightllm") lightllm = &file;
   }
-  if (scales.kv() != v1::KV_OFF && scales.fp8_flavor() == v1::FP8_E4M3FN && lightllm == nullptr) {
+  if (scales.kv() != v1::KV_OFF && scales.fp8_flavor() == v1::FP8_E4M3FN &&
+      scales.kv_cache_dtype() != v1::KV_CACHE_NVFP4 && lightllm == nullptr) {
     return absl::DataLossError("GetScales returned no \"lightllm\" file for a KV session");
   }
   for (const auto& file : scales.files()) {
@@ -119,10 +120,13 @@ absl::Status FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view 
                         const std::string& out_dir, std::ostream& out, std::ostream& err) {
   *request.mutable_deployment() = deployment;
   request.set_convention(convention);
-  // The session's default KV file first: LightLLM's, or compressed-tensors for e4m3fnuz.
+  // The session's default KV file first: LightLLM's, or compressed-tensors for e4m3fnuz and for
+  // an NVFP4 cache (LightLLM holds FP8 scales only).
   const std::string kv_format =
-      DefaultKvFormat(recipe.fp8_flavor() == v1::FP8_E4M3FNUZ ? Fp8Flavor::kE4M3FNUZ
-                                                              : Fp8Flavor::kE4M3FN);
+      deployment.kv_cache_dtype() == v1::KV_CACHE_NVFP4
+          ? std::string(kFormatCompressedTensors)
+          : DefaultKvFormat(recipe.fp8_flavor() == v1::FP8_E4M3FNUZ ? Fp8Flavor::kE4M3FNUZ
+                                                                    : Fp8Flavor::kE4M3FN);
   if (recipe.kv() != v1::KV_OFF) request.add_formats(kv_format);
   for (const std::string& format : formats) {
     if (format != kv_format) request.add_formats(format);

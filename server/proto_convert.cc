@@ -323,6 +323,18 @@ absl::StatusOr<Deployment> DeploymentFromProto(const v1::Deployment& proto,
   deployment.tp_size = proto.tp_size();
   deployment.total_kv_heads = proto.total_kv_heads();
   if (proto.has_rank()) deployment.rank = proto.rank();
+  switch (proto.kv_cache_dtype()) {
+    case v1::KV_CACHE_DTYPE_UNSPECIFIED:
+    case v1::KV_CACHE_FP8:
+      deployment.kv_cache_dtype = KvCacheDtype::kFp8;
+      break;
+    case v1::KV_CACHE_NVFP4:
+      deployment.kv_cache_dtype = KvCacheDtype::kNvfp4;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("deployment.kv_cache_dtype: unknown value ",
+                                                     static_cast<int>(proto.kv_cache_dtype())));
+  }
   return deployment;
 }
 
@@ -427,6 +439,8 @@ absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
   v1::ScalesResponse out;
   out.set_kv(ToProto(kKvModes, scales.kv));
   out.set_fp8_flavor(ToProto(kFp8Flavors, scales.fp8_flavor));
+  out.set_kv_cache_dtype(scales.kv_cache_dtype == KvCacheDtype::kNvfp4 ? v1::KV_CACHE_NVFP4
+                                                                       : v1::KV_CACHE_FP8);
   out.set_num_kv_heads(scales.num_kv_heads);
   out.set_deployed_total_kv_heads(scales.deployed_total_kv_heads);
   out.set_tp_size(scales.tp_size);

@@ -181,6 +181,55 @@ KvScales FinalizeMlaKvScales(absl::Span<const KvLayerObserver> layers, Fp8Flavor
   return out;
 }
 
+absl::StatusOr<KvScales> Nvfp4KvCacheScales(const KvScales& fp8) {
+  if (fp8.flavor != Fp8Flavor::kE4M3FN) {
+    return absl::InvalidArgumentError(
+        "deployment.kv_cache_dtype: nvfp4 needs recipe.fp8_flavor e4m3fn (NVFP4 block scales are "
+        "E4M3FN; e4m3fnuz is for AMD's FP8)");
+  }
+  if (!fp8.mla_latent_absmax.empty()) {
+    return absl::InvalidArgumentError(
+        "deployment.kv_cache_dtype: nvfp4 is not for MLA models (vLLM's MLA caches are fp8_ds_mla "
+        "/ nvfp4_ds_mla, whose scales Caliper does not produce)");
+  }
+  KvScales out;
+  out.granularity = KvGranularity::kPerTensor;
+  out.flavor = fp8.flavor;
+  out.num_kv_heads = fp8.num_kv_heads;
+  out.layer_attention = fp8.layer_attention;
+  out.warnings = fp8.warnings;
+  std::vector<KvKind> kinds = {KvKind::kKey, KvKind::kValue};
+  if (HasQueryScales(fp8)) kinds.push_back(KvKind::kQuery);
+  for (KvKind kind : kinds) {
+    const auto& absmax_rows = KvAbsMaxRows(fp8, kind);
+    const auto& scale_rows = KvScaleRows(fp8, kind);
+    for (size_t l = 0; l < absmax_rows.size(); ++l) {
+      std::vector<float> absmax_row, scale_row;
+      if (!absmax_rows[l].empty()) {
+        float absmax = 0.0f;
+        for (float a : absmax_rows[l]) absmax = std::isnan(a) || std::isnan(absmax) ? NAN : std::max(absmax, a);
+        absmax_row.push_back(absmax);
+        if (kind == KvKind::kQuery) {  // E4M3 query: the FP8 scale, the largest head's
+          scale_row.push_back(*std::max_element(scale_rows[l].begin(), scale_rows[l].end()));
+        } else {
+          const float scale = absmax / kNvfp4KvQmax;
+          if (std::isfinite(absmax) && std::isnormal(absmax) && std::isnormal(scale)) {
+            scale_row.push_back(scale);
+          } else {
+            scale_row.push_back(1.0f);
+            out.warnings.push_back({absl::StrCat("layer ", l, " ", KvKindLetter(kind)),
+                                    absl::StrCat("absmax ", absmax, " gives no NVFP4 KV global "
+                                                 "scale; scale set to 1.0")});
+          }
+        }
+      }
+      KvAbsMaxRows(out, kind).push_back(std::move(absmax_row));
+      KvScaleRows(out, kind).push_back(std::move(scale_row));
+    }
+  }
+  return out;
+}
+
 float CompressedTensorsKvScale(float absmax, float scale) {
   if (!std::isfinite(absmax)) return scale;
   return absmax / Fp8Max(Fp8Flavor::kE4M3FN) < kFloat32Eps ? kFloat32Eps : scale;

@@ -79,6 +79,18 @@ bool KvLayerHasScales(const KvScales& scales, size_t layer);
 KvScales FinalizeMlaKvScales(absl::Span<const KvLayerObserver> layers, Fp8Flavor flavor,
                              const KvScaleRule& rule = KvScaleRule());
 
+// E2M1's largest magnitude times E4M3's: the NVFP4 KV cache's global decode scale is absmax / this.
+inline constexpr float kNvfp4KvQmax = 448.0f * 6.0f;
+
+// For an NVFP4 KV cache (vLLM `--kv-cache-dtype nvfp4` / `nvfp4_4over6`): FlashInfer dequantizes
+// each element as e2m1 * block_scale * global_scale, with k_scale / v_scale the per-tensor global
+// decode scales, so they are absmax / (448 * 6) over the layer's heads (the E4M3 block scales then
+// span their whole range). Per layer, per tensor, from `fp8`'s absmax (whatever the observer
+// clipped for FP8); the query keeps its FP8 scale (vLLM quantizes Q to E4M3), per tensor. Refused
+// for e4m3fnuz scales and MLA entries (fields named); an entry without a usable absmax keeps
+// 1.0 with a warning.
+absl::StatusOr<KvScales> Nvfp4KvCacheScales(const KvScales& fp8);
+
 // torch.finfo(torch.float32).eps: compressed-tensors clamps every FP8 scale to at least this.
 inline constexpr float kFloat32Eps = 1.1920929e-07f;
 

@@ -31,11 +31,20 @@ ordered_json KvCache(const ScalesJsonInputs& in) {
   const bool fnuz = in.fp8_flavor == Fp8Flavor::kE4M3FNUZ;
   ordered_json kv;
   kv["mode"] = in.kv_mode;
-  kv["fp8_dtype"] = fnuz ? "float8_e4m3fnuz" : "float8_e4m3fn";
-  kv["qmax"] = fnuz ? 240.0 : 448.0;
+  if (in.nvfp4_kv_cache) {
+    kv["kv_cache_dtype"] = "nvfp4";
+    kv["qmax"] = kNvfp4KvQmax;
+  } else {
+    kv["fp8_dtype"] = fnuz ? "float8_e4m3fnuz" : "float8_e4m3fn";
+    kv["qmax"] = fnuz ? 240.0 : 448.0;
+  }
   kv["num_kv_heads"] = in.num_kv_heads;
   kv["deployed_total_kv_heads"] = in.deployed_total_kv_heads;
-  kv["note"] = "scale = absmax / qmax (dequantization multiplier), over the model's original heads";
+  kv["note"] = in.nvfp4_kv_cache
+                   ? "scale = absmax / qmax: the NVFP4 cache's global decode scale (value = e2m1 * "
+                     "block_scale * scale); q_scale is the FP8 query's, absmax / 448"
+                   : "scale = absmax / qmax (dequantization multiplier), over the model's original "
+                     "heads";
   ordered_json layers = ordered_json::array();
   if (in.kv != nullptr) {
     for (size_t layer = 0; layer < in.kv->k.size(); ++layer) {

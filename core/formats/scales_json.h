@@ -24,6 +24,7 @@ struct ScalesJsonInputs {
   std::optional<int> rank;  // the deployment's rank, when one was asked for
   std::string kv_mode = "off";  // LightLLM's quant_type words: "per_head", "per_tensor", "off"
   Fp8Flavor fp8_flavor = Fp8Flavor::kE4M3FN;
+  bool nvfp4_kv_cache = false;      // the scales are an NVFP4 cache's global decode scales
   int num_kv_heads = 0;             // the model's original KV heads
   const KvScales* kv = nullptr;     // absent when KV calibration was off
   absl::Span<const RankSlice> rank_slices;  // [layer] when rank is set

@@ -52,6 +52,7 @@ absl::StatusOr<ResolvedDeployment> ResolveDeployment(const Deployment& deploymen
   ResolvedDeployment out;
   out.tp_size = tp;
   out.total_kv_heads = total;
+  out.kv_cache_dtype = deployment.kv_cache_dtype;
   if (deployment.rank.has_value()) {
     if (*deployment.rank < 0 || *deployment.rank >= tp) {
       return absl::InvalidArgumentError(absl::StrCat("deployment.rank: ", *deployment.rank,

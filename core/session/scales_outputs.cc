@@ -41,6 +41,7 @@ absl::StatusOr<ScalesOutputs> RenderScalesOutputs(const SessionStatus& status,
   json.rank = scales.rank;
   json.kv_mode = KvModeWord(scales.kv);
   json.fp8_flavor = scales.fp8_flavor;
+  json.nvfp4_kv_cache = scales.kv_cache_dtype == KvCacheDtype::kNvfp4;
   json.num_kv_heads = scales.num_kv_heads;
   if (scales.kv_scales.has_value()) json.kv = &*scales.kv_scales;
   json.rank_slices = scales.rank_slices;

@@ -751,6 +751,22 @@ absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, cons
   out.rank = resolved->rank;
   out.model = model;
 
+  out.kv_cache_dtype = resolved->kv_cache_dtype;
+  if (resolved->kv_cache_dtype == KvCacheDtype::kNvfp4) {
+    if (!kv.has_value()) {
+      return absl::InvalidArgumentError(
+          "deployment.kv_cache_dtype: nvfp4 asks for KV scales, and the recipe has kv off");
+    }
+    absl::StatusOr<KvScales> nvfp4 = Nvfp4KvCacheScales(*kv);
+    if (!nvfp4.ok()) return nvfp4.status();
+    if (IsHistogramObserver(recipe.kv_observer)) {
+      nvfp4->warnings.push_back(
+          {"kv_cache", absl::StrCat("kv_cache_dtype nvfp4: the global scales are absmax / 2688; "
+                                    "the ", recipe.KvObserverName(), " clip is for FP8 caches")});
+    }
+    kv = *std::move(nvfp4);
+    out.kv = KvMode::kPerTensor;
+  }
   if (kv.has_value()) {
     absl::StatusOr<std::vector<RankSlice>> slices =
         RankSlices(*kv, model.num_kv_heads, *resolved);
@@ -759,7 +775,8 @@ absl::StatusOr<SessionScales> ScalesForDeployment(const ModelConfig& model, cons
     const bool every_layer_cached =
         std::all_of(model.layer_attention.begin(), model.layer_attention.end(), HasKvCache);
     // LightLLM files hold e4m3fn scales only, and a row for every layer.
-    if (kv->flavor == Fp8Flavor::kE4M3FN && every_layer_cached) {
+    if (kv->flavor == Fp8Flavor::kE4M3FN && every_layer_cached &&
+        resolved->kv_cache_dtype == KvCacheDtype::kFp8) {
       absl::StatusOr<LightLlmCalibration> file =
           LightLlmFromKvScales(*kv, model, resolved->tp_size);
       if (!file.ok()) return file.status();

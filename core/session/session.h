@@ -141,6 +141,9 @@ struct SessionScales {
   int tp_size = 1;
   ModelConfig model;
   std::optional<KvScales> kv_scales;           // over original heads; absent when kv is off
+  // The deployment's cache dtype: kNvfp4 makes kv_scales NVFP4 global decode scales
+  // (Nvfp4KvCacheScales, per tensor).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kFp8;
   // The file for this deployment; absent when kv is off or e4m3fnuz (LightLLM holds e4m3fn only).
   std::optional<LightLlmCalibration> lightllm;
   std::optional<int> rank;

@@ -925,6 +925,22 @@ TEST_F(E2eTest, CliCalibratesTheQueryScalePerKvHead) {
     }
   }
 
+  // The same session for an NVFP4 cache: k/v_scale become global decode scales, absmax / 2688,
+  // in compressed-tensors files (LightLLM holds FP8 scales only); q_scale stays the FP8 one.
+  const std::string nvfp4 = TempDir("q_nvfp4");
+  RunResult nvfp4_run = RunCli(absl::StrCat("scales --server=", server_->address(), " --session=",
+                                            scales["session_id"].get<std::string>(),
+                                            " --kv-cache-dtype=nvfp4 --out=", nvfp4));
+  ASSERT_EQ(nvfp4_run.exit_code, 0) << nvfp4_run.output;
+  EXPECT_FALSE(fs::exists(nvfp4 + "/kv_cache_calib.json"));
+  auto nvfp4_scales = nlohmann::json::parse(ReadFile(nvfp4 + "/scales.json"));
+  EXPECT_EQ(nvfp4_scales["kv_cache"]["kv_cache_dtype"], "nvfp4");
+  const auto& layer0 = nvfp4_scales["kv_cache"]["layers"][0];
+  EXPECT_EQ(layer0["k_scale"][0].get<float>(), 0.125f / 2688.0f);
+  EXPECT_EQ(layer0["q_scale"][0].get<float>(), 4.0f / 448.0f);  // 1 + 0 + layer 0 ... group 3
+  auto nvfp4_ct = SafetensorsFile::Open(nvfp4 + "/compressed_tensors_scales.safetensors");
+  ASSERT_TRUE(nvfp4_ct.ok()) << nvfp4_ct.status();
+
   const std::string plain = TempDir("q_off");
   RunResult off = RunCli(absl::StrCat(common, " --out=", plain));
   ASSERT_EQ(off.exit_code, 0) << off.output;

@@ -47,12 +47,15 @@ def test_scales_files_equal_caliper_scales(server, tmp_path, mode):
     feed(session, np.random.default_rng(1))
     session.finalize()
     formats = ["compressed-tensors", "modelopt", "vllm-legacy"]
-    for tp, rank, convention in ((1, None, "compressed-tensors"), (8, 3, "modelopt")):
+    for tp, rank, convention, cache in ((1, None, "compressed-tensors", "fp8"),
+                                        (8, 3, "modelopt", "fp8"),
+                                        (2, None, "compressed-tensors", "nvfp4")):
         py_dir, cli_dir = tmp_path / f"py{tp}", tmp_path / f"cli{tp}"
         result = session.scales(tp=tp, rank=rank, formats=formats, convention=convention,
-                                out=py_dir)
+                                kv_cache_dtype=cache, out=py_dir)
         args = ["scales", f"--server={server.address}", f"--session={session.id}",
-                f"--out={cli_dir}", f"--tp={tp}", f"--convention={convention}"]
+                f"--out={cli_dir}", f"--tp={tp}", f"--convention={convention}",
+                f"--kv-cache-dtype={cache}"]
         args += [f"--format={f}" for f in formats]
         if rank is not None:
             args.append(f"--rank={rank}")
@@ -63,6 +66,16 @@ def test_scales_files_equal_caliper_scales(server, tmp_path, mode):
             assert (py_dir / name).read_bytes() == (cli_dir / name).read_bytes(), name
         assert result.written.scales_json == str(py_dir / "scales.json")
         assert result.tp_size == tp
+        doc = json.loads((py_dir / "scales.json").read_text())
+        if cache == "nvfp4":  # per-tensor global decode scales of the same absmax
+            assert not (py_dir / "kv_cache_calib.json").exists()
+            assert doc["kv_cache"]["kv_cache_dtype"] == "nvfp4"
+            for layer, fp8 in zip(doc["kv_cache"]["layers"], fp8_layers):
+                assert layer["k_absmax"] == [max(fp8["k_absmax"])]
+                assert layer["k_scale"][0] == pytest.approx(layer["k_absmax"][0] / 2688, rel=1e-6)
+                assert layer["v_scale"][0] == pytest.approx(max(fp8["v_absmax"]) / 2688, rel=1e-6)
+        elif tp == 1:
+            fp8_layers = doc["kv_cache"]["layers"]
 
 
 @pytest.mark.parametrize("warmup", [0, 2])

@@ -38,7 +38,8 @@ def write_scales_files(out_dir: str, response: pb.ScalesResponse) -> WrittenFile
     if not response.scales_json:
         raise RuntimeError("GetScales returned no scales.json (a caliper-server before 0.2.0?)")
     lightllm = [f for f in response.files if f.format == "lightllm"]
-    if response.kv != pb.KV_OFF and response.fp8_flavor == pb.FP8_E4M3FN and not lightllm:
+    if (response.kv != pb.KV_OFF and response.fp8_flavor == pb.FP8_E4M3FN
+            and response.kv_cache_dtype != pb.KV_CACHE_NVFP4 and not lightllm):
         raise RuntimeError("GetScales returned no \"lightllm\" file for a KV session")
     others = [f for f in response.files if f.format != "lightllm"]
     for f in others:

@@ -600,11 +600,12 @@ class Session:
 
     def scales(self, tp: Optional[int] = None, rank: Optional[int] = None, *,
                total_kv_heads: Optional[int] = None, formats: Sequence[str] = (),
-               convention: str = "compressed-tensors",
+               convention: str = "compressed-tensors", kv_cache_dtype: str = "fp8",
                out: Optional[Union[str, os.PathLike[str]]] = None) -> Scales:
-        """Scales of the finalized session for a deployment (TP size `tp`, or total_kv_heads);
-        with `out`, writes the files `caliper scales` writes (kv_cache_calib.json, scales.json,
-        the engine files of `formats`) and puts their paths in `.written`."""
+        """Scales of the finalized session for a deployment (TP size `tp`, or total_kv_heads;
+        `kv_cache_dtype` "nvfp4" for an NVFP4 KV cache: per-tensor global decode scales, absmax
+        / 2688); with `out`, writes the files `caliper scales` writes (kv_cache_calib.json,
+        scales.json, the engine files of `formats`) and puts their paths in `.written`."""
         if tp is not None and total_kv_heads is not None:
             raise ValueError("give tp or total_kv_heads, not both")
         if rank is not None and tp is None:
@@ -612,7 +613,10 @@ class Session:
         if convention not in _CONVENTIONS:
             raise ValueError(f"convention: expected compressed-tensors or modelopt, got "
                              f"{convention!r}")
-        deployment = pb.Deployment()
+        if kv_cache_dtype not in ("fp8", "nvfp4"):
+            raise ValueError(f"kv_cache_dtype: expected fp8 or nvfp4, got {kv_cache_dtype!r}")
+        deployment = pb.Deployment(kv_cache_dtype=pb.KV_CACHE_NVFP4 if kv_cache_dtype == "nvfp4"
+                                   else pb.KV_CACHE_FP8)
         if total_kv_heads is not None:
             deployment.total_kv_heads = total_kv_heads
         else:
@@ -620,9 +624,9 @@ class Session:
         if rank is not None:
             deployment.rank = rank
         # The session's default KV file first, as `caliper scales`: LightLLM's, or
-        # compressed-tensors for e4m3fnuz (LightLLM holds e4m3fn only).
+        # compressed-tensors for e4m3fnuz and NVFP4 caches (LightLLM holds e4m3fn FP8 only).
         kv_format = ("compressed-tensors" if self.proto.recipe.fp8_flavor == pb.FP8_E4M3FNUZ
-                     else "lightllm")
+                     or kv_cache_dtype == "nvfp4" else "lightllm")
         request = pb.ScalesRequest(
             session_id=self.id, deployment=deployment, convention=_CONVENTIONS[convention],
             formats=([kv_format] if self.proto.recipe.kv != pb.KV_OFF else []) +
