@@ -120,11 +120,15 @@ def report_in_use(client: Client, fleet: str, producer_id: str, version: int,
 
 
 def watch_scales(client: Client, fleet: str, *, tp_size: int = 1, after_version: int = 0,
+                 kv_cache_dtype: str = "fp8",
                  timeout: Optional[float] = None) -> Iterator[ScalesVersion]:
     """The current version, then each version that becomes current (one stream; the caller
-    reconnects with after_version on error). Cancel through the iterator's close()."""
+    reconnects with after_version on error). Cancel through the iterator's close().
+    kv_cache_dtype "nvfp4": the scales of an NVFP4 KV cache (global decode scales)."""
     from .client import Scales
-    request = pb.WatchScalesRequest(fleet=fleet, deployment=pb.Deployment(tp_size=tp_size),
+    deployment = pb.Deployment(tp_size=tp_size, kv_cache_dtype=pb.KV_CACHE_NVFP4
+                               if kv_cache_dtype.startswith("nvfp4") else pb.KV_CACHE_FP8)
+    request = pb.WatchScalesRequest(fleet=fleet, deployment=deployment,
                                     after_version=after_version)
     call: grpc.Future = client.stub.WatchScales(request, metadata=client._metadata,
                                                 timeout=timeout)

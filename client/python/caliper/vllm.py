@@ -242,7 +242,11 @@ def _layer_index(name: str) -> Optional[int]:
 
 
 def _fp8_max(kv_cache_dtype: str) -> float:
+    """The largest |x| / k_scale the cache holds: its FP8 max, or for NVFP4 caches (global
+    decode scales) E2M1's 6 times the E4M3 block scale's 448."""
     import torch
+    if kv_cache_dtype.startswith("nvfp4"):
+        return 448.0 * 6.0
     return float(torch.finfo(torch.float8_e5m2 if "e5m2" in kv_cache_dtype
                              else torch.float8_e4m3fn).max)
 
@@ -718,6 +722,8 @@ class _EngineState:
         self.enabled = True
         config = core.vllm_config
         self.tp_size = int(config.parallel_config.tensor_parallel_size)
+        # nvfp4 / nvfp4_4over6 caches take NVFP4 global decode scales, the FP8 ones absmax / qmax.
+        self.kv_cache_dtype = str(config.cache_config.cache_dtype)
         self.num_layers = int(config.model_config.get_num_layers(config.parallel_config))
         self.kv_heads = int(config.model_config.get_total_num_kv_heads())
         self.pending: Optional[Tuple[int, str, Dict[int, Tuple[List[float], List[float]]]]] = None
@@ -736,7 +742,8 @@ class _EngineState:
         while True:
             try:
                 for sv in watch_scales(client, self.settings.fleet, tp_size=self.tp_size,
-                                       after_version=after):
+                                       after_version=after,
+                                       kv_cache_dtype=self.kv_cache_dtype):
                     delay = 0.2
                     after = max(after, sv.version)
                     scales = {r.layer: (list(r.k_scale), list(r.v_scale))
