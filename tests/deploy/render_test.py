@@ -347,7 +347,7 @@ def http_get(url):
         return e.code, e.read().decode()
 
 
-def run_server_with(server, c, flags, timeout=20):
+def run_server_with(server, c, flags, timeout=60):
     """Starts the real server with the rendered args, listen addresses on loopback port 0, the
     CPU backend, and for TLS local files in place of the mounted Secrets."""
     state_dir = tempfile.mkdtemp(prefix="caliper-render-state-")
@@ -386,8 +386,14 @@ def run_server_with(server, c, flags, timeout=20):
                     check(status == 200, f"GET {path} while serving: {status} {body!r}")
             proc.send_signal(signal.SIGTERM)
             if metrics:
-                time.sleep(0.5)
-                status, body = http_get(f"http://{metrics}/readyz")
+                # Polled: on a loaded machine the signal can take longer than a fixed sleep to
+                # land; the drain delay (5 s) bounds the wait.
+                until = time.monotonic() + 4.0
+                while True:
+                    time.sleep(0.1)
+                    status, body = http_get(f"http://{metrics}/readyz")
+                    if status == 503 or time.monotonic() > until:
+                        break
                 check(status == 503 and "draining" in body,
                       f"GET /readyz after SIGTERM: {status} {body!r}, want 503 draining")
                 status, body = http_get(f"http://{metrics}/healthz")
