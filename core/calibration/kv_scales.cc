@@ -36,6 +36,9 @@ float ScaleOrWarn(float absmax, bool observed, float qmax, const ScaleArithmetic
   return 1.0f;
 }
 
+// max(a, b), except that a NaN wins, so the entry is flagged instead of silently dropped.
+float NanWinsMax(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+
 }  // namespace
 
 std::vector<std::vector<float>>& KvAbsMaxRows(KvScales& scales, KvKind kind) {
@@ -109,9 +112,7 @@ KvScales FinalizeKvScales(absl::Span<const KvLayerObserver> layers, KvGranularit
         bool any_observed = false;
         std::string missing;
         for (size_t h = 0; h < heads; ++h) {
-          // NaN must win so the entry is flagged instead of being silently ignored by max.
-          const float a = moving_average ? 0.0f : head_absmax(h);
-          layer_max = (std::isnan(a) || std::isnan(layer_max)) ? NAN : std::max(layer_max, a);
+          layer_max = NanWinsMax(layer_max, moving_average ? 0.0f : head_absmax(h));
           if (head_observed(h)) {
             any_observed = true;
           } else {
@@ -160,7 +161,7 @@ KvScales FinalizeMlaKvScales(absl::Span<const KvLayerObserver> layers, Fp8Flavor
           {where, absl::StrCat(latent_seen ? "k_pe" : "kv_c_normed",
                                " never observed; the entry's scale covers the other part only")});
     }
-    float entry = (std::isnan(latent) || std::isnan(rope)) ? NAN : std::max(latent, rope);
+    float entry = NanWinsMax(latent, rope);
     if (moving_average) {
       // One range per batch over both parts, then the same moving average as one head.
       KvLayerObserver merged(1);
@@ -207,20 +208,16 @@ absl::StatusOr<KvScales> Nvfp4KvCacheScales(const KvScales& fp8) {
       std::vector<float> absmax_row, scale_row;
       if (!absmax_rows[l].empty()) {
         float absmax = 0.0f;
-        for (float a : absmax_rows[l]) absmax = std::isnan(a) || std::isnan(absmax) ? NAN : std::max(absmax, a);
+        for (float a : absmax_rows[l]) absmax = NanWinsMax(absmax, a);
         absmax_row.push_back(absmax);
         if (kind == KvKind::kQuery) {  // E4M3 query: the FP8 scale, the largest head's
           scale_row.push_back(*std::max_element(scale_rows[l].begin(), scale_rows[l].end()));
         } else {
-          const float scale = absmax / kNvfp4KvQmax;
-          if (std::isfinite(absmax) && std::isnormal(absmax) && std::isnormal(scale)) {
-            scale_row.push_back(scale);
-          } else {
-            scale_row.push_back(1.0f);
-            out.warnings.push_back({absl::StrCat("layer ", l, " ", KvKindLetter(kind)),
-                                    absl::StrCat("absmax ", absmax, " gives no NVFP4 KV global "
-                                                 "scale; scale set to 1.0")});
-          }
+          scale_row.push_back(ScaleOrWarn(absmax, /*observed=*/true, kNvfp4KvQmax,
+                                          ScaleArithmetic(),
+                                          absl::StrCat("layer ", l, " ", KvKindLetter(kind),
+                                                       " (NVFP4 cache)"),
+                                          out.warnings));
         }
       }
       KvAbsMaxRows(out, kind).push_back(std::move(absmax_row));
