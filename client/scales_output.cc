@@ -120,13 +120,11 @@ absl::Status FetchAndWriteScales(v1::Calibration::Stub& stub, absl::string_view 
                         const std::string& out_dir, std::ostream& out, std::ostream& err) {
   *request.mutable_deployment() = deployment;
   request.set_convention(convention);
-  // The session's default KV file first: LightLLM's, or compressed-tensors for e4m3fnuz and for
-  // an NVFP4 cache (LightLLM holds FP8 scales only).
-  const std::string kv_format =
-      deployment.kv_cache_dtype() == v1::KV_CACHE_NVFP4
-          ? std::string(kFormatCompressedTensors)
-          : DefaultKvFormat(recipe.fp8_flavor() == v1::FP8_E4M3FNUZ ? Fp8Flavor::kE4M3FNUZ
-                                                                    : Fp8Flavor::kE4M3FN);
+  // The session's default KV file first (DefaultKvFormat: LightLLM's, or compressed-tensors).
+  const std::string kv_format = DefaultKvFormat(
+      recipe.fp8_flavor() == v1::FP8_E4M3FNUZ ? Fp8Flavor::kE4M3FNUZ : Fp8Flavor::kE4M3FN,
+      deployment.kv_cache_dtype() == v1::KV_CACHE_NVFP4 ? KvCacheDtype::kNvfp4
+                                                        : KvCacheDtype::kFp8);
   if (recipe.kv() != v1::KV_OFF) request.add_formats(kv_format);
   for (const std::string& format : formats) {
     if (format != kv_format) request.add_formats(format);

@@ -79,6 +79,9 @@ bool KvLayerHasScales(const KvScales& scales, size_t layer);
 KvScales FinalizeMlaKvScales(absl::Span<const KvLayerObserver> layers, Fp8Flavor flavor,
                              const KvScaleRule& rule = KvScaleRule());
 
+// The engine's KV cache dtype, which decides what its k_scale / v_scale mean.
+enum class KvCacheDtype { kFp8, kNvfp4 };
+
 // E2M1's largest magnitude times E4M3's: the NVFP4 KV cache's global decode scale is absmax / this.
 inline constexpr float kNvfp4KvQmax = 448.0f * 6.0f;
 

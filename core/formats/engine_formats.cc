@@ -12,8 +12,9 @@ std::vector<std::string> KnownOutputFormats() {
   return {kFormatLightLlm, kFormatCompressedTensors, kFormatModelOpt, kFormatVllmLegacy};
 }
 
-std::string DefaultKvFormat(Fp8Flavor flavor) {
-  return flavor == Fp8Flavor::kE4M3FN ? kFormatLightLlm : kFormatCompressedTensors;
+std::string DefaultKvFormat(Fp8Flavor flavor, KvCacheDtype cache) {
+  return flavor == Fp8Flavor::kE4M3FN && cache == KvCacheDtype::kFp8 ? kFormatLightLlm
+                                                                      : kFormatCompressedTensors;
 }
 
 absl::StatusOr<std::vector<RenderedFile>> RenderOutputs(absl::Span<const std::string> formats,

@@ -22,9 +22,10 @@ namespace caliper {
 // The names RenderOutputs and the CLI's --format accept.
 std::vector<std::string> KnownOutputFormats();
 
-// The file a KV session gets when no format is asked for: "lightllm" for e4m3fn scales;
-// "compressed-tensors" for e4m3fnuz, which LightLLM cannot hold (vLLM on ROCm loads it).
-std::string DefaultKvFormat(Fp8Flavor flavor);
+// The file a KV session gets when no format is asked for: "lightllm" for e4m3fn scales of an
+// FP8 cache; "compressed-tensors" for e4m3fnuz (vLLM on ROCm loads it) and for an NVFP4 cache,
+// which LightLLM cannot hold.
+std::string DefaultKvFormat(Fp8Flavor flavor, KvCacheDtype cache = KvCacheDtype::kFp8);
 
 // Renders every format in `formats` (in order). InvalidArgument naming "formats[i]" for an
 // unknown format or one whose inputs are missing (e.g. vllm-legacy without KV scales).

@@ -15,9 +15,6 @@ namespace caliper {
 // A deployment asks for scales at TP `tp_size` (0: unset) or with `total_kv_heads` counted
 // across ranks (0: unset; a multiple of the model's heads, since T * max(H / T, 1) always is);
 // both unset means TP 1. `rank` also returns that rank's K/V slice and needs tp_size.
-// The engine's KV cache dtype, which decides what its k_scale / v_scale mean.
-enum class KvCacheDtype { kFp8, kNvfp4 };
-
 struct Deployment {
   int tp_size = 0;
   int total_kv_heads = 0;
