@@ -241,7 +241,7 @@ def _layer_index(name: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def _fp8_max(kv_cache_dtype: str) -> float:
+def _kv_qmax(kv_cache_dtype: str) -> float:
     """The largest |x| / k_scale the cache holds: its FP8 max, or for NVFP4 caches (global
     decode scales) E2M1's 6 times the E4M3 block scale's 448."""
     import torch
@@ -338,7 +338,7 @@ class _WorkerState:
             self.layers[index] = _Layer(module, heads, int(module.head_size), [0] * heads,
                                         [0] * heads)
         self.kv_cache_dtype = str(next(iter(layers.values())).kv_cache_dtype)
-        self.fp8_max = _fp8_max(self.kv_cache_dtype)
+        self.kv_qmax = _kv_qmax(self.kv_cache_dtype)
         self.steps = 0
         self.sampled_steps = 0
         self.sampled_tokens = 0         # of the window in use
@@ -415,8 +415,8 @@ class _WorkerState:
                 kc = statistic(recipe, k, dtype, f"layer {index} key", pb.KEY)
                 vc = statistic(recipe, v, dtype, f"layer {index} value", pb.VALUE)
                 # Saturation under the scale the kernel applies (one per layer and rank).
-                k_over = (k.abs() > module._k_scale_float * self.fp8_max).sum(dim=(0, 2))
-                v_over = (v.abs() > module._v_scale_float * self.fp8_max).sum(dim=(0, 2))
+                k_over = (k.abs() > module._k_scale_float * self.kv_qmax).sum(dim=(0, 2))
+                v_over = (v.abs() > module._v_scale_float * self.kv_qmax).sum(dim=(0, 2))
                 with self._lock:
                     for h, (a, b) in enumerate(zip(k_over.tolist(), v_over.tolist())):
                         layer.k_over[h] += a
