@@ -34,6 +34,7 @@
 #include "nlohmann/json.hpp"
 #include "server/caliper_server.h"
 #include "tests/e2e/e2e_support.h"
+#include "tests/support/naive_reduce.h"
 
 namespace caliper {
 namespace {
@@ -875,12 +876,8 @@ TEST_F(E2eTest, CliCalibratesTheQueryScalePerKvHead) {
   constexpr int kLayers = 4, kKvHeads = 4, kHeads = 8, kDim = 32, kTokens = 6;
   SafetensorsWriter writer;
   auto bf16 = [](const std::vector<float>& values) {
-    std::string bytes(values.size() * 2, '\0');
-    for (size_t i = 0; i < values.size(); ++i) {
-      const uint16_t bits = FloatToBF16(values[i]);
-      std::memcpy(&bytes[2 * i], &bits, 2);
-    }
-    return bytes;
+    const std::vector<uint8_t> bytes = testing::Encode(DType::kBF16, values);
+    return std::string(bytes.begin(), bytes.end());
   };
   for (int layer = 0; layer < kLayers; ++layer) {
     std::vector<float> kv(kTokens * kKvHeads * kDim, 0.125f);

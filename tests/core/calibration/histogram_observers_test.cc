@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "core/tensor/dtype.h"
+#include "tests/support/fp8_reference.h"
 
 namespace caliper {
 namespace {
@@ -49,14 +50,7 @@ Data MakeData(int n, uint32_t seed) {
   return d;
 }
 
-double ExactMse(const std::vector<double>& v, double scale, Fp8Flavor flavor) {
-  double e = 0;
-  for (double x : v) {
-    const double d = x - scale * Fp8RoundMagnitude(x / scale, flavor);
-    e += d * d;
-  }
-  return e / static_cast<double>(v.size());
-}
+using testing::ExactFp8Mse;
 
 TEST(HistogramObserversTest, PercentileClipsAtMostTheShare) {
   Data d = MakeData(200000, 1);
@@ -85,7 +79,7 @@ TEST(HistogramObserversTest, QualityMatchesTheData) {
     for (double t : {static_cast<double>(d.hist.max), 10.0, 3.0, 1.0}) {
       const double s = t / qmax;
       const Fp8Quality q = MeasureFp8Quality(d.hist, s, flavor);
-      const double exact = ExactMse(d.values, s, flavor);
+      const double exact = ExactFp8Mse(d.values, s, flavor);
       EXPECT_NEAR(q.mse, exact, 0.01 * exact) << t;  // the uniform-in-bin model costs < 1%
       double clipped = 0;
       for (double x : d.values) clipped += x > t;
@@ -104,13 +98,13 @@ TEST(HistogramObserversTest, MseIsNearTheBestScaleOnTheData) {
   const double t = MseClip(d.hist, fn);
   EXPECT_GT(t, 0.0);
   EXPECT_LE(t, d.hist.max);
-  const double chosen = ExactMse(d.values, t / 448.0, fn);
-  double best = ExactMse(d.values, d.hist.max / 448.0, fn);
+  const double chosen = ExactFp8Mse(d.values, t / 448.0, fn);
+  double best = ExactFp8Mse(d.values, d.hist.max / 448.0, fn);
   for (int k = 0; k <= 256; ++k) {
-    best = std::min(best, ExactMse(d.values, d.hist.max * std::exp2(-k / 64.0) / 448.0, fn));
+    best = std::min(best, ExactFp8Mse(d.values, d.hist.max * std::exp2(-k / 64.0) / 448.0, fn));
   }
   EXPECT_LE(chosen, best * 1.02);
-  EXPECT_LE(chosen, ExactMse(d.values, d.hist.max / 448.0, fn) * 1.0001);
+  EXPECT_LE(chosen, ExactFp8Mse(d.values, d.hist.max / 448.0, fn) * 1.0001);
   // All zeros or nothing observed: no clip point (callers warn).
   MagnitudeHistogram zeros;
   zeros.Add(0.0f);
@@ -186,7 +180,7 @@ TEST(HistogramObserversPropertyTest, MseAndPercentileAgainstExactSearch) {
     for (uint32_t seed = 1; seed <= 8; ++seed) {
       const Data d = MakeShaped(shape, seed);
       for (Fp8Flavor flavor : {Fp8Flavor::kE4M3FN, Fp8Flavor::kE4M3FNUZ}) {
-        SCOPED_TRACE(testing::Message() << "shape " << static_cast<int>(shape) << " seed " << seed
+        SCOPED_TRACE(::testing::Message() << "shape " << static_cast<int>(shape) << " seed " << seed
                                         << " flavor " << static_cast<int>(flavor));
         const Fp8Table fp8(flavor);
         const double qmax = Fp8Max(flavor), max = d.hist.max;

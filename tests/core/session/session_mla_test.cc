@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/fp8_reference.h"
 #include "tests/support/session_test_util.h"
 
 namespace caliper {
@@ -195,14 +196,8 @@ std::vector<double> EntryMagnitudes(const MlaParts& p) {
   return m;
 }
 
-// The exact mean squared FP8 round-trip error of the entry's elements with scale `s`.
 double ExactMse(const std::vector<double>& magnitudes, double s) {
-  double sum = 0;
-  for (double x : magnitudes) {
-    const double e = x - s * Fp8RoundMagnitude(x / s, Fp8Flavor::kE4M3FN);
-    sum += e * e;
-  }
-  return sum / static_cast<double>(magnitudes.size());
+  return testing::ExactFp8Mse(magnitudes, s, Fp8Flavor::kE4M3FN);
 }
 
 // percentile and mse on MLA: one clip point for the whole cached entry [kv_c_normed | k_pe],
@@ -260,19 +255,10 @@ TEST_F(MlaSessionTest, HistogramObserversClipTheWholeEntry) {
 }
 
 // The sparse histogram a producer sends for one chunk (one "head": an MLA part).
-HistogramStatistics SparseHistogram(const std::vector<float>& values) {
+HistogramStatistics SparseHistogramOf(const std::vector<float>& values) {
   MagnitudeHistogram h;
   for (float x : values) h.Add(x);
-  HistogramStatistics out;
-  out.max_count = h.max_count;
-  int previous = -1;
-  for (int slot = 0; slot < MagnitudeHistogram::kSlots; ++slot) {
-    if (h.counts[slot] == 0) continue;
-    out.slot_gaps.push_back(static_cast<uint32_t>(slot - previous - 1));
-    out.counts.push_back(h.counts[slot]);
-    previous = slot;
-  }
-  return out;
+  return SparseHistogram(h);
 }
 
 // Statistics mode with histograms gives the raw-mode MLA scales bit for bit.
@@ -292,7 +278,7 @@ TEST_F(MlaSessionTest, HistogramStatisticsEqualRawData) {
       c.data = {};
       c.statistics = ChunkStatistics{};
       c.statistics->absmax = {AbsMax(v)};
-      c.statistics->histograms = {SparseHistogram(v)};
+      c.statistics->histograms = {SparseHistogramOf(v)};
       ObserveOk(*stats, c);
     }
     const KvScales a = *Final(*raw).kv_scales, b = *Final(*stats).kv_scales;
