@@ -422,9 +422,9 @@ absl::Status RunCalibrateIntoFleet(const CliArgs& flags, std::ostream& out, std:
   if (!flags.Has("weight-version")) {
     return UsageError("--fleet needs --weight-version (the weights the dumps were taken with)");
   }
-  for (const char* name : {"model", "out", "tp", "format", "convention", "kv-cache-dtype", "name", "weights", "kv",
-                           "fp8", "attention", "nvfp4", "observer", "kv-observer", "compat", "histograms",
-                           "warmup"}) {
+  for (const char* name : {"model", "out", "tp", "format", "convention", "kv-cache-dtype", "name",
+                           "weights", "kv", "fp8", "attention", "nvfp4", "observer", "kv-observer",
+                           "compat", "histograms", "warmup"}) {
     if (flags.Has(name)) {
       return UsageError(absl::StrCat("--", name, ": not with --fleet (the fleet's model and "
                                      "recipe apply; `caliper scales --fleet` writes files)"));

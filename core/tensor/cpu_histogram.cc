@@ -156,16 +156,19 @@ CALIPER_INLINE void HistRowsBody(const uint8_t* data, int64_t rows, int64_t num_
   *bad += nonfinite;
 }
 
-CALIPER_CLONES_AVX512 void HistRowsBF16(const uint8_t* d, int64_t rows, int64_t heads, int64_t dim,
-                                 uint32_t* counts, HeadState<int16_t>* state, int64_t* bad) {
+CALIPER_CLONES_AVX512 void HistRowsBF16(const uint8_t* d, int64_t rows, int64_t heads,
+                                        int64_t dim, uint32_t* counts, HeadState<int16_t>* state,
+                                        int64_t* bad) {
   HistRowsBody<DType::kBF16>(d, rows, heads, dim, counts, state, bad);
 }
-CALIPER_CLONES_AVX512 void HistRowsF16(const uint8_t* d, int64_t rows, int64_t heads, int64_t dim,
-                                uint32_t* counts, HeadState<int16_t>* state, int64_t* bad) {
+CALIPER_CLONES_AVX512 void HistRowsF16(const uint8_t* d, int64_t rows, int64_t heads,
+                                       int64_t dim, uint32_t* counts, HeadState<int16_t>* state,
+                                       int64_t* bad) {
   HistRowsBody<DType::kF16>(d, rows, heads, dim, counts, state, bad);
 }
-CALIPER_CLONES_AVX512 void HistRowsF32(const uint8_t* d, int64_t rows, int64_t heads, int64_t dim,
-                                uint32_t* counts, HeadState<int32_t>* state, int64_t* bad) {
+CALIPER_CLONES_AVX512 void HistRowsF32(const uint8_t* d, int64_t rows, int64_t heads,
+                                       int64_t dim, uint32_t* counts, HeadState<int32_t>* state,
+                                       int64_t* bad) {
   HistRowsBody<DType::kF32>(d, rows, heads, dim, counts, state, bad);
 }
 

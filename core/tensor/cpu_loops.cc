@@ -218,12 +218,18 @@ CALIPER_CLONES int64_t RangeMasked32(const uint8_t* d, int64_t n, uint32_t inf, 
                                      int32_t* mx) {
   return RangeMaskedBody<uint32_t>(d, n, inf, mn, mx);
 }
-CALIPER_CLONES_AVX512 int16_t AbsMax16(const uint8_t* d, int64_t n) { return AbsMaxBody<uint16_t>(d, n); }
-CALIPER_CLONES_AVX512 int32_t AbsMax32(const uint8_t* d, int64_t n) { return AbsMaxBody<uint32_t>(d, n); }
-CALIPER_CLONES_AVX512 int16_t AbsMaxMasked16(const uint8_t* d, int64_t n, uint16_t inf, int64_t* bad) {
+CALIPER_CLONES_AVX512 int16_t AbsMax16(const uint8_t* d, int64_t n) {
+  return AbsMaxBody<uint16_t>(d, n);
+}
+CALIPER_CLONES_AVX512 int32_t AbsMax32(const uint8_t* d, int64_t n) {
+  return AbsMaxBody<uint32_t>(d, n);
+}
+CALIPER_CLONES_AVX512 int16_t AbsMaxMasked16(const uint8_t* d, int64_t n, uint16_t inf,
+                                             int64_t* bad) {
   return AbsMaxMaskedBody<uint16_t>(d, n, inf, bad);
 }
-CALIPER_CLONES_AVX512 int32_t AbsMaxMasked32(const uint8_t* d, int64_t n, uint32_t inf, int64_t* bad) {
+CALIPER_CLONES_AVX512 int32_t AbsMaxMasked32(const uint8_t* d, int64_t n, uint32_t inf,
+                                             int64_t* bad) {
   return AbsMaxMaskedBody<uint32_t>(d, n, inf, bad);
 }
 CALIPER_CLONES_AVX512 void Columns16(const uint8_t* d, int64_t rows, int64_t cols, int16_t* acc) {
@@ -232,21 +238,21 @@ CALIPER_CLONES_AVX512 void Columns16(const uint8_t* d, int64_t rows, int64_t col
 CALIPER_CLONES_AVX512 void Columns32(const uint8_t* d, int64_t rows, int64_t cols, int32_t* acc) {
   ColumnsBody<uint32_t>(d, rows, cols, acc);
 }
-CALIPER_CLONES_AVX512 int64_t ColumnsMasked16(const uint8_t* d, int64_t rows, int64_t cols, uint16_t inf,
-                                       int16_t* acc) {
+CALIPER_CLONES_AVX512 int64_t ColumnsMasked16(const uint8_t* d, int64_t rows, int64_t cols,
+                                              uint16_t inf, int16_t* acc) {
   return ColumnsMaskedBody<uint16_t>(d, rows, cols, inf, acc);
 }
-CALIPER_CLONES_AVX512 int64_t ColumnsMasked32(const uint8_t* d, int64_t rows, int64_t cols, uint32_t inf,
-                                       int32_t* acc) {
+CALIPER_CLONES_AVX512 int64_t ColumnsMasked32(const uint8_t* d, int64_t rows, int64_t cols,
+                                              uint32_t inf, int32_t* acc) {
   return ColumnsMaskedBody<uint32_t>(d, rows, cols, inf, acc);
 }
 
-CALIPER_CLONES_AVX512 void FoldHeads16(const int16_t* acc, int64_t cols, int64_t heads, int64_t dim,
-                                int16_t* keys) {
+CALIPER_CLONES_AVX512 void FoldHeads16(const int16_t* acc, int64_t cols, int64_t heads,
+                                       int64_t dim, int16_t* keys) {
   FoldHeadsBody<int16_t>(acc, cols, heads, dim, keys);
 }
-CALIPER_CLONES_AVX512 void FoldHeads32(const int32_t* acc, int64_t cols, int64_t heads, int64_t dim,
-                                int32_t* keys) {
+CALIPER_CLONES_AVX512 void FoldHeads32(const int32_t* acc, int64_t cols, int64_t heads,
+                                       int64_t dim, int32_t* keys) {
   FoldHeadsBody<int32_t>(acc, cols, heads, dim, keys);
 }
 

@@ -1,6 +1,7 @@
 // Build helpers shared by the CPU hot loops (reductions, NVFP4 packing). Internal to core/tensor.
 // Hot loops get an AVX2 clone picked at load time (some an AVX-512 one too); the default clone
-// keeps the binary portable. The loops are integer and min/max only, so every clone gives the same bits.
+// keeps the binary portable. The loops are integer and min/max only, so every clone gives the
+// same bits.
 #ifndef CALIPER_CORE_TENSOR_SIMD_H_
 #define CALIPER_CORE_TENSOR_SIMD_H_
 
