@@ -457,6 +457,10 @@ absl::StatusOr<v1::ScalesResponse> ScalesToProto(const SessionScales& scales,
         row->mutable_q_absmax()->Add(kv.q_absmax[layer].begin(), kv.q_absmax[layer].end());
         row->mutable_q_scale()->Add(kv.q[layer].begin(), kv.q[layer].end());
       }
+      if (layer < kv.mla_latent_absmax.size() && layer < kv.mla_rope_absmax.size()) {
+        row->set_mla_kv_c_normed_absmax(kv.mla_latent_absmax[layer]);
+        row->set_mla_k_pe_absmax(kv.mla_rope_absmax[layer]);
+      }
     }
   }
   for (size_t layer = 0; layer < scales.rank_slices.size(); ++layer) {

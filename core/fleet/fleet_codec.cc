@@ -453,6 +453,11 @@ std::string EncodeFinalScales(const FinalScales& scales) {
                  {"k", k},
                  {"v", v},
                  {"warnings", warnings}};
+    // MLA models: each cached part's absmax per layer (absent for other models).
+    if (!kv.mla_latent_absmax.empty()) {
+      out["kv"]["mla_latent_absmax"] = Floats(kv.mla_latent_absmax);
+      out["kv"]["mla_rope_absmax"] = Floats(kv.mla_rope_absmax);
+    }
   }
   json modules = json::object();
   for (const auto& [name, amax] : scales.amax) {
@@ -516,6 +521,20 @@ absl::StatusOr<FinalScales> DecodeFinalScales(absl::string_view bytes, const Lim
     if (kv.k_absmax.size() != kv.k.size() || kv.v_absmax.size() != kv.k.size() ||
         kv.v.size() != kv.k.size()) {
       return Bad("scales.kv", "layer counts differ");
+    }
+    const bool has_latent = kv_it->contains("mla_latent_absmax");
+    if (has_latent != kv_it->contains("mla_rope_absmax")) {
+      return Bad("scales.kv.mla_rope_absmax", "the MLA parts come together");
+    }
+    if (has_latent) {
+      for (auto [key, parts] : {std::pair{"mla_latent_absmax", &kv.mla_latent_absmax},
+                                std::pair{"mla_rope_absmax", &kv.mla_rope_absmax}}) {
+        absl::StatusOr<std::vector<float>> values =
+            ReadFloats((*kv_it)[key], kr.Path(key), kv.k.size());
+        if (!values.ok()) return values.status();
+        if (values->size() != kv.k.size()) return Bad(kr.Path(key), "one value per layer");
+        *parts = *std::move(values);
+      }
     }
     absl::StatusOr<const json*> warnings = kr.Get("warnings", json::value_t::array);
     if (!warnings.ok()) return warnings.status();

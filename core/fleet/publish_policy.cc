@@ -127,6 +127,11 @@ PublishDecision DecidePublish(const PublishPolicy& policy, const FinalScales& ca
       kv.v_absmax[l] = before.v_absmax[l];
       kv.k[l] = before.k[l];
       kv.v[l] = before.v[l];
+      if (static_cast<size_t>(l) < kv.mla_latent_absmax.size() &&
+          static_cast<size_t>(l) < before.mla_latent_absmax.size()) {
+        kv.mla_latent_absmax[l] = before.mla_latent_absmax[l];
+        kv.mla_rope_absmax[l] = before.mla_rope_absmax[l];
+      }
       out.kept_layers.push_back(l);
     }
     // The window's never-observed warnings of kept layers no longer apply.

@@ -88,6 +88,11 @@ def test_hooks_stream_what_is_cached(server, tmp_path):
         assert layer["mla_k_pe_absmax"] == pytest.approx(rope[i], rel=1e-6)
         assert layer["k_scale"][0] == pytest.approx(entry / 448, rel=1e-6)
         assert layer["v_scale"] == layer["k_scale"]
+        # The RPC's rows carry the same parts.
+        row = scales.kv_layers[i]
+        assert row.mla_kv_c_normed_absmax == pytest.approx(latent[i], rel=1e-6)
+        assert row.mla_k_pe_absmax == pytest.approx(rope[i], rel=1e-6)
+        assert row.k_absmax == [pytest.approx(entry, rel=1e-6)]
     files = {p.name: p for p in (tmp_path / "raw").rglob("*.safetensors")}
     assert files, "no compressed-tensors scale file"
     with safe_open(str(next(iter(files.values()))), "pt") as f:

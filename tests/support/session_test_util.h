@@ -24,6 +24,17 @@ inline ModelConfig LlamaTestModel(int layers, int kv_heads, int head_dim, int at
   return m;
 }
 
+// A tiny DeepSeek-V3 (MLA) model: `layers` layers, kv_lora_rank 16, qk_rope_head_dim 8; its
+// cache is one "head" of the latent entry (16 + 8 wide), as ParseHfConfig describes MLA.
+inline ModelConfig DeepseekTestModel(int layers = 2) {
+  ModelConfig m = LlamaTestModel(layers, 1, 24, 4);
+  m.hidden_size = 64;
+  m.architecture = "DeepseekV3ForCausalLM";
+  m.model_type = "deepseek_v3";
+  m.mla = MlaConfig{16, 8, 12, 12};
+  return m;
+}
+
 // FP8 KV per head plus NVFP4 weights and inputs.
 inline Recipe AllOnRecipe() {
   Recipe r;

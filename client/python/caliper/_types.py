@@ -61,6 +61,9 @@ class KvLayerScales:
     # recipe attention q only (else empty): the query's, per KV head or one value.
     q_absmax: List[float] = dataclasses.field(default_factory=list)
     q_scale: List[float] = dataclasses.field(default_factory=list)
+    # MLA models only (else None): each cached part's absmax; k_absmax is their max.
+    mla_kv_c_normed_absmax: Optional[float] = None
+    mla_k_pe_absmax: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,13 +104,14 @@ class OutputFile:
     content: bytes
 
 
-def _opt(message: pb.ModuleScales, field: str) -> Optional[float]:
+def _opt(message, field: str) -> Optional[float]:
     return getattr(message, field) if message.HasField(field) else None
 
 
 def kv_layers(response: pb.ScalesResponse) -> List[KvLayerScales]:
     return [KvLayerScales(r.layer, list(r.k_absmax), list(r.v_absmax), list(r.k_scale),
-                          list(r.v_scale), list(r.q_absmax), list(r.q_scale))
+                          list(r.v_scale), list(r.q_absmax), list(r.q_scale),
+                          _opt(r, "mla_kv_c_normed_absmax"), _opt(r, "mla_k_pe_absmax"))
             for r in response.kv_layers]
 
 

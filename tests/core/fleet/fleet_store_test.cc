@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "core/fleet/fleet_codec.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/fleet_test_util.h"
 #include "tests/support/state_test_util.h"
 
@@ -180,6 +181,29 @@ TEST(FleetCodecTest, ScalesRoundTripBitExactIncludingNonFinite) {
   EXPECT_TRUE(std::isnan(back->kv->v_absmax[1][0]));
   EXPECT_TRUE(std::isinf(back->kv->k[0][2]));
   EXPECT_EQ(back->kv->warnings.size(), 1u);
+}
+
+TEST(FleetCodecTest, MlaPartsRoundTripAndComeTogether) {
+  FinalScales scales = testing::UniformScales({44.8f, 7.0f}, 1);
+  scales.kv->granularity = KvGranularity::kPerTensor;
+  scales.kv->mla_latent_absmax = {3.5f, 7.0f};
+  scales.kv->mla_rope_absmax = {44.8f, NAN};
+  const std::string bytes = EncodeFinalScales(scales);
+  absl::StatusOr<FinalScales> back = DecodeFinalScales(bytes, Limits());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kv->mla_latent_absmax, (std::vector<float>{3.5f, 7.0f}));
+  EXPECT_EQ(back->kv->mla_rope_absmax[0], 44.8f);
+  EXPECT_TRUE(std::isnan(back->kv->mla_rope_absmax[1]));
+  // Other models' records have neither key.
+  EXPECT_EQ(EncodeFinalScales(testing::UniformScales({1.0f}, 2)).find("mla_"), std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(bytes);
+  j["kv"].erase("mla_rope_absmax");
+  EXPECT_THAT(DecodeFinalScales(j.dump(), Limits()).status().message(),
+              HasSubstr("scales.kv.mla_rope_absmax"));
+  j = nlohmann::json::parse(bytes);
+  j["kv"]["mla_latent_absmax"].push_back(0);  // three layers' values for two layers
+  EXPECT_THAT(DecodeFinalScales(j.dump(), Limits()).status().message(),
+              HasSubstr("scales.kv.mla_latent_absmax"));
 }
 
 TEST(FleetCodecTest, InUseReportsRoundTripWithTheirLayersAndDrops) {

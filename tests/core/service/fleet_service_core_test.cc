@@ -138,6 +138,25 @@ class FleetServiceCoreTest : public ::testing::Test {
     }
   }
 
+  // MLA: `tokens` latent (KEY, [tokens, 16], all `latent`) and k_pe (VALUE, [tokens, 1, 8], all
+  // `rope`) tokens on each of `layers`.
+  void StreamMla(const std::string& session_id, int tokens, float latent, float rope,
+                 const std::vector<int>& layers) {
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> empty = store_.LoadEmpty(session_id, "");
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    std::shared_ptr<CalibrationSession> partial = *std::move(empty);
+    partials_.push_back(flusher_.Register(partial));
+    const std::vector<float> latent_data(static_cast<size_t>(tokens) * 16, latent);
+    const std::vector<float> rope_data(static_cast<size_t>(tokens) * 8, rope);
+    for (int layer : layers) {
+      for (const ChunkRef& chunk :
+           {testing::F32Chunk(ChunkKind::kKey, layer, latent_data, {tokens, 16}),
+            testing::F32KvChunk(ChunkKind::kValue, layer, rope_data, 1, 8)}) {
+        ASSERT_TRUE(partial->Observe(chunk, *backend_, nullptr).status.ok());
+      }
+    }
+  }
+
   Window OnlyWindow() {
     absl::StatusOr<FleetState> state = service_->Get("", "prod");
     EXPECT_TRUE(state.ok()) << state.status();
@@ -286,6 +305,40 @@ TEST_F(FleetServiceCoreTest, WatchersOfAPublishShareOneScaleReadAndARemadeFleetI
   ASSERT_TRUE(service_->Delete("", "prod").ok());
   publish(8.0f);
   EXPECT_EQ(watch_k_absmax(), 8.0f);
+}
+
+// An MLA fleet's versions keep each cached part's absmax (latent and k_pe) beside the entry's
+// one scale, also for layers a later window did not see (the store's codec: FleetCodecTest).
+TEST_F(FleetServiceCoreTest, MlaVersionsKeepEachPartsAbsmax) {
+  Fleet fleet = TestFleet();
+  fleet.model = testing::DeepseekTestModel(2);
+  fleet.recipe.kv = KvMode::kPerTensor;
+  ASSERT_TRUE(service_->Create(fleet).ok());
+  auto publish = [&](float latent, float rope, const std::vector<int>& layers) {
+    absl::StatusOr<FleetService::OpenedWindow> opened = service_->OpenWindow("", "prod", "step-1");
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    StreamMla(opened->window.session_id, 8, latent, rope, layers);
+    absl::StatusOr<Window> closed = service_->CloseWindow("", "prod", "", "step-1");
+    ASSERT_TRUE(closed.ok()) << closed.status();
+    ASSERT_NE(closed->version, 0) << closed->detail;
+  };
+  publish(3.5f, 44.8f, {0, 1});    // k_pe dominates: the entry's scale is 44.8 / 448
+  publish(100.0f, 1.0f, {0});      // layer 0 drifts (the latent now dominates); layer 1 is kept
+  absl::StatusOr<ScalesAnswer> v1 = service_->Scales("", "prod", 1, ScalesQuery());
+  absl::StatusOr<ScalesAnswer> v2 = service_->Scales("", "prod", 2, ScalesQuery());
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  const KvScales& first = *v1->scales.kv_scales;
+  const KvScales& second = *v2->scales.kv_scales;
+  EXPECT_EQ(first.mla_latent_absmax, (std::vector<float>{3.5f, 3.5f}));
+  EXPECT_EQ(first.mla_rope_absmax, (std::vector<float>{44.8f, 44.8f}));
+  EXPECT_FLOAT_EQ(first.k[1][0], 0.1f);
+  EXPECT_EQ(second.mla_latent_absmax, (std::vector<float>{100.0f, 3.5f}));
+  EXPECT_EQ(second.mla_rope_absmax, (std::vector<float>{1.0f, 44.8f}));
+  EXPECT_FLOAT_EQ(second.k[0][0], 100.0f / 448.0f);
+  EXPECT_FLOAT_EQ(second.v[0][0], 100.0f / 448.0f);
+  EXPECT_FLOAT_EQ(second.k[1][0], 0.1f);
+  EXPECT_TRUE(second.warnings.empty());
 }
 
 TEST_F(FleetServiceCoreTest, DeletingAFleetDropsItsWindowsSessions) {
