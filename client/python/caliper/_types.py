@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ._pb import caliper_pb2 as pb
 
@@ -104,7 +104,7 @@ class OutputFile:
     content: bytes
 
 
-def _opt(message, field: str) -> Optional[float]:
+def _opt(message: Any, field: str) -> Optional[float]:
     return getattr(message, field) if message.HasField(field) else None
 
 
