@@ -73,8 +73,38 @@ check_internal::ScaleKind KindOf(const std::string& tensor) {
   return ScaleKind::kInputGlobal;
 }
 
+// The one value vLLM loads for the fused Linear group of `module`'s `kind` scale: the max of the
+// members' stored values, NaN winning (torch max); nullopt outside a group (and for MoE experts,
+// whose scales take other paths: CheckExperts).
+std::optional<float> FusedGroupValue(const ScaleSet& scales, const std::string& module,
+                                     check_internal::ScaleKind kind) {
+  const FusedGroupTable table = FusedGroupTable::Default();
+  const std::string group = table.GroupOf(module);
+  std::string layer_key;
+  int expert = 0;
+  if (group.empty() || ExpertOfModule(module, &layer_key, &expert)) return std::nullopt;
+  const bool weight = kind == check_internal::ScaleKind::kWeightGlobal;
+  std::optional<float> used;
+  int members = 0;
+  for (const auto& [name, m] : scales.modules) {
+    if (table.GroupOf(name) != group) continue;
+    const std::optional<ScaleValues>& stored = weight ? m.weight_global : m.input_global;
+    if (!stored.has_value() || stored->values.size() != 1) continue;
+    const float v = stored->values[0];
+    ++members;
+    if (!used.has_value() || std::isnan(v)) {
+      if (!used.has_value() || !std::isnan(*used)) used = v;
+    } else if (!std::isnan(*used)) {
+      used = std::max(*used, v);
+    }
+  }
+  if (members < 2) return std::nullopt;
+  return used;
+}
+
 // Non-finite, zero, negative and subnormal values of one stored scale (one finding per rule).
-void CheckValues(const ScaleSet& scales, const ScaleValues& tensor, Collector* out) {
+void CheckValues(const ScaleSet& scales, const ScaleValues& tensor, Collector* out,
+                 const std::string& module = "") {
   const check_internal::ScaleKind kind = KindOf(tensor.tensor);
   const bool lightllm = scales.format == kFormatLightLlm;
   struct Bad {
@@ -96,6 +126,11 @@ void CheckValues(const ScaleSet& scales, const ScaleValues& tensor, Collector* o
     if (bad->count++ == 0) bad->first = v;
   }
   const double n = static_cast<double>(tensor.values.size());
+  const std::optional<float> group_value =
+      module.empty() ? std::nullopt : FusedGroupValue(scales, module, kind);
+  auto BadAt = [&](float value) {
+    return check_internal::BadScale{value, group_value.has_value(), group_value.value_or(0)};
+  };
   auto add = [&](const Bad& bad, const char* rule, const char* what) {
     if (bad.count == 0) return;
     CheckFinding& f = out->Add(
@@ -103,7 +138,7 @@ void CheckValues(const ScaleSet& scales, const ScaleValues& tensor, Collector* o
         bad.count == 1 && n == 1
             ? absl::StrCat("the scale is ", what)
             : absl::StrCat(bad.count, " of ", n, " values are ", what),
-        Effects(rule, kind, scales.form, lightllm));
+        Effects(rule, kind, scales.form, lightllm, BadAt(bad.first)));
     f.details["count"] = bad.count;
     f.details["values"] = n;
   };
@@ -723,8 +758,8 @@ void CheckMla(const ScaleSet& scales, Collector* out) {
 std::vector<CheckFinding> CheckScaleSet(const ScaleSet& scales, const CheckOptions& options) {
   Collector out(options);
   for (const auto& [name, module] : scales.modules) {
-    if (module.weight_global.has_value()) CheckValues(scales, *module.weight_global, &out);
-    if (module.input_global.has_value()) CheckValues(scales, *module.input_global, &out);
+    if (module.weight_global.has_value()) CheckValues(scales, *module.weight_global, &out, name);
+    if (module.input_global.has_value()) CheckValues(scales, *module.input_global, &out, name);
   }
   for (const auto& [layer, kv] : scales.kv) {
     if (kv.k.has_value()) CheckValues(scales, *kv.k, &out);

@@ -1,6 +1,9 @@
 #include "core/check/engine_behavior.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
+#include "core/check/scale_math.h"
 
 namespace caliper::check_internal {
 namespace {
@@ -113,38 +116,81 @@ std::vector<EngineRow> BadKvValue(absl::string_view rule, ScaleKind kind, ScaleF
                     kVllmBaseKv);
 }
 
+// A bad global scale as vLLM's NVFP4 Linear loads it (verified by loading, vLLM 0.32 CPU build
+// with its emulation GEMM: peers.vllm_nvfp4_predictions): a fused group loads the max of its
+// members' stored values; compressed-tensors then inverts that divisor into the GEMM's alpha.
+std::vector<EngineRow> BadGlobalScale(absl::string_view rule, ScaleKind kind, ScaleForm form,
+                                      const BadScale& bad) {
+  const bool divisor = form == ScaleForm::kDivisor;
+  const char* evidence = divisor ? kVllmCtLinear : kVllmModelOptLinear;
+  const bool weight = kind == ScaleKind::kWeightGlobal;
+  const float used = bad.fused ? bad.group_used : bad.value;
+  const bool used_is_other = bad.fused && std::isfinite(used) && used > 0 &&
+                             std::fpclassify(used) == FP_NORMAL &&
+                             !(used == bad.value);
+  if (used_is_other) {
+    if (!weight) {
+      return Checkpoint(kNone,
+                        absl::StrCat("not used: the fused members quantize one input, with the "
+                                     "max over their stored input scales (",
+                                     FormatScale(used), ")"),
+                        evidence);
+    }
+    return Checkpoint(kDegrades,
+                      absl::StrCat("not used as stored: the fused group loads the max over its "
+                                   "members (",
+                                   FormatScale(used),
+                                   "), so this member's weights are dequantized with a "
+                                   "sibling's global scale, silently"),
+                      evidence);
+  }
+  const std::string group = bad.fused ? "the fused group's max is this value: " : "";
+  if (std::isnan(used)) {
+    return Checkpoint(kBreaks, absl::StrCat(group, "NaN at run time (NaN wins the max)"), evidence);
+  }
+  if (rule == "negative-scale" || used < 0) {
+    return Checkpoint(kBreaks, absl::StrCat(group, "garbage output: the layer's products change "
+                                                   "sign"),
+                      evidence);
+  }
+  if (divisor && std::isinf(used)) {
+    return Checkpoint(kBreaks,
+                      absl::StrCat(group, "1/inf = 0 becomes the layer's scale (alpha 0): the "
+                                          "projection outputs zeros, finite and wrong"),
+                      evidence);
+  }
+  if (divisor) {
+    return Checkpoint(kBreaks,
+                      absl::StrCat(group, "NaN at run time: the divisor is inverted (1/0, "
+                                          "1/subnormal = inf) into the GEMM's alpha"),
+                      evidence);
+  }
+  return Checkpoint(kBreaks,
+                    absl::StrCat(group, "NaN or garbage at run time: activations are divided by "
+                                        "the multiplier"),
+                    evidence);
+}
+
 std::vector<EngineRow> BadValue(absl::string_view rule, ScaleKind kind, ScaleForm form,
-                                bool lightllm_file) {
+                                bool lightllm_file, const BadScale& bad) {
   if (lightllm_file) {
     return LightLlmOnly(kBreaks, rule == "negative-scale"
                                      ? "garbage K/V: values stored with the wrong sign"
                                      : "NaN or saturated K/V at run time (it divides by the scale)");
   }
   if (IsKv(kind)) return BadKvValue(rule, kind, form);
-  const bool divisor = form == ScaleForm::kDivisor;
-  const char* evidence = divisor ? kVllmCtLinear : kVllmModelOptLinear;
-  if (rule == "negative-scale") {
-    return Checkpoint(kBreaks, "garbage output: the layer's products change sign", evidence);
-  }
-  if (divisor) {
-    return Checkpoint(kBreaks,
-                      "NaN at run time: the divisor is inverted (1/0, 1/subnormal = inf; NaN "
-                      "stays NaN) into the GEMM's alpha",
-                      evidence);
-  }
-  return Checkpoint(kBreaks, "NaN at run time: activations are divided by the multiplier",
-                    evidence);
+  return BadGlobalScale(rule, kind, form, bad);
 }
 
 }  // namespace
 
 std::vector<EngineRow> Effects(absl::string_view rule, ScaleKind kind, ScaleForm form,
-                               bool lightllm_file) {
+                               bool lightllm_file, const BadScale& bad) {
   using E = CheckEngine;
   const bool divisor = form == ScaleForm::kDivisor;
   if (rule == "non-finite-scale" || rule == "zero-scale" || rule == "negative-scale" ||
       rule == "subnormal-scale") {
-    return BadValue(rule, kind, form, lightllm_file);
+    return BadValue(rule, kind, form, lightllm_file, bad);
   }
   if (rule == "unreadable-scale") {
     return Checkpoint(kBreaks, "the loader copies integers into a float scale: not a scale",
@@ -161,11 +207,12 @@ std::vector<EngineRow> Effects(absl::string_view rule, ScaleKind kind, ScaleForm
       vllm = "warns (\"w1_weight_global_scale must match w3_weight_global_scale\") and uses the "
              "gate (w1) scale for the up (w3) projection too: w3 comes out scaled by their ratio";
     } else if (divisor) {
-      vllm = "warns (\"the global scale for input or weight are different for parallel "
+      vllm = "warns (\"In NVFP4 linear, the weight global scale is different for parallel "
              "layers\") and uses max(divisors) for every member: members stored with a smaller "
              "divisor come out too small by their ratio";
     } else {
-      vllm = "warns (\"the global weight scale differs across parallel layers\") and uses "
+      vllm = "warns (\"In NVFP4 linear, the global weight scale differs across parallel "
+             "layers\") and uses "
              "max(weight_scale_2) for every member: members with a smaller multiplier come out "
              "too large by their ratio";
     }

@@ -22,10 +22,20 @@ struct EngineRow {
   std::string evidence;
 };
 
+// Where a bad global scale sits (the value rules): its first bad value and, for a member of a
+// fused Linear group (q/k/v, gate/up; not MoE experts), the one value vLLM loads for the whole
+// group: the max of the members' stored values, NaN winning (torch max).
+struct BadScale {
+  float value = 0;
+  bool fused = false;
+  float group_used = 0;
+};
+
 // One row per engine for `rule` (an id of check_rules.cc, or a config sub-case) on a scale of
-// `kind` stored in `form`; `lightllm_file`: the scales came from a LightLLM JSON file.
+// `kind` stored in `form`; `lightllm_file`: the scales came from a LightLLM JSON file; `bad`:
+// for the value rules on global scales.
 std::vector<EngineRow> Effects(absl::string_view rule, ScaleKind kind, ScaleForm form,
-                               bool lightllm_file);
+                               bool lightllm_file, const BadScale& bad = {});
 
 }  // namespace caliper::check_internal
 

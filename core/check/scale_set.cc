@@ -118,7 +118,13 @@ void ReadQuantBlock(const json& block, const std::string& where, QuantConfig* co
   config->quant_method = JsonString(block, "quant_method");
   if (config->quant_method == "modelopt") {
     config->format = JsonString(block, "quant_algo");
+    // config.json: kv_cache_scheme (ModelOpt's export, what vLLM 0.32 reads); older writers
+    // and hf_quant_config.json: kv_cache_quant_algo.
     config->kv_strategy = JsonString(block, "kv_cache_quant_algo");
+    if (config->kv_strategy.empty() && block.contains("kv_cache_scheme") &&
+        block["kv_cache_scheme"].is_object()) {
+      config->kv_strategy = "FP8";
+    }
     config->kv_scheme = !config->kv_strategy.empty();
     config->ignore = JsonStrings(block, block.contains("exclude_modules") ? "exclude_modules"
                                                                           : "ignore");

@@ -180,12 +180,15 @@ absl::Status PlanQuantizationConfig(const MergeOptions& options, MergeInputs& in
     (*existing_block)["kv_cache_scheme"] = fresh["kv_cache_scheme"];
     return absl::OkStatus();
   }
-  if (existing_block->contains("kv_cache_quant_algo") &&
-      !(*existing_block)["kv_cache_quant_algo"].is_null()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, ".kv_cache_quant_algo: KV cache scales are already configured"));
+  for (const char* key : {"kv_cache_scheme", "kv_cache_quant_algo"}) {
+    if (existing_block->contains(key) && !(*existing_block)[key].is_null()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ".", key, ": KV cache scales are already configured"));
+    }
   }
-  (*existing_block)["kv_cache_quant_algo"] = "FP8";
+  // ModelOpt's config.json form: vLLM 0.32 reads kv_cache_scheme there.
+  existing_block->erase("kv_cache_quant_algo");
+  (*existing_block)["kv_cache_scheme"] = ojson::parse(kModelOptKvCacheScheme);
   const std::string hf_quant_path = JoinPath(options.checkpoint_dir, kModelOptConfigFile);
   absl::StatusOr<std::string> text = options.env->ReadFile(hf_quant_path);
   if (!text.ok()) return absl::IsNotFound(text.status()) ? absl::OkStatus() : text.status();

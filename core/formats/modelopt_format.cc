@@ -75,11 +75,20 @@ std::string ModelOptHfQuantConfig(const RenderInputs& inputs) {
 }
 
 std::string ModelOptConfigJsonBlock(const RenderInputs& inputs) {
+  return ModelOptConfigJsonFromHfQuant(ModelOptHfQuantConfig(inputs));
+}
+
+std::string ModelOptConfigJsonFromHfQuant(const std::string& hf_quant_config) {
+  const ojson side = ojson::parse(hf_quant_config);
+  const ojson& q = side.at("quantization");
   ojson block = ojson::object();
   block["quant_method"] = "modelopt";
-  const ojson quantization = ModelOptQuantization(inputs);
-  for (auto it = quantization.begin(); it != quantization.end(); ++it) block[it.key()] = *it;
-  block["producer"] = Producer(inputs);
+  block["quant_algo"] = q.value("quant_algo", ojson(nullptr));
+  if (q.contains("group_size")) block["group_size"] = q["group_size"];
+  block["ignore"] = q.value("exclude_modules", ojson::array());
+  const bool kv = q.contains("kv_cache_quant_algo") && !q["kv_cache_quant_algo"].is_null();
+  block["kv_cache_scheme"] = kv ? ojson::parse(kModelOptKvCacheScheme) : ojson(nullptr);
+  block["producer"] = side.value("producer", ojson::object());
   return block.dump(2);
 }
 

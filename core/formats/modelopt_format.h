@@ -17,8 +17,16 @@ namespace caliper {
 absl::StatusOr<std::string> ModelOptScalesFile(const RenderInputs& inputs,
                                                std::vector<ScaleWarning>* warnings);
 std::string ModelOptHfQuantConfig(const RenderInputs& inputs);
-// The flat form vLLM also reads from config.json: {"quant_method": "modelopt", ...}.
+// config.json's quantization_config, as ModelOpt's own export writes it and vLLM 0.32 reads it
+// (ModelOptQuantConfigBase.from_config, "compressed-tensors style"): quant_method "modelopt",
+// quant_algo, group_size, `ignore` (not exclude_modules) and `kv_cache_scheme` (a dict, not
+// kv_cache_quant_algo), producer. vLLM ignores the hf_quant_config.json spellings there.
 std::string ModelOptConfigJsonBlock(const RenderInputs& inputs);
+// The same from a hf_quant_config.json document ({"producer", "quantization": {...}}).
+std::string ModelOptConfigJsonFromHfQuant(const std::string& hf_quant_config);
+// config.json's kv_cache_scheme for an FP8 KV cache (per tensor, static).
+inline constexpr char kModelOptKvCacheScheme[] =
+    R"({"dynamic": false, "num_bits": 8, "type": "float"})";
 
 }  // namespace caliper
 

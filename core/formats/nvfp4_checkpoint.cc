@@ -13,6 +13,7 @@
 #include "core/formats/checkpoint.h"
 #include "core/formats/compressed_tensors_config.h"
 #include "core/formats/engine_formats.h"
+#include "core/formats/modelopt_format.h"
 #include "core/formats/moe_layout.h"
 #include "core/formats/render_inputs.h"
 #include "core/formats/safetensors.h"
@@ -450,12 +451,8 @@ absl::Status QuantizeJob::WriteSmallFiles(StagedDirectory& out) {
     q["group_size"] = 16;
     q["exclude_modules"] = report.ignore;
     ojson producer = {{"name", "caliper"}, {"version", CaliperVersion()}};
-    ojson flat = ojson::object();
-    flat["quant_method"] = "modelopt";
-    for (auto it = q.begin(); it != q.end(); ++it) flat[it.key()] = *it;
-    flat["producer"] = producer;
-    config["quantization_config"] = flat;
     ojson side = {{"producer", producer}, {"quantization", q}};
+    config["quantization_config"] = ojson::parse(ModelOptConfigJsonFromHfQuant(side.dump()));
     if (absl::Status s = out.WriteFile(kModelOptConfigFile, side.dump(4) + "\n");
         !s.ok()) {
       return s;

@@ -48,12 +48,23 @@ TEST(ModelOptTest, MultipliersSharedAcrossFusedGroupsAndPerTensorKv) {
   EXPECT_EQ(config["quantization"]["kv_cache_quant_algo"], "FP8");
   EXPECT_EQ(config["quantization"]["group_size"], 16);
   EXPECT_EQ(config["quantization"]["exclude_modules"], json({"lm_head"}));
-  in.kv.reset();
-  config = json::parse(ModelOptHfQuantConfig(in));
-  EXPECT_TRUE(config["quantization"]["kv_cache_quant_algo"].is_null());
+  // config.json's block in ModelOpt's own config.json spelling, the one vLLM 0.32 reads there
+  // (`ignore`, `kv_cache_scheme`; it ignores exclude_modules / kv_cache_quant_algo in it and
+  // would build lm_head quantized).
   json block = json::parse(ModelOptConfigJsonBlock(in));
   EXPECT_EQ(block["quant_method"], "modelopt");
   EXPECT_EQ(block["quant_algo"], "NVFP4");
+  EXPECT_EQ(block["group_size"], 16);
+  EXPECT_EQ(block["ignore"], json({"lm_head"}));
+  EXPECT_EQ(block["kv_cache_scheme"], json({{"dynamic", false}, {"num_bits", 8}, {"type", "float"}}));
+  EXPECT_FALSE(block.contains("exclude_modules"));
+  EXPECT_FALSE(block.contains("kv_cache_quant_algo"));
+  EXPECT_EQ(block["producer"]["name"], "caliper");
+  in.kv.reset();
+  config = json::parse(ModelOptHfQuantConfig(in));
+  EXPECT_TRUE(config["quantization"]["kv_cache_quant_algo"].is_null());
+  block = json::parse(ModelOptConfigJsonBlock(in));
+  EXPECT_TRUE(block["kv_cache_scheme"].is_null());
 }
 
 }  // namespace
