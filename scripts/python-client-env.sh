@@ -3,8 +3,9 @@
 # generated from proto/ by the package's build hook, built with the grpcio-tools the package
 # pins, from the small venv scripts/python-env.sh package)
 # on top of a cached venv set (scripts/python-env.sh SET, default tools: torch, transformers, ...;
-# vllm: vLLM's CPU build), reached through a .pth file. Reinstalls the package every call
-# (seconds), so it always matches the checkout.
+# vllm: vLLM's CPU build), reached through a .pth file. Reinstalls the package when what it is
+# built from (client/python, proto/, VERSION, the base venv) changed, and only then: tests run in
+# parallel in one venv, and a reinstall under a running test removes the scripts it executes.
 # usage: scripts/python-client-env.sh DIR [SET]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +18,17 @@ exec 9>"$venv.lock"
 flock 9  # one installer at a time per venv (tests run in parallel)
 [[ -x "$venv/bin/python" ]] || "$base/bin/python" -m venv --without-pip "$venv"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-rm -f "$site/caliper-tools.pth"
+inputs=$(cd "$root" && {
+  find client/python -type f -not -path '*/build/*' -not -path '*/_pb/*' \
+    -not -path '*.egg-info/*' -not -path '*/__pycache__/*' -not -path '*/.mypy_cache/*' \
+    -not -path '*/.pytest_cache/*' -print0 | sort -z | xargs -0 sha256sum
+  sha256sum proto/caliper.proto VERSION; echo "$base $builder"; } | sha256sum | cut -c1-16)
+stamp="$venv/.caliper-inputs"
+if [[ -x "$venv/bin/python" && "$(cat "$stamp" 2>/dev/null)" == "$inputs" ]]; then
+  echo "$venv"
+  exit 0
+fi
+rm -f "$stamp" "$site/caliper-tools.pth"
 "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' >"$site/caliper-base.pth"
 # Built from a copy, so concurrent builds never share client/python/build.
 stage=$(mktemp -d)
@@ -32,4 +43,5 @@ if ! { CALIPER_PROTO="$root/proto/caliper.proto" CALIPER_VERSION_FILE="$root/VER
   cat "$venv.log" >&2
   exit 1
 fi
+echo "$inputs" >"$stamp"
 echo "$venv"
