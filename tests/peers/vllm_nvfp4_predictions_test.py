@@ -1,0 +1,275 @@
+"""`caliper check`'s vLLM predictions for NVFP4 global-scale defects, against vLLM itself (CPU
+build 0.32). vLLM's CPU platform has no NVFP4 GEMM of its own; its emulation kernel
+(`EmulationNvFp4LinearKernel`, dequantize to BF16, what ROCm runs) is registered for the CPU
+through vLLM's `register_linear_kernel`, so vLLM's real loader (`CompressedTensorsW4A4Fp4` /
+ModelOpt's `KNvfp4Static`: the fused-group max, the inversion into alpha, the warnings) runs
+unchanged. A tiny Llama is packed by `caliper quantize` (compressed-tensors and ModelOpt) from
+scales computed here with torch; each case injects one defect, asks `caliper check --engine vllm`,
+then loads the copy in a fresh vLLM process and reads what its NVFP4 layers hold, the warnings it
+printed and whether its prompt logprobs are finite. A `--repair fused=min` copy then loads clean.
+MoE experts are not run: vLLM's NVFP4 MoE emulation refuses the CPU ("kernel does not support
+current device cpu"), so those rows stay read from the code.
+usage: vllm_nvfp4_predictions_test.py --caliper BIN   (run with the "vllm" venv)"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.peers.peer_models import calibration_ids
+from tests.peers.vllm_engine_load_test import build_dense
+from tests.peers.vllm_engine_load_test import check as check_that
+from tests.peers.vllm_engine_load_test import failures, run
+
+NVFP4_MAX = 6.0 * 448.0
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+PROMPT = list(range(1, 17))
+
+# One fresh in-process vLLM per checkpoint: the NVFP4 layers' loaded scales, the log, the logprobs.
+LOAD = r"""
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def main():
+    from vllm.platforms import PlatformEnum
+    from vllm.model_executor.kernels.linear import register_linear_kernel
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+    register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
+    import torch
+    from vllm import LLM, SamplingParams
+    try:
+        llm = LLM(model=sys.argv[1], dtype="bfloat16", max_model_len=64, enforce_eager=True,
+                  distributed_executor_backend="uni", kv_cache_memory_bytes=1 << 26)
+    except Exception as e:
+        print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"[-400:]}))
+        return
+    def read(model):
+        out = {}
+        for name, m in model.named_modules():
+            for attr in ("weight_global_scale", "input_global_scale", "alpha"):
+                t = getattr(m, attr, None)
+                if isinstance(t, torch.Tensor) and "layers." in name:
+                    out[f"{name}.{attr}"] = [repr(float(x)) for x in t.float().reshape(-1)]
+        return out
+    held = llm.apply_model(read)[0]
+    o = llm.generate([{"prompt_token_ids": %s}],
+                     SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))[0]
+    plp = [repr(list(d.values())[0].logprob) for d in o.prompt_logprobs if d]
+    print("RESULT " + json.dumps({"held": held, "logprobs": plp}))
+if __name__ == "__main__":
+    main()
+""" % PROMPT
+
+
+def vllm_load(ckpt):
+    r = subprocess.run([sys.executable, "-c", LOAD, ckpt], capture_output=True, text=True,
+                       timeout=600, cwd=os.path.dirname(ckpt))
+    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    if not lines:
+        raise SystemExit(f"vLLM load of {ckpt} printed nothing:\n{r.stderr[-3000:]}")
+    out = json.loads(lines[-1][len("RESULT "):])
+    out["log"] = r.stdout + r.stderr
+    if "held" in out:
+        out["held"] = {k: [float(x) for x in v] for k, v in out["held"].items()}
+        out["logprobs"] = [float(x) for x in out["logprobs"]]
+    return out
+
+
+def scale_file(dense, path):
+    """compressed-tensors NVFP4 global scales of the dense model, computed here: weight divisors
+    2688 / amax (fused groups share the smallest, i.e. their largest amax), input divisors from
+    the Linear inputs' amax over calibration prompts."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)
+    amax_in = {}
+    hooks = []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name != "lm_head":
+            def hook(_m, args, name=name):
+                a = args[0].detach().abs().max().item()
+                amax_in[name] = max(amax_in.get(name, 0.0), a)
+            hooks.append(m.register_forward_pre_hook(hook))
+    with torch.no_grad():
+        for ids in calibration_ids(samples=4, seq=16):
+            model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    amax_w = {n: m.weight.detach().abs().max().item() for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    for name in list(amax_w):
+        parent, leaf = name.rsplit(".", 1)
+        for group in FUSED:
+            if leaf in group:
+                shared = max(amax_w[f"{parent}.{g}"] for g in group)
+                amax_w[name] = shared
+                amax_in[name] = max(amax_in[f"{parent}.{g}"] for g in group)
+    t = {}
+    for name in amax_w:
+        t[f"{name}.weight_global_scale"] = torch.tensor([NVFP4_MAX / amax_w[name]])
+        t[f"{name}.input_global_scale"] = torch.tensor([NVFP4_MAX / amax_in[name]])
+    save_file(t, path, metadata={"format": "pt", "caliper.format": "compressed-tensors"})
+
+
+def variant(base, dst, key, edit):
+    shutil.copytree(base, dst)
+    shard = os.path.join(dst, "model.safetensors")
+    t = load_file(shard)
+    t[key] = edit(t[key].clone()).contiguous()
+    os.remove(shard)
+    save_file(t, shard, metadata={"format": "pt"})
+    return dst
+
+
+def caliper_check(binary, ckpt):
+    out = ckpt + ".check.json"
+    r = subprocess.run([binary, "check", ckpt, "--engine", "vllm", "--json", out],
+                       capture_output=True, text=True)
+    if r.returncode not in (0, 4):
+        raise SystemExit(f"caliper check {ckpt} exited {r.returncode}: {r.stderr}")
+    with open(out) as f:
+        doc = json.load(f)
+    return [(f["rule"], f["tensor"], next(e for e in f["engines"] if e["engine"] == "vllm"),
+             f.get("details", {})) for f in doc["findings"]]
+
+
+def finite(got):
+    return bool(got["logprobs"]) and all(math.isfinite(x) for x in got["logprobs"])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--caliper", required=True)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        dense = os.path.join(tmp, "dense")
+        build_dense(dense)
+        scales = os.path.join(tmp, "scales.safetensors")
+        scale_file(dense, scales)
+        ct, mo = os.path.join(tmp, "ct"), os.path.join(tmp, "modelopt")
+        run(args.caliper, "quantize", "--checkpoint", dense, "--scales", scales, "--out", ct)
+        run(args.caliper, "quantize", "--checkpoint", dense, "--scales", scales, "--out", mo,
+            "--format", "modelopt")
+        stored = load_file(os.path.join(ct, "model.safetensors"))
+        L = "model.layers.0."
+        attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
+
+        def s(key):
+            return float(stored[L + key].reshape(-1)[0])
+
+        # The clean checkpoints: no finding; both forms load with equal outputs.
+        clean = vllm_load(ct)
+        check_that(caliper_check(args.caliper, ct) == [], "the clean checkpoint checks clean")
+        check_that("held" in clean and finite(clean),
+                   f"the clean checkpoint loads with finite logprobs ({clean.get('error')})")
+        if "held" not in clean:
+            print("1 failed")
+            return 1
+        check_that(math.isclose(clean["held"][attn + "qkv_proj.weight_global_scale"][0],
+                                1 / s("self_attn.q_proj.weight_global_scale"), rel_tol=1e-6),
+                   "vLLM holds 1 / the stored divisor")
+        modelopt = vllm_load(mo)
+        check_that(caliper_check(args.caliper, mo) == [], "the ModelOpt checkpoint checks clean")
+        check_that(modelopt.get("logprobs") == clean["logprobs"],
+                   f"caliper quantize --format modelopt loads in vLLM and gives the "
+                   f"compressed-tensors checkpoint's logprobs ({modelopt.get('error')})")
+
+        q_w = "self_attn.q_proj.weight_global_scale"
+        # (case, tensor, edit, (rule, vLLM severity), check(held, got) -> what is wrong or "")
+        def held_is(key, want):
+            def test(got):
+                h = got["held"][key][0]
+                ok = (math.isnan(h) and math.isnan(want)) or h == want or math.isclose(
+                    h, want, rel_tol=1e-6)
+                return "" if ok else f"{key} = {h}, want {want}"
+            return test
+
+        def nan_out(got):
+            return "" if not finite(got) else "logprobs finite, want NaN"
+
+        def finite_out(got):
+            return "" if finite(got) else "logprobs not finite"
+
+        def differs(got):
+            return "" if got["logprobs"] != clean["logprobs"] else "logprobs equal to the clean run"
+
+        cases = [
+            ("q/k/v weight global scales 2.14x apart", q_w, lambda x: x * 2.14,
+             ("fused-scale-mismatch", "degrades"),
+             [held_is(attn + "qkv_proj.weight_global_scale",
+                      1 / float(torch.tensor(s(q_w) * 2.14).float())), finite_out, differs,
+              lambda got: "" if "the weight global scale is different for parallel layers"
+              in got["log"] else "no mismatch warning in vLLM's log"]),
+            ("q_proj weight global scale 0 (k, v healthy)", q_w, lambda x: x * 0,
+             ("zero-scale", "degrades"),
+             [held_is(attn + "qkv_proj.weight_global_scale",
+                      1 / s("self_attn.k_proj.weight_global_scale")), finite_out]),
+            ("gate_proj input global scale 0 (up healthy)", "mlp.gate_proj.input_global_scale",
+             lambda x: x * 0, ("zero-scale", "none"),
+             [held_is(mlp + "gate_up_proj.input_global_scale",
+                      1 / s("mlp.up_proj.input_global_scale")), finite_out]),
+            ("o_proj weight global scale 0", "self_attn.o_proj.weight_global_scale",
+             lambda x: x * 0, ("zero-scale", "breaks"),
+             [held_is(attn + "o_proj.weight_global_scale", math.inf), nan_out]),
+            ("k_proj weight global scale NaN", "self_attn.k_proj.weight_global_scale",
+             lambda x: x * math.nan, ("non-finite-scale", "breaks"),
+             [held_is(attn + "qkv_proj.weight_global_scale", math.nan), nan_out]),
+            ("q_proj input global scale +inf", "self_attn.q_proj.input_global_scale",
+             lambda x: x * math.inf, ("non-finite-scale", "breaks"),
+             [held_is(attn + "qkv_proj.alpha", 0.0), finite_out, differs]),
+            ("down_proj weight global scale +inf", "mlp.down_proj.weight_global_scale",
+             lambda x: x * math.inf, ("non-finite-scale", "breaks"),
+             [held_is(mlp + "down_proj.weight_global_scale", 0.0), finite_out, differs]),
+            ("o_proj weight global scale negative", "self_attn.o_proj.weight_global_scale",
+             lambda x: -x, ("negative-scale", "breaks"),
+             [held_is(attn + "o_proj.weight_global_scale",
+                      -1 / s("self_attn.o_proj.weight_global_scale")), differs]),
+            ("down_proj weight global scale subnormal", "mlp.down_proj.weight_global_scale",
+             lambda x: x * 0 + 1e-40, ("subnormal-scale", "breaks"),
+             [held_is(mlp + "down_proj.weight_global_scale", math.inf), nan_out]),
+        ]
+        fused_case = None
+        for i, (what, key, edit, (rule, severity), tests) in enumerate(cases):
+            ckpt = variant(ct, os.path.join(tmp, f"case{i}"), L + key, edit)
+            found = caliper_check(args.caliper, ckpt)
+            mine = [f for f in found if f[0] == rule]
+            check_that(len(found) == 1 and mine and mine[0][2]["severity"] == severity,
+                       f"{what}: caliper check predicts {rule} / {severity} for vLLM "
+                       f"(got {[(f[0], f[2]['severity']) for f in found]})")
+            got = vllm_load(ckpt)
+            if "held" not in got:
+                check_that(False, f"{what}: vLLM loads it ({got.get('error')})")
+                continue
+            for test in tests:
+                wrong = test(got)
+                check_that(not wrong, f"{what}: vLLM does what the check says ({wrong})")
+            if rule == "fused-scale-mismatch":
+                fused_case = ckpt
+                used = mine[0][3].get("used")
+                check_that(used is not None and math.isclose(
+                    1 / used, got["held"][attn + "qkv_proj.weight_global_scale"][0],
+                    rel_tol=1e-6), f"{what}: details.used ({used}) is the value vLLM loads")
+                check_that("the weight global scale is different for parallel layers"
+                           in mine[0][2]["effect"], f"{what}: the effect quotes vLLM's warning")
+
+        # The repair: one shared divisor, weights requantized from the dense checkpoint.
+        fixed = os.path.join(tmp, "fixed")
+        r = subprocess.run([args.caliper, "check", fused_case, "--repair", "fused=min",
+                            "--weights-from", dense, "--out", fixed], capture_output=True,
+                           text=True)
+        check_that(r.returncode in (0, 4), f"--repair fused=min ran ({r.stderr[-400:]})")
+        check_that(caliper_check(args.caliper, fixed) == [], "the repaired copy checks clean")
+        got = vllm_load(fixed)
+        check_that("held" in got and finite(got) and
+                   "the weight global scale is different" not in got["log"],
+                   f"the repaired copy loads without the warning, finite ({got.get('error')})")
+    print(f"{len(failures)} failed" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
