@@ -7,6 +7,9 @@ unchanged. A tiny Llama is packed by `caliper quantize` (compressed-tensors and 
 scales computed here with torch; each case injects one defect, asks `caliper check --engine vllm`,
 then loads the copy in a fresh vLLM process and reads what its NVFP4 layers hold, the warnings it
 printed and whether its prompt logprobs are finite. A `--repair fused=min` copy then loads clean.
+Where vLLM's CPU build runs an FP8 KV cache (AVX-512 or AMX), the KV rules are then checked
+through ModelOpt's KV loader on an NVFP4 + FP8 KV ModelOpt checkpoint (the compressed-tensors KV
+loader's are in peers.vllm_check_predictions).
 MoE experts are not run: vLLM's NVFP4 MoE emulation refuses the CPU ("kernel does not support
 current device cpu"), so those rows stay read from the code.
 usage: vllm_nvfp4_predictions_test.py --caliper BIN   (run with the "vllm" venv)"""
@@ -25,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from tests.peers.peer_models import calibration_ids
 from tests.peers.vllm_engine_load_test import build_dense
 from tests.peers.vllm_engine_load_test import check as check_that
-from tests.peers.vllm_engine_load_test import failures, run
+from tests.peers.vllm_engine_load_test import failures, fp8_kv_cache_missing, run
 
 NVFP4_MAX = 6.0 * 448.0
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -42,16 +45,18 @@ def main():
     register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
     import torch
     from vllm import LLM, SamplingParams
+    kv = {"kv_cache_dtype": sys.argv[2]} if len(sys.argv) > 2 else {}
     try:
         llm = LLM(model=sys.argv[1], dtype="bfloat16", max_model_len=64, enforce_eager=True,
-                  distributed_executor_backend="uni", kv_cache_memory_bytes=1 << 26)
+                  distributed_executor_backend="uni", kv_cache_memory_bytes=1 << 26, **kv)
     except Exception as e:
         print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"[-400:]}))
         return
     def read(model):
         out = {}
         for name, m in model.named_modules():
-            for attr in ("weight_global_scale", "input_global_scale", "alpha"):
+            for attr in ("weight_global_scale", "input_global_scale", "alpha", "_k_scale",
+                         "_v_scale"):
                 t = getattr(m, attr, None)
                 if isinstance(t, torch.Tensor) and "layers." in name:
                     out[f"{name}.{attr}"] = [repr(float(x)) for x in t.float().reshape(-1)]
@@ -66,9 +71,9 @@ if __name__ == "__main__":
 """ % PROMPT
 
 
-def vllm_load(ckpt):
-    r = subprocess.run([sys.executable, "-c", LOAD, ckpt], capture_output=True, text=True,
-                       timeout=600, cwd=os.path.dirname(ckpt))
+def vllm_load(ckpt, *kv_cache_dtype):
+    r = subprocess.run([sys.executable, "-c", LOAD, ckpt, *kv_cache_dtype], capture_output=True,
+                       text=True, timeout=600, cwd=os.path.dirname(ckpt))
     lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
     if not lines:
         raise SystemExit(f"vLLM load of {ckpt} printed nothing:\n{r.stderr[-3000:]}")
@@ -80,20 +85,26 @@ def vllm_load(ckpt):
     return out
 
 
-def scale_file(dense, path):
+def scale_file(dense, path, kv_path):
     """compressed-tensors NVFP4 global scales of the dense model, computed here: weight divisors
     2688 / amax (fused groups share the smallest, i.e. their largest amax), input divisors from
-    the Linear inputs' amax over calibration prompts."""
+    the Linear inputs' amax over calibration prompts. kv_path gets the same plus per-tensor K/V
+    scales, k_proj's and v_proj's output amax / 448 (before RoPE: plausible values, the test asks
+    which of them vLLM holds)."""
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)
-    amax_in = {}
+    amax_in, amax_out = {}, {}
     hooks = []
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and name != "lm_head":
             def hook(_m, args, name=name):
                 a = args[0].detach().abs().max().item()
                 amax_in[name] = max(amax_in.get(name, 0.0), a)
+
+            def out_hook(_m, _args, out, name=name):
+                amax_out[name] = max(amax_out.get(name, 0.0), out.detach().abs().max().item())
             hooks.append(m.register_forward_pre_hook(hook))
+            hooks.append(m.register_forward_hook(out_hook))
     with torch.no_grad():
         for ids in calibration_ids(samples=4, seq=16):
             model(torch.tensor([ids]))
@@ -113,6 +124,11 @@ def scale_file(dense, path):
         t[f"{name}.weight_global_scale"] = torch.tensor([NVFP4_MAX / amax_w[name]])
         t[f"{name}.input_global_scale"] = torch.tensor([NVFP4_MAX / amax_in[name]])
     save_file(t, path, metadata={"format": "pt", "caliper.format": "compressed-tensors"})
+    for name, a in amax_out.items():
+        parent, leaf = name.rsplit(".", 1)
+        if leaf in ("k_proj", "v_proj"):
+            t[f"{parent}.{leaf[0]}_scale"] = torch.tensor(a / 448.0)
+    save_file(t, kv_path, metadata={"format": "pt", "caliper.format": "compressed-tensors"})
 
 
 def variant(base, dst, key, edit):
@@ -149,7 +165,8 @@ def main():
         dense = os.path.join(tmp, "dense")
         build_dense(dense)
         scales = os.path.join(tmp, "scales.safetensors")
-        scale_file(dense, scales)
+        scales_kv = os.path.join(tmp, "scales-kv.safetensors")
+        scale_file(dense, scales, scales_kv)
         ct, mo = os.path.join(tmp, "ct"), os.path.join(tmp, "modelopt")
         run(args.caliper, "quantize", "--checkpoint", dense, "--scales", scales, "--out", ct)
         run(args.caliper, "quantize", "--checkpoint", dense, "--scales", scales, "--out", mo,
@@ -267,8 +284,81 @@ def main():
         check_that("held" in got and finite(got) and
                    "the weight global scale is different" not in got["log"],
                    f"the repaired copy loads without the warning, finite ({got.get('error')})")
+        missing = fp8_kv_cache_missing()
+        if missing:
+            print(f"not checked here: the ModelOpt KV loader's rows ({missing})")
+        else:
+            modelopt_kv_cases(args.caliper, dense, scales_kv, tmp)
     print(f"{len(failures)} failed" if failures else "all passed")
     return 1 if failures else 0
+
+
+def modelopt_kv_cases(caliper, dense, scales_kv, tmp):
+    """The KV rules through ModelOpt's KV loader (BaseKVCacheMethod via ModelOptKVCacheMethod:
+    placeholders -1, both missing -> 1.0 with a warning, else assert k_scale > 0 and V = max(K, V)),
+    which needs ModelOpt-quantized weights: an NVFP4 + FP8 KV checkpoint from caliper quantize,
+    loaded with an FP8 KV cache. vLLM holds the scales in the model's dtype (bfloat16)."""
+    base = os.path.join(tmp, "modelopt-kv")
+    run(caliper, "quantize", "--checkpoint", dense, "--scales", scales_kv, "--out", base,
+        "--format", "modelopt")
+    stored = load_file(os.path.join(base, "model.safetensors"))
+    attn = "model.layers.{}.self_attn."
+
+    def bf16(x):
+        return float(torch.tensor(x).bfloat16())
+
+    k = {l: float(stored[attn.format(l) + "k_proj.k_scale"]) for l in (0, 1)}
+    v = {l: float(stored[attn.format(l) + "v_proj.v_scale"]) for l in (0, 1)}
+    key = {kv: attn.format(1) + f"{kv}_proj.{kv}_scale" for kv in ("k", "v")}
+    one = "Using KV cache scaling factor 1.0 for fp8_e4m3"
+    # (case, edits on layer 1 (None: drop), (rule, vLLM severity), layer 1's (K, V) or "error",
+    # whether vLLM warns that it uses 1.0)
+    cases = [
+        ("no defect", {}, None, (k[1], v[1]), False),
+        ("V without K", {"k": None}, ("kv-v-without-k", "breaks"), "error", False),
+        ("K without V", {"v": None}, ("kv-k-without-v", "degrades"), (k[1], k[1]), False),
+        ("neither K nor V", {"k": None, "v": None}, ("kv-layer-missing", "degrades"),
+         (1.0, 1.0), True),
+        ("K scale 0", {"k": 0.0}, ("zero-scale", "breaks"), "error", False),
+        ("K scale NaN", {"k": math.nan}, ("non-finite-scale", "breaks"), "error", False),
+        ("V scale negative", {"v": -v[1]}, ("negative-scale", "degrades"), (k[1], k[1]), False),
+        ("K and V placeholders of 1.0", {"k": 1.0, "v": 1.0}, ("kv-placeholder-one", "degrades"),
+         (1.0, 1.0), True),
+    ]
+    for i, (what, edits, finding, want, warns) in enumerate(cases):
+        what = f"ModelOpt KV loader, layer 1 {what}"
+        ckpt = os.path.join(tmp, f"modelopt-kv{i}")
+        shutil.copytree(base, ckpt)
+        shard = os.path.join(ckpt, "model.safetensors")
+        t = load_file(shard)
+        for kv, value in edits.items():
+            if value is None:
+                del t[key[kv]]
+            else:
+                t[key[kv]] = torch.full_like(t[key[kv]], value)
+        os.remove(shard)
+        save_file(t, shard, metadata={"format": "pt"})
+        found = [(f[0], f[2]["severity"]) for f in caliper_check(caliper, ckpt)]
+        if finding is None:
+            check_that(found == [], f"{what}: checks clean (got {found})")
+        else:
+            check_that(finding in found and all(f[1] == finding[1] for f in found),
+                       f"{what}: caliper check predicts {finding[0]} / {finding[1]} (got {found})")
+        got = vllm_load(ckpt, "fp8")
+        if want == "error":
+            check_that("AssertionError" in got.get("error", ""),
+                       f"{what}: vLLM fails to load it, AssertionError ({got.get('error')})")
+            continue
+        if "held" not in got:
+            check_that(False, f"{what}: vLLM loads it ({got.get('error')})")
+            continue
+        held = {l: (got["held"][attn.format(l) + "attn._k_scale"][0],
+                    got["held"][attn.format(l) + "attn._v_scale"][0]) for l in (0, 1)}
+        check_that(held[0] == (bf16(k[0]), bf16(v[0])) and
+                   held[1] == (bf16(want[0]), bf16(want[1])),
+                   f"{what}: vLLM holds layer 1 (K, V) = {want} (held {held})")
+        check_that((one in got["log"]) == warns,
+                   f"{what}: vLLM {'warns' if warns else 'does not warn'} that it uses 1.0")
 
 
 if __name__ == "__main__":
