@@ -190,8 +190,9 @@ absl::StatusOr<KvScales> Nvfp4KvCacheScales(const KvScales& fp8) {
   }
   if (!fp8.mla_latent_absmax.empty()) {
     return absl::InvalidArgumentError(
-        "deployment.kv_cache_dtype: nvfp4 is not for MLA models (vLLM's MLA caches are fp8_ds_mla "
-        "/ nvfp4_ds_mla, whose scales Caliper does not produce)");
+        "deployment.kv_cache_dtype: nvfp4 is not for MLA models (vLLM refuses an nvfp4 cache "
+        "with MLA; dense MLA caches are fp8, which takes k_scale; fp8_ds_mla / nvfp4_ds_mla "
+        "compute their scales per token and read none)");
   }
   KvScales out;
   out.granularity = KvGranularity::kPerTensor;

@@ -323,6 +323,28 @@ TEST_F(MlaSessionTest, GoldenScaleIsTheMaxOfBothParts) {
   EXPECT_FLOAT_EQ(layer0["v_scale"][0].get<float>(), 0.1f);
 }
 
+// vLLM refuses a plain nvfp4 cache on MLA models; the scales must not pretend it exists.
+TEST_F(MlaSessionTest, Nvfp4CacheIsRefusedNamingTheField) {
+  auto s = NewSession();
+  std::vector<float> latent(kTokens * kRank, 0.25f), rope(kTokens * kRope, -1.0f);
+  for (int layer = 0; layer < 2; ++layer) {
+    ObserveOk(*s, Latent(layer, latent));
+    ObserveOk(*s, Rope(layer, rope));
+  }
+  ASSERT_TRUE(s->Finalize().ok());
+  Deployment nvfp4;
+  nvfp4.kv_cache_dtype = KvCacheDtype::kNvfp4;
+  absl::StatusOr<SessionScales> refused = s->Scales(nvfp4, Nvfp4Convention::kCompressedTensors);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("deployment.kv_cache_dtype"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("not for MLA models"));
+  // The refusal loses nothing: the fp8 scales are still served.
+  absl::StatusOr<SessionScales> fp8 = s->Scales({}, Nvfp4Convention::kCompressedTensors);
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_FLOAT_EQ(fp8->kv_scales->k[0][0], 1.0f / 448.0f);
+}
+
 TEST_F(MlaSessionTest, WrongWidthsAndAPartNeverSeenAreReported) {
   auto s = NewSession();
   // A 24-wide chunk (the concatenated entry) as KEY: KEY is kv_c_normed, 16 wide.
