@@ -233,10 +233,11 @@ void PrintVersion(const v1::FleetVersion& v, std::ostream& out) {
   for (const v1::VersionSource& s : v.windows()) {
     out << "window    " << s.session_id() << " (" << s.tokens() << " K/V tokens)\n";
   }
-  out << absl::StrFormat("%5s  %9s  %9s  %s\n", "LAYER", "K_RATIO", "V_RATIO", "");
+  out << absl::StrFormat("%5s  %9s  %9s  %9s  %s\n", "LAYER", "K_RATIO", "V_RATIO", "Q_RATIO",
+                         "");
   for (const v1::LayerChange& c : v.layers()) {
-    out << absl::StrFormat("%5d  %9.4f  %9.4f  %s\n", c.layer(), c.k_ratio(), c.v_ratio(),
-                           c.kept() ? "kept from parent" : "");
+    out << absl::StrFormat("%5d  %9.4f  %9.4f  %9.4f  %s\n", c.layer(), c.k_ratio(), c.v_ratio(),
+                           c.q_ratio(), c.kept() ? "kept from parent" : "");
   }
 }
 

@@ -98,6 +98,7 @@ v1::FleetVersion VersionToProto(const FleetState& state, const FleetVersion& v) 
     change->set_layer(c.layer);
     change->set_k_ratio(c.k_ratio);
     change->set_v_ratio(c.v_ratio);
+    change->set_q_ratio(c.q_ratio);
     change->set_kept(c.kept);
   }
   for (int l : v.kept_layers) out.add_kept_layers(l);

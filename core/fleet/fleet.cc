@@ -110,12 +110,6 @@ absl::Status ValidateFleet(const Fleet& fleet, const FleetLimits& fleet_limits,
         "fleet.recipe.kv: a fleet calibrates K/V scales (its windows count K/V tokens); "
         "choose per-head or per-tensor");
   }
-  // Fleet versions (their codec, drift and layer checks) keep K and V rows over every layer.
-  if (fleet.recipe.ObservesQuery()) {
-    return absl::InvalidArgumentError(
-        "fleet.recipe.attention: q is not supported by fleets (versions keep K and V scales "
-        "only); calibrate the query with a session");
-  }
   if (!fleet.model.layer_attention.empty()) {
     return absl::InvalidArgumentError(
         "fleet.model.layer_types: fleets keep K/V scales for every layer; a model with layer "

@@ -149,6 +149,7 @@ json VersionJson(const FleetVersion& v) {
     layers.push_back({{"layer", c.layer},
                       {"k_ratio", c.k_ratio},
                       {"v_ratio", c.v_ratio},
+                      {"q_ratio", c.q_ratio},
                       {"kept", c.kept}});
   }
   return {{"id", v.id},
@@ -238,11 +239,20 @@ absl::StatusOr<FleetVersion> ReadVersion(const json& j, std::string path, int la
     absl::StatusOr<int64_t> layer = c.Int("layer", 0, layers - 1);
     absl::StatusOr<double> kr = c.Double("k_ratio");
     absl::StatusOr<double> vr = c.Double("v_ratio");
+    // States written before fleets observed the query have no q_ratio: it did not move.
+    absl::StatusOr<double> qr = c.Has("q_ratio") ? c.Double("q_ratio") : 1.0;
     absl::StatusOr<const json*> kept_flag = c.Get("kept", json::value_t::boolean);
-    for (const absl::Status& s : {layer.status(), kr.status(), vr.status(), kept_flag.status()}) {
+    for (const absl::Status& s :
+         {layer.status(), kr.status(), vr.status(), qr.status(), kept_flag.status()}) {
       if (!s.ok()) return s;
     }
-    v.layers.push_back({static_cast<int>(*layer), *kr, *vr, (*kept_flag)->get<bool>()});
+    LayerChange change;
+    change.layer = static_cast<int>(*layer);
+    change.k_ratio = *kr;
+    change.v_ratio = *vr;
+    change.q_ratio = *qr;
+    change.kept = (*kept_flag)->get<bool>();
+    v.layers.push_back(change);
   }
   for (const json& l : **kept) {
     if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= layers) {
@@ -453,6 +463,16 @@ std::string EncodeFinalScales(const FinalScales& scales) {
                  {"k", k},
                  {"v", v},
                  {"warnings", warnings}};
+    // Recipes observing the query: its rows (absent otherwise).
+    if (HasQueryScales(kv)) {
+      json q_absmax = json::array(), q = json::array();
+      for (size_t l = 0; l < kv.q.size(); ++l) {
+        q_absmax.push_back(Floats(kv.q_absmax[l]));
+        q.push_back(Floats(kv.q[l]));
+      }
+      out["kv"]["q_absmax"] = q_absmax;
+      out["kv"]["q"] = q;
+    }
     // MLA models: each cached part's absmax per layer (absent for other models).
     if (!kv.mla_latent_absmax.empty()) {
       out["kv"]["mla_latent_absmax"] = Floats(kv.mla_latent_absmax);
@@ -507,8 +527,7 @@ absl::StatusOr<FinalScales> DecodeFinalScales(absl::string_view bytes, const Lim
     kv.num_kv_heads = static_cast<int>(*heads);
     const size_t layers = static_cast<size_t>(limits.model.max_layers);
     const size_t per_row = kv.granularity == KvGranularity::kPerHead ? kv.num_kv_heads : 1;
-    for (auto [key, rows] : {std::pair{"k_absmax", &kv.k_absmax}, std::pair{"v_absmax", &kv.v_absmax},
-                             std::pair{"k", &kv.k}, std::pair{"v", &kv.v}}) {
+    auto read_rows = [&](const char* key, std::vector<std::vector<float>>* rows) -> absl::Status {
       absl::StatusOr<const json*> array = kr.Array(key, layers);
       if (!array.ok()) return array.status();
       for (const json& row : **array) {
@@ -517,10 +536,24 @@ absl::StatusOr<FinalScales> DecodeFinalScales(absl::string_view bytes, const Lim
         if (values->size() != per_row) return Bad(kr.Path(key), "row of the wrong size");
         rows->push_back(*std::move(values));
       }
+      return absl::OkStatus();
+    };
+    for (auto [key, rows] : {std::pair{"k_absmax", &kv.k_absmax}, std::pair{"v_absmax", &kv.v_absmax},
+                             std::pair{"k", &kv.k}, std::pair{"v", &kv.v}}) {
+      if (absl::Status s = read_rows(key, rows); !s.ok()) return s;
     }
     if (kv.k_absmax.size() != kv.k.size() || kv.v_absmax.size() != kv.k.size() ||
         kv.v.size() != kv.k.size()) {
       return Bad("scales.kv", "layer counts differ");
+    }
+    if (kr.Has("q_absmax") != kr.Has("q")) return Bad("scales.kv.q", "q and q_absmax come together");
+    if (kr.Has("q")) {
+      for (auto [key, rows] : {std::pair{"q_absmax", &kv.q_absmax}, std::pair{"q", &kv.q}}) {
+        if (absl::Status s = read_rows(key, rows); !s.ok()) return s;
+      }
+      if (kv.q_absmax.size() != kv.k.size() || kv.q.size() != kv.k.size()) {
+        return Bad("scales.kv.q", "layer counts differ from K's");
+      }
     }
     const bool has_latent = kv_it->contains("mla_latent_absmax");
     if (has_latent != kv_it->contains("mla_rope_absmax")) {

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/calibration/kv_scales.h"
 #include "core/fleet/scale_checks.h"
 
 namespace caliper {
@@ -36,6 +37,12 @@ Move LargestMove(const std::vector<float>& now, const std::vector<float>& before
     if (m > out.move) out = {m, static_cast<double>(now[i]) / before[i], i};
   }
   return out;
+}
+
+// The kinds a version's K/V scales hold: K and V, and Q when the recipe observes the query.
+std::vector<KvKind> KindsOf(const KvScales& kv) {
+  if (HasQueryScales(kv)) return {KvKind::kKey, KvKind::kValue, KvKind::kQuery};
+  return {KvKind::kKey, KvKind::kValue};
 }
 
 }  // namespace
@@ -123,10 +130,11 @@ PublishDecision DecidePublish(const PublishPolicy& policy, const FinalScales& ca
       if (static_cast<size_t>(l) >= kv.k.size() || static_cast<size_t>(l) >= before.k.size()) {
         continue;
       }
-      kv.k_absmax[l] = before.k_absmax[l];
-      kv.v_absmax[l] = before.v_absmax[l];
-      kv.k[l] = before.k[l];
-      kv.v[l] = before.v[l];
+      for (KvKind kind : KindsOf(kv)) {
+        if (kind == KvKind::kQuery && !HasQueryScales(before)) continue;
+        KvAbsMaxRows(kv, kind)[l] = KvAbsMaxRows(before, kind)[l];
+        KvScaleRows(kv, kind)[l] = KvScaleRows(before, kind)[l];
+      }
       if (static_cast<size_t>(l) < kv.mla_latent_absmax.size() &&
           static_cast<size_t>(l) < before.mla_latent_absmax.size()) {
         kv.mla_latent_absmax[l] = before.mla_latent_absmax[l];
@@ -164,14 +172,18 @@ PublishDecision DecidePublish(const PublishPolicy& policy, const FinalScales& ca
       if (static_cast<size_t>(l) >= kv.k.size() || static_cast<size_t>(l) >= before.k.size()) {
         continue;
       }
-      const Move k = LargestMove(kv.k[l], before.k[l]);
-      const Move v = LargestMove(kv.v[l], before.v[l]);
-      out.layers[l].k_ratio = k.ratio;
-      out.layers[l].v_ratio = v.ratio;
       const bool per_head = kv.granularity == KvGranularity::kPerHead;
-      for (const auto& [m, name] : {std::pair{k, "K"}, std::pair{v, "V"}}) {
+      for (KvKind kind : KindsOf(kv)) {
+        // A parent published before the recipe observed the query has nothing to compare.
+        if (kind == KvKind::kQuery && !HasQueryScales(before)) continue;
+        const Move m = LargestMove(KvScaleRows(kv, kind)[l], KvScaleRows(before, kind)[l]);
+        double& ratio = kind == KvKind::kKey     ? out.layers[l].k_ratio
+                        : kind == KvKind::kValue ? out.layers[l].v_ratio
+                                                 : out.layers[l].q_ratio;
+        ratio = m.ratio;
         if (m.move > out.drift) {
           out.drift = m.move;
+          const char* name = KvKindLetter(kind);
           where = per_head ? absl::StrCat("layer ", l, " ", name, " head ", m.entry)
                            : absl::StrCat("layer ", l, " ", name);
         }

@@ -28,11 +28,12 @@ enum class PublishReason {
 absl::string_view PublishReasonName(PublishReason reason);
 bool Publishes(PublishReason reason);
 
-// How a layer moved from the current version: per K and V, new / current scale of the entry
-// that moved most (1 without a current version); `kept` when the window did not see it.
+// How a layer moved from the current version: per K, V and Q (1 when the recipe does not observe
+// the query), new / current scale of the entry that moved most (1 without a current version);
+// `kept` when the window did not see it.
 struct LayerChange {
   int layer = 0;
-  double k_ratio = 1.0, v_ratio = 1.0;
+  double k_ratio = 1.0, v_ratio = 1.0, q_ratio = 1.0;
   bool kept = false;
 };
 

@@ -37,12 +37,15 @@ std::vector<ScaleProblem> UnusableScales(const FinalScales& scales,
     const bool per_head = kv.granularity == KvGranularity::kPerHead;
     for (size_t l = 0; l < kv.k_absmax.size() && l < check_layer.size(); ++l) {
       if (!check_layer[l]) continue;
-      for (int kind = 0; kind < 2; ++kind) {
-        const std::vector<float>& row = kind == 0 ? kv.k_absmax[l] : kv.v_absmax[l];
+      for (KvKind kind : {KvKind::kKey, KvKind::kValue, KvKind::kQuery}) {
+        const std::vector<std::vector<float>>& rows = KvAbsMaxRows(kv, kind);
+        if (l >= rows.size()) continue;  // Q: the recipe does not observe the query
+        const std::vector<float>& row = rows[l];
+        const char* name = KvKindLetter(kind);
         for (size_t h = 0; h < row.size(); ++h) {
           if (UsableAmax(row[h], qmax)) continue;
-          add(per_head ? absl::StrCat("layer ", l, " ", kind == 0 ? "K" : "V", " head ", h)
-                       : absl::StrCat("layer ", l, " ", kind == 0 ? "K" : "V"),
+          add(per_head ? absl::StrCat("layer ", l, " ", name, " head ", h)
+                       : absl::StrCat("layer ", l, " ", name),
               row[h]);
         }
       }

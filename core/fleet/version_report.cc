@@ -32,16 +32,21 @@ absl::StatusOr<std::string> VersionReportJson(const std::string& window_report_j
   }
   json changes = json::array();
   for (const LayerChange& c : version.layers) {
-    changes.push_back(
-        {{"layer", c.layer}, {"k_ratio", c.k_ratio}, {"v_ratio", c.v_ratio}, {"kept", c.kept}});
+    changes.push_back({{"layer", c.layer},
+                       {"k_ratio", c.k_ratio},
+                       {"v_ratio", c.v_ratio},
+                       {"q_ratio", c.q_ratio},
+                       {"kept", c.kept}});
   }
   json kv = nullptr;
   if (scales.kv.has_value()) {
     kv = json::array();
     for (size_t l = 0; l < scales.kv->k.size(); ++l) {
-      kv.push_back({{"layer", static_cast<int>(l)},
+      json layer = {{"layer", static_cast<int>(l)},
                     {"k_scale", Scales(scales.kv->k[l])},
-                    {"v_scale", Scales(scales.kv->v[l])}});
+                    {"v_scale", Scales(scales.kv->v[l])}};
+      if (l < scales.kv->q.size()) layer["q_scale"] = Scales(scales.kv->q[l]);
+      kv.push_back(layer);
     }
   }
   report["fleet_version"] = {

@@ -345,3 +345,58 @@ def test_merged_histograms_give_identical_files(server, tmp_path, kv_observer, a
         assert runs["merged"] < runs["each"]
     else:
         assert runs["merged"] == runs["each"]
+
+
+def test_fleet_with_attention_q_publishes_the_query_scale_of_its_window(server):
+    """A fleet whose recipe observes the query: caliper.refit's transformers hooks stream the
+    query after RoPE into the window, and the version's q_scale is each KV group's absmax / 448,
+    as a recorder of the same forwards computes it; the next window, with the query twice as
+    large, drifts on Q and names it."""
+    from caliper import fleets
+    from caliper.hooks import attach
+    from conftest import Recorder, tiny_model
+
+    class QueryRecorder(Recorder):
+        def __init__(self, recipe):
+            super().__init__(recipe)
+            self.queries = []
+
+        def observe_query(self, layer, query, *, batch, tp_rank=0, tp_size=1):
+            self.queries.append((layer, query.detach().clone()))
+
+    model, config = tiny_model("llama")
+    recipe = caliper.Recipe(kv="per_head", attention="q")
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (1, 12), generator=g) for _ in range(3)]
+    rec = QueryRecorder(recipe.to_proto())
+    with attach(model, rec), torch.no_grad():
+        for ids in prompts:
+            model(ids, use_cache=False)
+    expected = {}  # layer -> per KV group absmax over every prompt ([b, 4 q heads, s, d])
+    for layer, q in rec.queries:
+        groups = q.abs().transpose(0, 1).reshape(2, -1).amax(dim=1)
+        expected[layer] = torch.maximum(expected.get(layer, groups), groups)
+
+    client = caliper.Client(server.address)
+    fleets.create_fleet(client, "f", config, recipe, min_tokens=8)
+    window = caliper.refit(model, "f", prompts, weight_version="step-1", client=client)
+    assert fleets.close_window(client, "f", session_id=window.session_id).version == 1
+    first = next(fleets.watch_scales(client, "f", timeout=30))
+    for layer in first.scales.kv_layers:
+        want = expected[layer.layer].numpy()
+        assert layer.q_absmax == pytest.approx(want.tolist(), rel=0, abs=0)
+        assert layer.q_scale == pytest.approx((want / np.float32(448)).tolist(), rel=1e-7)
+
+    # The last layer's query doubles (its q_proj's weights; nothing it feeds is observed), K
+    # and V do not: the version moves on that Q alone.
+    with torch.no_grad():
+        model.model.layers[1].self_attn.q_proj.weight.mul_(2)
+    window = caliper.refit(model, "f", prompts, weight_version="step-1", client=client)
+    closed = fleets.close_window(client, "f", session_id=window.session_id)
+    assert closed.version == 2 and closed.decision == "drift", closed.detail
+    assert "layer 1 Q head " in closed.detail and "moved by 1 " in closed.detail, closed.detail
+    second = next(fleets.watch_scales(client, "f", after_version=1, timeout=30))
+    a, b = first.scales.kv_layers, second.scales.kv_layers
+    assert b[1].q_scale == pytest.approx([2 * x for x in a[1].q_scale], rel=1e-6)
+    assert (b[0].q_scale, b[0].k_scale, b[1].k_scale, b[1].v_scale) == (
+        a[0].q_scale, a[0].k_scale, a[1].k_scale, a[1].v_scale)

@@ -274,6 +274,99 @@ def test_plugin_samples_llm_traffic_reloads_and_refits(server, tmp_path):
     assert out["version_in_use2"] == 2
 
 
+QUERY_SCRIPT = r"""
+import json, os, sys, time
+import torch, vllm
+import caliper
+import caliper.vllm as plugin
+from caliper import fleets, vllm_hooks
+address, model_dir, engine, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+client = caliper.Client(address)
+out = {}
+llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, **engine)
+greedy = vllm.SamplingParams(max_tokens=4, temperature=0)
+
+def state():
+    return llm.collective_rpc("caliper_state")[0]
+
+def run(ps):
+    llm.generate([{"prompt_token_ids": p} for p in ps], greedy, use_tqdm=False)
+
+def wait(cond, what, seconds=60):
+    deadline = time.time() + seconds
+    while not cond():
+        assert time.time() < deadline, (what, fleets.get_fleet(client, "f"), state())
+        time.sleep(0.2)
+
+def window_tokens():
+    return next((w.tokens for w in fleets.get_fleet(client, "f").windows if w.open), -1)
+
+wait(lambda: state()["window"] != "", "the plugin opened no window")
+config = json.load(open(os.path.join(model_dir, "config.json")))
+recipe = caliper.Recipe(kv="per_head", attention="q")
+offline = client.create_session(config, recipe, name="offline")
+handle = vllm_hooks.attach(llm, offline)
+run(prompts)
+handle.detach()
+offline.finalize()
+s = state()
+wait(lambda: state()["unacknowledged"] == 0, "statistics not acknowledged")
+wait(lambda: window_tokens() >= s["total_sampled_tokens"], "window tokens")
+window = fleets.close_window(client, "f", weight_version="initial")
+out["closed"] = [window.decision, window.version, window.detail]
+live = client.session(window.session_id).scales()
+ref = offline.scales()
+out["live_q_equals_offline"] = [(a.q_absmax, a.q_scale) == (b.q_absmax, b.q_scale)
+                                for a, b in zip(live.kv_layers, ref.kv_layers)]
+out["q_scale"] = [l.q_scale for l in live.kv_layers]
+out["k_scale"] = [l.k_scale for l in live.kv_layers]
+wait(lambda: plugin.engine_versions["pending"] == 1, "WatchScales did not deliver version 1")
+run(prompts[:1])
+s = state()
+out["version_in_use"] = s["version"]
+out["in_use"] = {str(k): {n: v[n] for n in ("_q_scale", "_q_scale_float", "_k_scale_float")}
+                 for k, v in s["scales"].items()}
+# What vLLM's loader makes of the same q/k/v values in a checkpoint (one per tensor).
+from vllm.model_executor.layers.attention.attention import set_default_quant_scales
+from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+fresh = {}
+for layer, (q, k) in enumerate(zip(out["q_scale"], out["k_scale"])):
+    m = torch.nn.Module()
+    set_default_quant_scales(m, register_buffer=True)
+    m.kv_cache_dtype = "fp8"
+    BaseKVCacheMethod(None).create_weights(m)
+    m.k_scale.data.fill_(max(k)); m.v_scale.data.fill_(max(k)); m.q_scale.data.fill_(max(q))
+    BaseKVCacheMethod(None).process_weights_after_loading(m)
+    fresh[str(layer)] = {"_q_scale": m._q_scale.tolist(), "_q_scale_float": m._q_scale_float,
+                         "_k_scale_float": m._k_scale_float}
+out["fresh"] = fresh
+print(json.dumps(out))
+"""
+
+
+def test_plugin_samples_and_applies_the_query_scale_of_an_attention_q_fleet(server, tmp_path):
+    """A fleet whose recipe observes the query: the plugin samples the query each attention
+    layer is handed (after RoPE) beside K and V, bit for bit what vllm_hooks sends on the same
+    steps, and applies the version's q_scale to _q_scale / _q_scale_float as vLLM's loader
+    would from a checkpoint. Without the query the fleet's first version would be refused."""
+    config = tiny_llama(tmp_path / "model")
+    client = caliper.Client(server.address)
+    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_head", attention="q"),
+                        min_tokens=16)
+    env = clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
+                    CALIPER_SAMPLE_FRACTION="1", CALIPER_REPORT_S="0.5")
+    out = run_script(QUERY_SCRIPT, env, server.address, tmp_path / "model",
+                     json.dumps(ENGINE), json.dumps(prompts(2, 32, seed=4)))
+    print(json.dumps(out))
+    assert out["closed"][:2] == ["first_version", 1], out["closed"]
+    assert out["live_q_equals_offline"] == [True, True]
+    # one scale per KV head, not the K scale
+    assert all(len(q) == 2 and q != k for q, k in zip(out["q_scale"], out["k_scale"]))
+    assert out["version_in_use"] == 1
+    assert out["in_use"] == out["fresh"]
+    assert all(v["_q_scale_float"] != 1.0 for v in out["in_use"].values())
+
+
 def http_ok(url: str) -> bool:
     try:
         return urllib.request.urlopen(url, timeout=2).status == 200

@@ -24,11 +24,12 @@ class FleetWindow:
     close_reason: str
     decision: str
     version: int  # the version it became; 0 when not published
+    detail: str = ""  # the decision in words (names refused or kept layers)
 
     @classmethod
     def from_proto(cls, w: pb.FleetWindow) -> FleetWindow:
         return cls(w.session_id, w.weight_version, w.open, w.tokens, w.close_reason, w.decision,
-                   w.version)
+                   w.version, w.detail)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -263,8 +263,9 @@ class CaliperWorkerExtension:
         return state.refit(str(weight_version))
 
     def caliper_apply_scales(self, version: int, weight_version: str,
-                             scales: Dict[int, Tuple[List[float], List[float]]]) -> str:
-        """Sets this rank's K/V scales (every copy vLLM keeps); '' or why it was refused."""
+                             scales: Dict[int, Tuple[List[float], ...]]) -> str:
+        """Sets this rank's K/V scales, and the query's where given ((k, v) or (k, v, q) per
+        layer; every copy vLLM keeps); '' or why it was refused."""
         return _worker_state(self).apply(version, weight_version, scales)
 
     def caliper_state(self) -> Dict[str, Any]:
@@ -316,6 +317,7 @@ class _Layer:
     module: Any
     heads: int
     head_dim: int
+    q_heads: int  # local query heads (recipe attention q: reduced per KV group)
     # saturation since the version in use: per local head, elements beyond the FP8 range
     k_over: List[int]
     v_over: List[int]
@@ -335,8 +337,8 @@ class _WorkerState:
         self.layers: Dict[int, _Layer] = {}
         for index, module in sorted(layers.items()):
             heads = int(module.num_kv_heads)
-            self.layers[index] = _Layer(module, heads, int(module.head_size), [0] * heads,
-                                        [0] * heads)
+            self.layers[index] = _Layer(module, heads, int(module.head_size),
+                                        int(module.num_heads), [0] * heads, [0] * heads)
         self.kv_cache_dtype = str(next(iter(layers.values())).kv_cache_dtype)
         self.kv_qmax = _kv_qmax(self.kv_cache_dtype)
         self.steps = 0
@@ -350,7 +352,7 @@ class _WorkerState:
         self.errors = 0
         self.version = 0                # the fleet version in use (0: the checkpoint's scales)
         self.weight_version = settings.weight_version
-        self.applied: Dict[int, Tuple[float, float]] = {}
+        self.applied: Dict[int, Tuple[float, float, Optional[float]]] = {}
         self.resets_repaired = 0
         self.recipe: Any = None         # the fleet's recipe, once a window is open
         self.generation = 0             # bumped by each refit: statistics of older weights
@@ -398,12 +400,12 @@ class _WorkerState:
             if not self.sampling or not self.enabled:
                 return
             try:
-                key, value = args[1], args[2]
+                query, key, value = args[0], args[1], args[2]
                 if key is None or value is None:
                     return
                 n = _actual_tokens(module.layer_name)
                 if n is not None:
-                    key, value = key[:n], value[:n]
+                    query, key, value = query[:n], key[:n], value[:n]
                 k = key.reshape(-1, layer.heads, layer.head_dim)
                 v = value.reshape(-1, layer.heads, layer.head_dim)
                 rows = int(k.shape[0])
@@ -414,6 +416,13 @@ class _WorkerState:
                 dtype = dtypes[k.dtype]
                 kc = statistic(recipe, k, dtype, f"layer {index} key", pb.KEY)
                 vc = statistic(recipe, v, dtype, f"layer {index} value", pb.VALUE)
+                qc = None
+                if recipe.attention == pb.ATTENTION_Q:
+                    # The query after RoPE, before the attention quantizes it with _q_scale;
+                    # each KV head's group of query heads reduced together.
+                    qc = statistic(recipe, query.reshape(rows, layer.heads, -1), dtype,
+                                   f"layer {index} query", pb.QUERY)
+                    qc.shape = [rows, layer.q_heads, layer.head_dim]
                 # Saturation under the scale the kernel applies (one per layer and rank).
                 k_over = (k.abs() > module._k_scale_float * self.kv_qmax).sum(dim=(0, 2))
                 v_over = (v.abs() > module._v_scale_float * self.kv_qmax).sum(dim=(0, 2))
@@ -423,7 +432,7 @@ class _WorkerState:
                         layer.v_over[h] += b
                     layer.elements += rows * layer.head_dim
                 try:
-                    self._queue.put_nowait((index, self.batch, kc, vc, self.generation))
+                    self._queue.put_nowait((index, self.batch, kc, vc, self.generation, qc))
                 except queue.Full:
                     self.drop(1)
             except Exception as e:  # noqa: BLE001 - a refused tensor never fails the step
@@ -440,25 +449,29 @@ class _WorkerState:
 
     # scales ---------------------------------------------------------------------------------
     def apply(self, version: int, weight_version: str,
-              scales: Dict[int, Tuple[List[float], List[float]]]) -> str:
-        """Sets every copy of the K/V scales of each layer; refuses (changing nothing) when the
-        version does not cover exactly this model's layers or its heads cannot be mapped."""
+              scales: Dict[int, Tuple[List[float], ...]]) -> str:
+        """Sets every copy of the K/V scales of each layer, and the query's when the version
+        has them ((k, v) or (k, v, q) per layer); refuses (changing nothing) when the version
+        does not cover exactly this model's layers or its heads cannot be mapped."""
         scales = {int(k): v for k, v in scales.items()}
         if sorted(scales) != sorted(self.layers):
             return (f"version {version} has layers {sorted(scales)}, the model "
                     f"{sorted(self.layers)}")
-        effective: Dict[int, Tuple[float, float]] = {}
-        for index, (ks, vs) in scales.items():
+        effective: Dict[int, Tuple[float, float, Optional[float]]] = {}
+        for index, rows in scales.items():
+            ks, vs, qs = rows[0], rows[1], (rows[2] if len(rows) > 2 else [])
             k = _rank_scale(ks, self.tp_rank, self.tp_size)
             v = _rank_scale(vs, self.tp_rank, self.tp_size)
-            if k is None or v is None:
+            q = _rank_scale(qs, self.tp_rank, self.tp_size) if qs else None
+            if k is None or v is None or (qs and q is None):
                 return (f"version {version} layer {index}: {len(ks)} K/V scales cannot be "
                         f"mapped to TP rank {self.tp_rank} of {self.tp_size}")
-            if not all(math.isfinite(x) and x > 0 for x in (k, v)):
-                return f"version {version} layer {index}: scale {(k, v)} is not positive"
-            effective[index] = (k, v)
-        for index, (k, v) in effective.items():
-            _set_scales(self.layers[index].module, k, v)
+            used = (k, v) if q is None else (k, v, q)
+            if not all(math.isfinite(x) and x > 0 for x in used):
+                return f"version {version} layer {index}: scale {used} is not positive"
+            effective[index] = (k, v, q)
+        for index, (k, v, q) in effective.items():
+            _set_scales(self.layers[index].module, k, v, q)
         with self._lock:
             self.applied = effective
             self.version = version
@@ -473,11 +486,11 @@ class _WorkerState:
         """A weight reload (or anything else) that reset the scales gets the version back."""
         if not self.applied:
             return
-        for index, (k, v) in self.applied.items():
+        for index, (k, v, q) in self.applied.items():
             module = self.layers[index].module
             if module._k_scale_float != k or module._v_scale_float != v:
-                for i, (kk, vv) in self.applied.items():
-                    _set_scales(self.layers[i].module, kk, vv)
+                for i, (kk, vv, qq) in self.applied.items():
+                    _set_scales(self.layers[i].module, kk, vv, qq)
                 self.resets_repaired += 1
                 _logger().warning("caliper: the K/V scales were reset (a weight reload?); "
                                   "version %d re-applied", self.version)
@@ -559,16 +572,21 @@ def _rank_scale(values: List[float], rank: int, size: int) -> Optional[float]:
     return None
 
 
-def _set_scales(module, k: float, v: float) -> None:
-    """What vLLM's loader sets from checkpoint k/v scales (BaseKVCacheMethod
-    .process_weights_after_loading), including the host copies; q and prob scales stay."""
+def _set_scales(module, k: float, v: float, q: Optional[float] = None) -> None:
+    """What vLLM's loader sets from checkpoint k/v (and q) scales (BaseKVCacheMethod
+    .process_weights_after_loading), including the host copies; without q the query's scale
+    stays, as does prob_scale."""
     from vllm.platforms import current_platform
     if current_platform.is_fp8_fnuz():
         k, v = k * 2, v * 2
+        q = q * 2 if q is not None else None
     module._k_scale.fill_(k)
     module._v_scale.fill_(v)
     module._k_scale_float = k
     module._v_scale_float = v
+    if q is not None:
+        module._q_scale.fill_(q)
+        module._q_scale_float = q
     if hasattr(module, "_k_scale_cpu"):
         module._k_scale_cpu.fill_(k)
         module._v_scale_cpu.fill_(v)
@@ -706,11 +724,13 @@ class _Sender:
 
     def _put(self, item) -> None:
         from ._pb import caliper_pb2 as pb
-        index, batch, kc, vc, _ = item
+        index, batch, kc, vc, _, qc = item
         fields = dict(layer=index, tp_rank=self.state.tp_rank, tp_size=self.state.tp_size,
                       batch=batch)
-        self._session._put([(f"layer {index} key", pb.KEY, kc),
-                            (f"layer {index} value", pb.VALUE, vc)], fields)
+        chunks = [(f"layer {index} key", pb.KEY, kc), (f"layer {index} value", pb.VALUE, vc)]
+        if qc is not None:
+            chunks.append((f"layer {index} query", pb.QUERY, qc))
+        self._session._put(chunks, fields)
         self.sent += 1
 
 
@@ -726,7 +746,7 @@ class _EngineState:
         self.kv_cache_dtype = str(config.cache_config.cache_dtype)
         self.num_layers = int(config.model_config.get_num_layers(config.parallel_config))
         self.kv_heads = int(config.model_config.get_total_num_kv_heads())
-        self.pending: Optional[Tuple[int, str, Dict[int, Tuple[List[float], List[float]]]]] = None
+        self.pending: Optional[Tuple[int, str, Dict[int, Tuple[List[float], ...]]]] = None
         self.pending_since = 0.0
         self.version = 0
         self.refused: List[str] = []
@@ -746,7 +766,7 @@ class _EngineState:
                                        kv_cache_dtype=self.kv_cache_dtype):
                     delay = 0.2
                     after = max(after, sv.version)
-                    scales = {r.layer: (list(r.k_scale), list(r.v_scale))
+                    scales = {r.layer: (list(r.k_scale), list(r.v_scale), list(r.q_scale))
                               for r in sv.scales.kv_layers}
                     why = self._check(sv.version, scales)
                     if why:
@@ -767,10 +787,13 @@ class _EngineState:
         if sorted(scales) != list(range(self.num_layers)):
             return (f"version {version} has K/V scales for layers {sorted(scales)}, the model "
                     f"{self.num_layers} layers")
-        for layer, (k, v) in scales.items():
+        for layer, (k, v, q) in scales.items():
             if len(k) != len(v) or len(k) not in (1, self.kv_heads):
                 return (f"version {version} layer {layer} has {len(k)} K/V scales, the model "
                         f"{self.kv_heads} KV heads")
+            if q and len(q) != len(k):
+                return (f"version {version} layer {layer} has {len(q)} query scales for "
+                        f"{len(k)} K/V scales")
         return ""
 
     def before_step(self, core) -> None:

@@ -206,6 +206,63 @@ TEST(FleetCodecTest, MlaPartsRoundTripAndComeTogether) {
               HasSubstr("scales.kv.mla_latent_absmax"));
 }
 
+TEST(FleetCodecTest, QueryRowsRoundTripAndComeTogether) {
+  FinalScales scales = testing::UniformScales({4.0f, 8.0f}, 2);
+  scales.kv->q_absmax = {{2.0f, 4.0f}, {NAN, 6.0f}};
+  scales.kv->q = {{2.0f / 448, 4.0f / 448}, {NAN, 6.0f / 448}};
+  const std::string bytes = EncodeFinalScales(scales);
+  absl::StatusOr<FinalScales> back = DecodeFinalScales(bytes, Limits());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kv->q_absmax[0], (std::vector<float>{2.0f, 4.0f}));
+  EXPECT_EQ(back->kv->q[1][1], 6.0f / 448);
+  EXPECT_TRUE(std::isnan(back->kv->q[1][0]));
+  // Recipes without the query write neither key and read back without Q rows.
+  const std::string plain = EncodeFinalScales(testing::UniformScales({1.0f}, 2));
+  EXPECT_EQ(plain.find("\"q\""), std::string::npos);
+  EXPECT_TRUE(DecodeFinalScales(plain, Limits())->kv->q.empty());
+  nlohmann::json j = nlohmann::json::parse(bytes);
+  j["kv"].erase("q_absmax");
+  EXPECT_THAT(DecodeFinalScales(j.dump(), Limits()).status().message(),
+              HasSubstr("scales.kv.q: q and q_absmax come together"));
+  j = nlohmann::json::parse(bytes);
+  j["kv"]["q"].erase(1);
+  EXPECT_THAT(DecodeFinalScales(j.dump(), Limits()).status().message(),
+              HasSubstr("scales.kv.q: layer counts differ"));
+  j = nlohmann::json::parse(bytes);
+  j["kv"]["q"][0].push_back(1.0);  // three entries for two KV heads
+  EXPECT_THAT(DecodeFinalScales(j.dump(), Limits()).status().message(),
+              HasSubstr("scales.kv.q"));
+}
+
+TEST(FleetCodecTest, VersionLayerChangesKeepTheQueryRatio) {
+  FleetState::Parts parts = FleetState(testing::TinyFleet()).ToParts();
+  parts.weight_versions = {"step-1"};
+  FleetVersion version;
+  version.id = 1;
+  version.weight_version = "step-1";
+  version.layers.resize(2);
+  version.layers[1].layer = 1;
+  version.layers[1].q_ratio = 1.5;
+  parts.versions.push_back(version);
+  parts.newest = 1;
+  parts.next_version = 2;
+  absl::StatusOr<FleetState> state = FleetState::FromParts(parts);
+  ASSERT_TRUE(state.ok()) << state.status();
+  const std::string bytes = *EncodeFleetState(*state);
+  absl::StatusOr<FleetState> back = DecodeFleetState(bytes, FleetLimits(), Limits());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->Version(1)->layers[1].q_ratio, 1.5);
+  // Records written before fleets observed the query have no q_ratio: it reads as 1.
+  std::string old = bytes;
+  for (size_t at; (at = old.find(",\"q_ratio\":")) != std::string::npos;) {
+    old.erase(at, old.find_first_of(",}", at + 1) - at);
+  }
+  ASSERT_EQ(old.find("q_ratio"), std::string::npos);
+  back = DecodeFleetState(old, FleetLimits(), Limits());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->Version(1)->layers[1].q_ratio, 1.0);
+}
+
 TEST(FleetCodecTest, InUseReportsRoundTripWithTheirLayersAndDrops) {
   FleetState::Parts parts = FleetState(testing::TinyFleet()).ToParts();
   parts.in_use.push_back({"r0", 0, 0.25, 10, {0.125, 0.5}, 42});

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "core/state/memory_state_store.h"
 #include "core/tensor/reduction_backend.h"
@@ -154,6 +155,28 @@ class FleetServiceCoreTest : public ::testing::Test {
             testing::F32KvChunk(ChunkKind::kValue, layer, rope_data, 1, 8)}) {
         ASSERT_TRUE(partial->Observe(chunk, *backend_, nullptr).status.ok());
       }
+    }
+  }
+
+  // Recipe attention q: `tokens` queries on every layer, query head j of magnitude
+  // scale * (j + 1) (TinyFleet: 4 query heads over 2 KV heads, so KV group g peaks at
+  // scale * (2g + 2)).
+  void StreamQuery(const std::string& session_id, int tokens, float scale) {
+    absl::StatusOr<std::unique_ptr<CalibrationSession>> empty = store_.LoadEmpty(session_id, "");
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    std::shared_ptr<CalibrationSession> partial = *std::move(empty);
+    partials_.push_back(flusher_.Register(partial));
+    constexpr int kQueryHeads = 4;
+    std::vector<float> data(static_cast<size_t>(tokens) * kQueryHeads * kHeadDim);
+    for (size_t i = 0; i < data.size(); ++i) {
+      data[i] = scale * static_cast<float>((i / kHeadDim) % kQueryHeads + 1);
+    }
+    for (int layer = 0; layer < kLayers; ++layer) {
+      ASSERT_TRUE(partial
+                      ->Observe(testing::F32KvChunk(ChunkKind::kQuery, layer, data, kQueryHeads,
+                                                    kHeadDim),
+                                *backend_, nullptr)
+                      .status.ok());
     }
   }
 
@@ -339,6 +362,53 @@ TEST_F(FleetServiceCoreTest, MlaVersionsKeepEachPartsAbsmax) {
   EXPECT_FLOAT_EQ(second.v[0][0], 100.0f / 448.0f);
   EXPECT_FLOAT_EQ(second.k[1][0], 0.1f);
   EXPECT_TRUE(second.warnings.empty());
+}
+
+TEST_F(FleetServiceCoreTest, QueryScalesArePublishedComparedAndRequired) {
+  Fleet fleet = TestFleet();
+  fleet.recipe.attention = AttentionScales::kQuery;
+  ASSERT_TRUE(service_->Create(fleet).ok());
+  auto close = [&](float query, bool with_query) -> Window {
+    absl::StatusOr<FleetService::OpenedWindow> opened = service_->OpenWindow("", "prod", "step-1");
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    Stream(opened->window.session_id, 8, 4.0f);
+    if (with_query) StreamQuery(opened->window.session_id, 8, query);
+    absl::StatusOr<Window> closed = service_->CloseWindow("", "prod", "", "step-1");
+    EXPECT_TRUE(closed.ok()) << closed.status();
+    return closed.ok() ? *closed : Window();
+  };
+  const Window first = close(1.0f, true);
+  ASSERT_EQ(first.version, 1) << first.detail;
+  const Window moved = close(1.5f, true);  // K and V stay; the query moves by 50%
+  ASSERT_EQ(moved.version, 2) << moved.detail;
+  EXPECT_EQ(moved.decision, "drift");
+  EXPECT_THAT(moved.detail, ::testing::HasSubstr("layer 0 Q head 0 moved by 0.5"));
+  // The recipe observes the query: a window whose engines sent none publishes nothing (no 1.0).
+  const Window no_query = close(1.0f, false);
+  EXPECT_EQ(no_query.version, 0);
+  EXPECT_EQ(no_query.decision, "rejected_scales");
+  EXPECT_THAT(no_query.detail, ::testing::HasSubstr("layer 0 Q head 0: absmax is 0"));
+
+  absl::StatusOr<ScalesAnswer> v1 = service_->Scales("", "prod", 1, ScalesQuery());
+  absl::StatusOr<ScalesAnswer> v2 = service_->Scales("", "prod", 2, ScalesQuery());
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  const KvScales& a = *v1->scales.kv_scales;
+  const KvScales& b = *v2->scales.kv_scales;
+  ASSERT_EQ(a.q.size(), 2u);
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(a.q_absmax[l], (std::vector<float>{2.0f, 4.0f}));
+    EXPECT_FLOAT_EQ(a.q[l][0], 2.0f / 448.0f);
+    EXPECT_FLOAT_EQ(a.q[l][1], 4.0f / 448.0f);
+    EXPECT_FLOAT_EQ(b.q[l][1], 6.0f / 448.0f);
+    EXPECT_FLOAT_EQ(b.k[l][0], 4.0f / 448.0f);
+  }
+  absl::StatusOr<FleetState> state = service_->Get("", "prod");
+  ASSERT_TRUE(state.ok()) << state.status();
+  const FleetVersion* second = state->Version(2);
+  ASSERT_NE(second, nullptr);
+  EXPECT_NEAR(second->layers[1].q_ratio, 1.5, 1e-6);
+  EXPECT_DOUBLE_EQ(second->layers[1].k_ratio, 1.0);
 }
 
 TEST_F(FleetServiceCoreTest, DeletingAFleetDropsItsWindowsSessions) {
