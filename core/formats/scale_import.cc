@@ -26,12 +26,19 @@ const std::regex& CtKvPattern() {
   static const std::regex pattern(R"(^(.*)layers\.(\d+)\.self_attn\.(k|v)_scale$)");
   return pattern;
 }
+// The query's scale (recipe attention q): [1], or [num_attention_heads(, 1, 1)] per head.
+const std::regex& CtQueryPattern() {
+  static const std::regex pattern(R"(^(.*)layers\.(\d+)\.self_attn\.q_scale$)");
+  return pattern;
+}
 const std::regex& ModelOptKvPattern() {
   static const std::regex pattern(R"(^(.*)layers\.(\d+)\.self_attn\.(k|v)_proj\.(k|v)_scale$)");
   return pattern;
 }
 
-enum class NameKind { kNone, kCtKv, kModelOptKv, kCtWeight, kCtInput, kMoWeight, kMoInput };
+enum class NameKind {
+  kNone, kCtKv, kCtQuery, kModelOptKv, kCtWeight, kCtInput, kMoWeight, kMoInput
+};
 
 NameKind Classify(const std::string& name, int* layer, bool* key, std::string* module) {
   std::smatch match;
@@ -44,6 +51,10 @@ NameKind Classify(const std::string& name, int* layer, bool* key, std::string* m
     *layer = std::stoi(match[2]);
     *key = match[3] == "k";
     return NameKind::kCtKv;
+  }
+  if (std::regex_match(name, match, CtQueryPattern())) {
+    *layer = std::stoi(match[2]);
+    return NameKind::kCtQuery;
   }
   auto strip = [&](absl::string_view suffix) {
     if (!absl::EndsWith(name, suffix) || name.size() == suffix.size()) return false;
@@ -91,6 +102,55 @@ absl::StatusOr<ScaleTensor> ReadScaleTensor(const SafetensorsFile& file,
   return out;
 }
 
+// compressed-tensors q_scale rows onto `kv`'s entries: per tensor as is; per head one value per
+// query head (the writer repeats each KV group's), reduced per KV group by max as vLLM's loader
+// does. Every layer with K/V needs one once any layer has one.
+absl::Status ImportQueryRows(const SafetensorsFile& file,
+                             const std::map<int, std::vector<float>>& q_rows,
+                             const std::map<int, std::string>& q_where,
+                             const std::optional<ModelConfig>& model, KvScales& kv) {
+  if (q_rows.empty()) return absl::OkStatus();
+  const size_t entries = kv.k.empty() ? 1 : kv.k.front().size();
+  for (size_t l = 0; l < kv.k.size(); ++l) {
+    auto q = q_rows.find(static_cast<int>(l));
+    if (q == q_rows.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.origin(), ": layer ", l, " has no q_scale, but ", q_where.begin()->second,
+          " has one; every layer needs one"));
+    }
+    const std::string& where = q_where.at(q->first);
+    const size_t n = q->second.size();
+    if (model.has_value() && model->num_attention_heads > 0 && n > 1 &&
+        n != static_cast<size_t>(model->num_attention_heads)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", n, " per-head values, but the "
+                                                     "model has ", model->num_attention_heads,
+                                                     " attention heads"));
+    }
+    if (n > 1 && (n % entries != 0 || n < entries)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", n, " values do not split over ",
+                                                     entries, " K/V entries"));
+    }
+    // One value (a per-tensor query beside per-head K/V) serves every entry.
+    const size_t group = n == 1 ? 0 : n / entries;
+    std::vector<float> row, absmax;
+    for (size_t e = 0; e < entries; ++e) {
+      const auto first = q->second.begin() + static_cast<std::ptrdiff_t>(e * group);
+      row.push_back(*std::max_element(first, first + static_cast<std::ptrdiff_t>(
+                                                          std::max<size_t>(group, 1))));
+      absmax.push_back(row.back() * kE4M3FnMax);
+    }
+    kv.q.push_back(std::move(row));
+    kv.q_absmax.push_back(std::move(absmax));
+  }
+  for (const auto& [layer, unused] : q_rows) {
+    if (static_cast<size_t>(layer) >= kv.k.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(q_where.at(layer), ": layer ", layer, " has no K/V scales"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsScaleTensorName(absl::string_view name) {
@@ -110,7 +170,8 @@ absl::StatusOr<ImportedScales> ImportScales(const SafetensorsFile& file,
     bool key = false;
     std::string module;
     const NameKind kind = Classify(entry.name, &layer, &key, &module);
-    if (kind == NameKind::kCtKv || kind == NameKind::kCtWeight || kind == NameKind::kCtInput) {
+    if (kind == NameKind::kCtKv || kind == NameKind::kCtQuery || kind == NameKind::kCtWeight ||
+        kind == NameKind::kCtInput) {
       ct = true;
       if (first_ct.empty()) first_ct = entry.name;
     } else if (kind == NameKind::kModelOptKv || kind == NameKind::kMoWeight) {
@@ -131,7 +192,8 @@ absl::StatusOr<ImportedScales> ImportScales(const SafetensorsFile& file,
   ImportedScales out;
   out.format = ct ? kFormatCompressedTensors : kFormatModelOpt;
   out.nvfp4.form = ct ? ScaleForm::kDivisor : ScaleForm::kMultiplier;
-  std::map<int, std::vector<float>> k_rows, v_rows;
+  std::map<int, std::vector<float>> k_rows, v_rows, q_rows;
+  std::map<int, std::string> q_where;
   std::optional<size_t> width;
   std::string width_where;
   for (const SafetensorsEntry& entry : file.tensors()) {
@@ -139,8 +201,8 @@ absl::StatusOr<ImportedScales> ImportScales(const SafetensorsFile& file,
     bool key = false;
     std::string module;
     const NameKind kind = Classify(entry.name, &layer, &key, &module);
-    const bool wanted = ct ? (kind == NameKind::kCtKv || kind == NameKind::kCtWeight ||
-                              kind == NameKind::kCtInput)
+    const bool wanted = ct ? (kind == NameKind::kCtKv || kind == NameKind::kCtQuery ||
+                              kind == NameKind::kCtWeight || kind == NameKind::kCtInput)
                            : (kind == NameKind::kModelOptKv || kind == NameKind::kMoWeight ||
                               kind == NameKind::kMoInput);
     if (!wanted) continue;
@@ -151,6 +213,22 @@ absl::StatusOr<ImportedScales> ImportScales(const SafetensorsFile& file,
         return absl::InvalidArgumentError(
             absl::StrCat(tensor->where, ": scale ", v, " is not a positive finite number"));
       }
+    }
+    if (kind == NameKind::kCtQuery) {
+      const bool flat = tensor->shape.size() <= 1 ||
+                        (tensor->shape.size() == 3 && tensor->shape[1] == 1 &&
+                         tensor->shape[2] == 1);
+      if (!flat) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            tensor->where, ": q_scale must be [1], [num_attention_heads] or "
+            "[num_attention_heads, 1, 1], got rank ", tensor->shape.size()));
+      }
+      if (!q_rows.emplace(layer, tensor->values).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(tensor->where, ": layer ", layer, " appears twice"));
+      }
+      q_where[layer] = tensor->where;
+      continue;
     }
     if (kind == NameKind::kCtKv || kind == NameKind::kModelOptKv) {
       const bool scalar = tensor->shape.empty() ||
@@ -233,7 +311,11 @@ absl::StatusOr<ImportedScales> ImportScales(const SafetensorsFile& file,
       kv.k_absmax.push_back(std::move(ka));
       kv.v_absmax.push_back(std::move(va));
     }
+    if (absl::Status s = ImportQueryRows(file, q_rows, q_where, model, kv); !s.ok()) return s;
     out.kv = std::move(kv);
+  } else if (!q_rows.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(q_where.begin()->second, ": a q_scale without K/V scales"));
   }
   return out;
 }

@@ -169,6 +169,32 @@ TEST_F(MergeTest, CompressedTensorsKvIntoShardedCheckpoint) {
   EXPECT_THAT(imported->kv->v[0], ElementsAre(0.125f, 1.0f));
 }
 
+// A calibration with recipe attention q: the merged checkpoint keeps the query's scales (one per
+// query head, each KV group's value) and the attention config group that names them.
+TEST_F(MergeTest, QueryScalesAreMergedWithTheirConfigGroup) {
+  WriteSharded();
+  RenderInputs in = KvInputs(KvGranularity::kPerHead);
+  in.kv->q = {{0.0625f, 0.75f}, {0.375f, 0.1875f}};
+  in.kv->q_absmax = {{28.0f, 336.0f}, {168.0f, 84.0f}};
+  MergeOptions options = Options(WriteScales("compressed-tensors", in));
+  options.kv_only = true;
+  auto report = MergeScalesIntoCheckpoint(options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->scale_tensors, 6);
+  json config = json::parse(ReadAll(out_ / "config.json"));
+  const json& groups = config["quantization_config"]["config_groups"];
+  ASSERT_TRUE(groups.contains("attention")) << groups.dump();
+  EXPECT_EQ(groups["attention"]["targets"], json::array({"LlamaAttention"}));
+  auto merged = HfCheckpoint::Open(out_.string());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  auto imported = ImportScalesFromCheckpoint(**merged, Model());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->kv->q, in.kv->q);
+  auto q = (*merged)->Get("model.layers.0.self_attn.q_scale");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->entry->shape, (std::vector<int64_t>{4, 1, 1}));
+}
+
 TEST_F(MergeTest, AFailedWriteIsAnIoErrorAndLeavesNoOutput) {
   WriteSharded();
   const std::string scales = WriteScales("compressed-tensors", KvInputs(KvGranularity::kPerHead));

@@ -130,3 +130,75 @@ TEST(ImportTest, ErrorsNameTheFileAndTensor) {
 
 }  // namespace
 }  // namespace caliper
+
+namespace caliper {
+namespace {
+
+// The query's scales (recipe attention q) survive a compressed-tensors file: per head the
+// writer repeats each KV group's value over its query heads, the reader takes them back per KV
+// head; per tensor as is.
+TEST(ImportTest, QueryScalesReadBackPerKvHead) {
+  for (KvGranularity g : {KvGranularity::kPerHead, KvGranularity::kPerTensor}) {
+    RenderInputs in = LlamaInputs(g, false);
+    KvScales& kv = *in.kv;
+    for (size_t l = 0; l < kv.k.size(); ++l) {
+      std::vector<float> q, qa;
+      for (size_t h = 0; h < kv.k[l].size(); ++h) {
+        q.push_back(0.03f * static_cast<float>(l + 1) * static_cast<float>(h + 2));
+        qa.push_back(q.back() * 448.0f);
+      }
+      kv.q.push_back(q);
+      kv.q_absmax.push_back(qa);
+    }
+    std::vector<ScaleWarning> warnings;
+    auto file = Parse(*CompressedTensorsScalesFile(in, &warnings));
+    ASSERT_NE(file, nullptr);
+    EXPECT_EQ(Shape(*file, "model.layers.1.self_attn.q_scale"),
+              g == KvGranularity::kPerHead ? std::vector<int64_t>({8, 1, 1})
+                                           : std::vector<int64_t>({1}));
+    for (const std::optional<ModelConfig>& model :
+         {std::optional<ModelConfig>(in.model), std::optional<ModelConfig>()}) {
+      auto imported = ImportScales(*file, model);
+      ASSERT_TRUE(imported.ok()) << imported.status();
+      EXPECT_EQ(imported->kv->q, kv.q);
+      EXPECT_EQ(imported->kv->q_absmax, kv.q_absmax);
+    }
+  }
+}
+
+TEST(ImportTest, QueryScaleErrorsNameTheTensor) {
+  const ModelConfig model = LlamaLike();  // 8 attention heads over 2 KV heads
+  auto kv = [](int layer) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".self_attn.";
+    return std::vector<std::tuple<std::string, std::vector<int64_t>, std::vector<float>>>{
+        {p + "k_scale", {2}, {0.1f, 0.2f}}, {p + "v_scale", {2}, {0.1f, 0.2f}}};
+  };
+  auto both = [&](auto extra) {
+    auto t = kv(0);
+    for (auto& x : kv(1)) t.push_back(x);
+    for (auto& x : extra) t.push_back(x);
+    return Parse(HandFile(t));
+  };
+  using Tensors = std::vector<std::tuple<std::string, std::vector<int64_t>, std::vector<float>>>;
+  auto missing = both(Tensors{{"model.layers.0.self_attn.q_scale", {1}, {0.5f}}});
+  EXPECT_THAT(ImportScales(*missing, model).status().message(),
+              HasSubstr("layer 1 has no q_scale"));
+  auto count = both(Tensors{{"model.layers.0.self_attn.q_scale", {5}, {1, 1, 1, 1, 1}},
+                            {"model.layers.1.self_attn.q_scale", {1}, {0.5f}}});
+  EXPECT_THAT(ImportScales(*count, model).status().message(),
+              HasSubstr("self_attn.q_scale\": 5 per-head values, but the model has 8 attention"));
+  EXPECT_THAT(ImportScales(*count, std::nullopt).status().message(),
+              HasSubstr("5 values do not split over 2 K/V entries"));
+  auto alone = Parse(HandFile({{"model.layers.0.self_attn.q_scale", {1}, {0.5f}}}));
+  EXPECT_THAT(ImportScales(*alone, model).status().message(),
+              HasSubstr("a q_scale without K/V scales"));
+  // A per-tensor query beside per-head K/V serves both KV heads.
+  auto mixed = both(Tensors{{"model.layers.0.self_attn.q_scale", {1}, {0.5f}},
+                            {"model.layers.1.self_attn.q_scale", {1}, {0.25f}}});
+  auto imported = ImportScales(*mixed, model);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_THAT(imported->kv->q[1], ElementsAre(0.25f, 0.25f));
+}
+
+}  // namespace
+}  // namespace caliper
