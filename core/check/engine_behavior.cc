@@ -23,7 +23,16 @@ constexpr char kVllmCtMoe[] =
     "convert_to_nvfp4_moe_kernel_format (a13_scale.max())";
 constexpr char kVllmModelOptLinear[] =
     "vLLM 0.32.0 model_executor/layers/quantization/modelopt.py: KNvfp4Static.process "
-    "(weight_scale_2.max())";
+    "(weight_scale_2.max()), KNvfp4Dynamic.process (input_scale.max())";
+// The loaders' warnings when a fused group's stored global scales differ.
+constexpr char kVllmCtWeightMismatch[] =
+    "In NVFP4 linear, the weight global scale is different for parallel layers";
+constexpr char kVllmCtInputMismatch[] =
+    "In NVFP4 linear, the input global scale is different for parallel layers";
+constexpr char kVllmModelOptWeightMismatch[] =
+    "In NVFP4 linear, the global weight scale differs across parallel layers";
+constexpr char kVllmModelOptInputMismatch[] =
+    "In NVFP4 linear, the global input scale differs across parallel layers";
 constexpr char kVllmModelOptConfig[] =
     "vLLM 0.32.0 model_executor/layers/quantization/modelopt.py: "
     "ModelOptQuantConfigBase.from_config";
@@ -128,23 +137,30 @@ std::vector<EngineRow> BadGlobalScale(absl::string_view rule, ScaleKind kind, Sc
   const bool used_is_other = bad.fused && std::isfinite(used) && used > 0 &&
                              std::fpclassify(used) == FP_NORMAL &&
                              !(used == bad.value);
+  // The loaders warn whenever a fused group's stored values differ (a NaN differs from all).
+  const char* warning = weight ? (divisor ? kVllmCtWeightMismatch : kVllmModelOptWeightMismatch)
+                               : (divisor ? kVllmCtInputMismatch : kVllmModelOptInputMismatch);
   if (used_is_other) {
     if (!weight) {
       return Checkpoint(kNone,
-                        absl::StrCat("not used: the fused members quantize one input, with the "
-                                     "max over their stored input scales (",
+                        absl::StrCat("not used: warns (\"", warning,
+                                     "\"); the fused members quantize one input, with the max "
+                                     "over their stored input scales (",
                                      FormatScale(used), ")"),
                         evidence);
     }
     return Checkpoint(kDegrades,
-                      absl::StrCat("not used as stored: the fused group loads the max over its "
-                                   "members (",
+                      absl::StrCat("not used as stored: warns (\"", warning,
+                                   "\") and loads the max over the group's members (",
                                    FormatScale(used),
-                                   "), so this member's weights are dequantized with a "
-                                   "sibling's global scale, silently"),
+                                   "), so this member's weights are dequantized with a sibling's "
+                                   "global scale (right only if it was quantized with that "
+                                   "shared scale)"),
                       evidence);
   }
-  const std::string group = bad.fused ? "the fused group's max is this value: " : "";
+  const std::string group =
+      bad.fused ? absl::StrCat("warns (\"", warning, "\"); the fused group's max is this value: ")
+                : "";
   if (std::isnan(used)) {
     return Checkpoint(kBreaks, absl::StrCat(group, "NaN at run time (NaN wins the max)"), evidence);
   }
@@ -165,9 +181,22 @@ std::vector<EngineRow> BadGlobalScale(absl::string_view rule, ScaleKind kind, Sc
                                           "1/subnormal = inf) into the GEMM's alpha"),
                       evidence);
   }
+  // ModelOpt multipliers (verified with vLLM's NVFP4 emulation GEMM).
+  if (std::isinf(used)) {
+    return Checkpoint(kBreaks,
+                      absl::StrCat(group, weight ? "NaN at run time: the infinite multiplier "
+                                                   "times the weights' zero codes is NaN"
+                                                 : "NaN at run time: the input is quantized "
+                                                   "with 1/inf = 0 as its global scale"),
+                      evidence);
+  }
   return Checkpoint(kBreaks,
-                    absl::StrCat(group, "NaN or garbage at run time: activations are divided by "
-                                        "the multiplier"),
+                    absl::StrCat(group, weight ? "the weights dequantize to (near) zeros: the "
+                                                 "projection outputs (near) zeros, finite and "
+                                                 "wrong"
+                                               : "the input is quantized with 1/0 = inf (or "
+                                                 "1/subnormal) as its global scale: finite "
+                                                 "garbage at run time"),
                     evidence);
 }
 
@@ -207,14 +236,13 @@ std::vector<EngineRow> Effects(absl::string_view rule, ScaleKind kind, ScaleForm
       vllm = "warns (\"w1_weight_global_scale must match w3_weight_global_scale\") and uses the "
              "gate (w1) scale for the up (w3) projection too: w3 comes out scaled by their ratio";
     } else if (divisor) {
-      vllm = "warns (\"In NVFP4 linear, the weight global scale is different for parallel "
-             "layers\") and uses max(divisors) for every member: members stored with a smaller "
-             "divisor come out too small by their ratio";
+      vllm = absl::StrCat("warns (\"", kVllmCtWeightMismatch,
+                          "\") and uses max(divisors) for every member: members stored with a "
+                          "smaller divisor come out too small by their ratio");
     } else {
-      vllm = "warns (\"In NVFP4 linear, the global weight scale differs across parallel "
-             "layers\") and uses "
-             "max(weight_scale_2) for every member: members with a smaller multiplier come out "
-             "too large by their ratio";
+      vllm = absl::StrCat("warns (\"", kVllmModelOptWeightMismatch,
+                          "\") and uses max(weight_scale_2) for every member: members with a "
+                          "smaller multiplier come out too large by their ratio");
     }
     return Merge({Row(E::kVllm, kDegrades, vllm,
                       experts ? kVllmCtMoe : (divisor ? kVllmCtLinear : kVllmModelOptLinear)),

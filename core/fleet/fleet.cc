@@ -110,11 +110,6 @@ absl::Status ValidateFleet(const Fleet& fleet, const FleetLimits& fleet_limits,
         "fleet.recipe.kv: a fleet calibrates K/V scales (its windows count K/V tokens); "
         "choose per-head or per-tensor");
   }
-  if (!fleet.model.layer_attention.empty()) {
-    return absl::InvalidArgumentError(
-        "fleet.model.layer_types: fleets keep K/V scales for every layer; a model with layer "
-        "kinds (sliding-window or linear-attention layers) is calibrated with a session");
-  }
   // The model and recipe are checked exactly as a session's: create one and drop it.
   absl::StatusOr<std::unique_ptr<CalibrationSession>> probe =
       CalibrationSession::Create(fleet.model, fleet.recipe, "", fleet.name, fleet.tenant, limits);

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/calibration/kv_scales.h"
+#include "core/calibration/model_config.h"
 #include "core/state/session_state.h"
 #include "nlohmann/json.hpp"
 
@@ -463,6 +466,13 @@ std::string EncodeFinalScales(const FinalScales& scales) {
                  {"k", k},
                  {"v", v},
                  {"warnings", warnings}};
+    // Hybrid models: each layer's kind (absent when every layer is full attention); a layer
+    // without a KV cache has empty rows.
+    if (!kv.layer_attention.empty()) {
+      json kinds = json::array();
+      for (LayerAttention kind : kv.layer_attention) kinds.push_back(LayerAttentionName(kind));
+      out["kv"]["layer_attention"] = kinds;
+    }
     // Recipes observing the query: its rows (absent otherwise).
     if (HasQueryScales(kv)) {
       json q_absmax = json::array(), q = json::array();
@@ -527,13 +537,28 @@ absl::StatusOr<FinalScales> DecodeFinalScales(absl::string_view bytes, const Lim
     kv.num_kv_heads = static_cast<int>(*heads);
     const size_t layers = static_cast<size_t>(limits.model.max_layers);
     const size_t per_row = kv.granularity == KvGranularity::kPerHead ? kv.num_kv_heads : 1;
+    if (kr.Has("layer_attention")) {
+      absl::StatusOr<const json*> kinds = kr.Array("layer_attention", layers);
+      if (!kinds.ok()) return kinds.status();
+      for (const json& name : **kinds) {
+        std::optional<LayerAttention> kind;
+        for (LayerAttention k :
+             {LayerAttention::kFull, LayerAttention::kSliding, LayerAttention::kLinear}) {
+          if (name.is_string() && name.get<std::string>() == LayerAttentionName(k)) kind = k;
+        }
+        if (!kind.has_value()) return Bad(kr.Path("layer_attention"), "unknown layer kind");
+        kv.layer_attention.push_back(*kind);
+      }
+    }
+    // Rows are empty exactly for the layers without a KV cache.
     auto read_rows = [&](const char* key, std::vector<std::vector<float>>* rows) -> absl::Status {
       absl::StatusOr<const json*> array = kr.Array(key, layers);
       if (!array.ok()) return array.status();
       for (const json& row : **array) {
+        const size_t want = KvLayerHasScales(kv, rows->size()) ? per_row : 0;
         absl::StatusOr<std::vector<float>> values = ReadFloats(row, kr.Path(key), per_row);
         if (!values.ok()) return values.status();
-        if (values->size() != per_row) return Bad(kr.Path(key), "row of the wrong size");
+        if (values->size() != want) return Bad(kr.Path(key), "row of the wrong size");
         rows->push_back(*std::move(values));
       }
       return absl::OkStatus();
@@ -543,7 +568,8 @@ absl::StatusOr<FinalScales> DecodeFinalScales(absl::string_view bytes, const Lim
       if (absl::Status s = read_rows(key, rows); !s.ok()) return s;
     }
     if (kv.k_absmax.size() != kv.k.size() || kv.v_absmax.size() != kv.k.size() ||
-        kv.v.size() != kv.k.size()) {
+        kv.v.size() != kv.k.size() ||
+        (!kv.layer_attention.empty() && kv.layer_attention.size() != kv.k.size())) {
       return Bad("scales.kv", "layer counts differ");
     }
     if (kr.Has("q_absmax") != kr.Has("q")) return Bad("scales.kv.q", "q and q_absmax come together");

@@ -59,7 +59,7 @@ absl::StatusOr<FleetState::Opened> FleetState::OpenWindow(absl::string_view weig
   window.session_id = new_session_id;
   window.weight_version = std::string(weight_version);
   window.opened_unix_ms = now_unix_ms;
-  window.tokens = WindowTokens(fleet_.model.num_layers);
+  window.tokens = WindowTokens(fleet_.model);
   windows_.push_back(std::move(window));
   out.session_id = new_session_id;
   out.created = true;
@@ -305,6 +305,7 @@ absl::StatusOr<FleetState> FleetState::FromParts(Parts parts) {
   out.newest_ = parts.newest;
   out.weight_versions_ = std::move(parts.weight_versions);
   out.windows_ = std::move(parts.windows);
+  for (Window& w : out.windows_) w.tokens = w.tokens.WithModel(out.fleet_.model);
   out.in_use_ = std::move(parts.in_use);
   return out;
 }

@@ -80,8 +80,11 @@ PublishDecision DecidePublish(const PublishPolicy& policy, const FinalScales& ca
   const int layers = tokens.num_layers();
   std::vector<int> unseen, short_layers;
   std::vector<bool> seen(layers, false);
-  int64_t fewest = -1;
+  int64_t fewest = -1, cached = 0;
   for (int l = 0; l < layers; ++l) {
+    // A layer without a KV cache (linear attention) has nothing to see and no scales.
+    if (!tokens.Cached(l)) continue;
+    ++cached;
     const int64_t n = tokens.Layer(l);
     seen[l] = n > 0;
     if (!seen[l]) {
@@ -93,7 +96,7 @@ PublishDecision DecidePublish(const PublishPolicy& policy, const FinalScales& ca
   }
 
   // Refusals first: the current version stays.
-  if (unseen.size() == static_cast<size_t>(layers)) {
+  if (static_cast<int64_t>(unseen.size()) == cached) {
     out.reason = PublishReason::kBelowMinTokens;
     out.detail = "the window saw no K/V tokens (from TP rank 0 of any replica)";
     return out;
@@ -163,7 +166,7 @@ PublishDecision DecidePublish(const PublishPolicy& policy, const FinalScales& ca
   out.layers.resize(layers);
   for (int l = 0; l < layers; ++l) {
     out.layers[l].layer = l;
-    out.layers[l].kept = !seen[l] && base != nullptr;
+    out.layers[l].kept = tokens.Cached(l) && !seen[l] && base != nullptr;
   }
   if (base != nullptr && out.scales.kv.has_value() && base->kv.has_value()) {
     const KvScales& kv = *out.scales.kv;

@@ -5,16 +5,37 @@
 
 namespace caliper {
 
+WindowTokens::WindowTokens(const ModelConfig& model)
+    : WindowTokens(WindowTokens(std::max(model.num_layers, 0)).WithModel(model)) {}
+
+WindowTokens WindowTokens::WithModel(const ModelConfig& model) const {
+  WindowTokens out = *this;
+  out.cached_.clear();
+  if (!model.layer_attention.empty()) {
+    for (int l = 0; l < num_layers(); ++l) out.cached_.push_back(LayerHasKvCache(model, l));
+  }
+  return out;
+}
+
+bool WindowTokens::Cached(int layer) const {
+  return layer >= 0 && (cached_.empty() || (static_cast<size_t>(layer) < cached_.size() &&
+                                            cached_[layer]));
+}
+
 int64_t WindowTokens::Layer(int layer) const {
   if (layer < 0 || layer >= num_layers()) return 0;
   return std::min(k_[layer], v_[layer]);
 }
 
 int64_t WindowTokens::Count() const {
-  if (k_.empty()) return 0;
   int64_t count = std::numeric_limits<int64_t>::max();
-  for (int l = 0; l < num_layers(); ++l) count = std::min(count, Layer(l));
-  return count;
+  bool any = false;
+  for (int l = 0; l < num_layers(); ++l) {
+    if (!Cached(l)) continue;
+    count = std::min(count, Layer(l));
+    any = true;
+  }
+  return any ? count : 0;
 }
 
 bool WindowTokens::Empty() const {
@@ -36,9 +57,9 @@ std::optional<WindowTokens> WindowTokens::FromCounts(std::vector<int64_t> k,
   return out;
 }
 
-WindowTokens WindowTokens::Committed(const SessionStatus& status, int num_layers) {
-  WindowTokens out(num_layers);
-  const size_t n = std::min(status.layers.size(), static_cast<size_t>(std::max(num_layers, 0)));
+WindowTokens WindowTokens::Committed(const SessionStatus& status, const ModelConfig& model) {
+  WindowTokens out(model);
+  const size_t n = std::min(status.layers.size(), static_cast<size_t>(out.num_layers()));
   for (size_t l = 0; l < n; ++l) {
     out.k_[l] = status.layers[l].k_rank0_tokens;
     out.v_[l] = status.layers[l].v_rank0_tokens;

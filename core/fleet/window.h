@@ -1,9 +1,10 @@
 // A calibration window: a session bound to a fleet and a weight version, open until its policy
 // closes it. WindowTokens counts the K/V tokens a window saw per layer from TP rank 0 of each
 // replica only (every rank of a replica sees the same tokens), so a window's count is the
-// minimum over layers of min(K, V): the tokens every layer has seen. The counts are the
-// session's own (KvLayerObserver's rank 0 counts, committed with its statistics), so a chunk
-// counts exactly when its statistics do.
+// minimum over the layers with a KV cache of min(K, V): the tokens every such layer has seen
+// (a hybrid model's linear-attention layers have none to see). The counts are the session's own
+// (KvLayerObserver's rank 0 counts, committed with its statistics), so a chunk counts exactly
+// when its statistics do.
 #ifndef CALIPER_CORE_FLEET_WINDOW_H_
 #define CALIPER_CORE_FLEET_WINDOW_H_
 
@@ -22,25 +23,31 @@ class WindowTokens {
  public:
   WindowTokens() = default;
   explicit WindowTokens(int num_layers) : k_(num_layers, 0), v_(num_layers, 0) {}
+  // Zero counts for every layer of `model`, knowing which have a KV cache.
+  explicit WindowTokens(const ModelConfig& model);
 
   int num_layers() const { return static_cast<int>(k_.size()); }
   int64_t Layer(int layer) const;  // min(K, V) tokens of `layer`
   bool Seen(int layer) const { return Layer(layer) > 0; }
-  int64_t Count() const;           // min over layers (0 without layers)
+  bool Cached(int layer) const;    // the layer has a KV cache (every layer unless the model says)
+  int64_t Count() const;           // min over cached layers (0 without any)
   bool Empty() const;              // nothing counted at all
   const std::vector<int64_t>& k() const { return k_; }
   const std::vector<int64_t>& v() const { return v_; }
-  // Rebuilds from stored counts (each >= 0, the two of one size).
+  // Rebuilds from stored counts (each >= 0, the two of one size); WithModel adds which layers
+  // have a KV cache (the counts keep no model).
   static std::optional<WindowTokens> FromCounts(std::vector<int64_t> k, std::vector<int64_t> v);
+  WindowTokens WithModel(const ModelConfig& model) const;
   // What the window's session committed (SessionStatus::layers' TP rank 0 counts): the count
   // always matches the statistics the store holds, merged in the same transaction.
-  static WindowTokens Committed(const SessionStatus& status, int num_layers);
+  static WindowTokens Committed(const SessionStatus& status, const ModelConfig& model);
   // Raises each layer's counts to `other`'s where higher (sizes as this one's).
   void Raise(const WindowTokens& other);
   bool operator==(const WindowTokens& other) const = default;
 
  private:
   std::vector<int64_t> k_, v_;
+  std::vector<bool> cached_;  // per layer; empty: every layer has a KV cache
 };
 
 enum class WindowState { kOpen, kClosed };

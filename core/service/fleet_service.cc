@@ -126,7 +126,7 @@ absl::StatusOr<FinalScales> FleetService::FinalizeWindowSession(const std::strin
                      : absl::StatusOr<SessionService::Finalized>(finalized);
   events_->Finalized(done.ok());
   if (!done.ok()) return done.status();
-  *tokens = WindowTokens::Committed(done->session->Status(), done->session->model().num_layers);
+  *tokens = WindowTokens::Committed(done->session->Status(), done->session->model());
   return std::move(done->final);
 }
 
@@ -139,7 +139,7 @@ FleetState FleetService::RecordWindowTokens(FleetState state) {
     if (window.state != WindowState::kOpen) continue;
     absl::StatusOr<SessionStatus> status = options_.sessions->Get(window.session_id, fleet.tenant);
     if (!status.ok()) continue;  // the next sweep reads it again
-    WindowTokens tokens = WindowTokens::Committed(*status, fleet.model.num_layers);
+    WindowTokens tokens = WindowTokens::Committed(*status, fleet.model);
     WindowTokens raised = window.tokens;
     raised.Raise(tokens);
     if (!(raised == window.tokens)) committed.emplace_back(window.session_id, std::move(tokens));

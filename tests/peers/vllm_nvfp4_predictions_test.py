@@ -157,6 +157,68 @@ def finite(got):
     return bool(got["logprobs"]) and all(math.isfinite(x) for x in got["logprobs"])
 
 
+# What a loaded copy must show: each returns "" or what is wrong.
+def held_is(key, want):
+    def test(got):
+        h = got["held"][key][0]
+        ok = (math.isnan(h) and math.isnan(want)) or h == want or math.isclose(
+            h, want, rel_tol=1e-6)
+        return "" if ok else f"{key} = {h}, want {want}"
+    return test
+
+
+def nan_out(got):
+    return "" if not finite(got) else "logprobs finite, want NaN"
+
+
+def finite_out(got):
+    return "" if finite(got) else "logprobs not finite"
+
+
+def differs_from(clean):
+    return lambda got: ("" if got["logprobs"] != clean["logprobs"]
+                        else "logprobs equal to the clean run")
+
+
+def same_as(clean):
+    return lambda got: ("" if got["logprobs"] == clean["logprobs"]
+                        else "logprobs differ from the clean run")
+
+
+def warns(text):
+    return lambda got: "" if text in got["log"] else f"no \"{text}\" in vLLM's log"
+
+
+def run_cases(caliper, base, cases, tmp, prefix, warnings):
+    """Each (what, tensor, edit, (rule, vLLM severity), tests) on a copy of `base`: caliper check
+    finds exactly that rule and severity, vLLM loads the copy and passes every test, and each of
+    `warnings` is in vLLM's log exactly when the finding's effect quotes it. Returns
+    (rule, copy, finding, loaded) per case that loaded."""
+    loaded = []
+    for i, (what, key, edit, (rule, severity), tests) in enumerate(cases):
+        what = f"{prefix}{what}"
+        ckpt = variant(base, os.path.join(tmp, f"{os.path.basename(base)}-case{i}"),
+                       "model.layers.0." + key, edit)
+        found = caliper_check(caliper, ckpt)
+        mine = [f for f in found if f[0] == rule]
+        check_that(len(found) == 1 and mine and mine[0][2]["severity"] == severity,
+                   f"{what}: caliper check predicts {rule} / {severity} for vLLM "
+                   f"(got {[(f[0], f[2]['severity']) for f in found]})")
+        got = vllm_load(ckpt)
+        if "held" not in got:
+            check_that(False, f"{what}: vLLM loads it ({got.get('error')})")
+            continue
+        for test in tests:
+            wrong = test(got)
+            check_that(not wrong, f"{what}: vLLM does what the check says ({wrong})")
+        for text in warnings:
+            check_that(not mine or (text in got["log"]) == (text in mine[0][2]["effect"]),
+                       f"{what}: the effect quotes vLLM's warning exactly when it warns "
+                       f"(\"{text}\")")
+        loaded.append((rule, ckpt, mine[0] if mine else None, got))
+    return loaded
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--caliper", required=True)
@@ -196,39 +258,26 @@ def main():
                    f"compressed-tensors checkpoint's logprobs ({modelopt.get('error')})")
 
         q_w = "self_attn.q_proj.weight_global_scale"
-        # (case, tensor, edit, (rule, vLLM severity), check(held, got) -> what is wrong or "")
-        def held_is(key, want):
-            def test(got):
-                h = got["held"][key][0]
-                ok = (math.isnan(h) and math.isnan(want)) or h == want or math.isclose(
-                    h, want, rel_tol=1e-6)
-                return "" if ok else f"{key} = {h}, want {want}"
-            return test
-
-        def nan_out(got):
-            return "" if not finite(got) else "logprobs finite, want NaN"
-
-        def finite_out(got):
-            return "" if finite(got) else "logprobs not finite"
-
-        def differs(got):
-            return "" if got["logprobs"] != clean["logprobs"] else "logprobs equal to the clean run"
-
+        differs = differs_from(clean)
+        weight_warning = "the weight global scale is different for parallel layers"
+        input_warning = "the input global scale is different for parallel layers"
+        # (case, tensor, edit, (rule, vLLM severity), tests of the loaded copy)
         cases = [
             ("q/k/v weight global scales 2.14x apart", q_w, lambda x: x * 2.14,
              ("fused-scale-mismatch", "degrades"),
              [held_is(attn + "qkv_proj.weight_global_scale",
                       1 / float(torch.tensor(s(q_w) * 2.14).float())), finite_out, differs,
-              lambda got: "" if "the weight global scale is different for parallel layers"
-              in got["log"] else "no mismatch warning in vLLM's log"]),
+              warns(weight_warning)]),
             ("q_proj weight global scale 0 (k, v healthy)", q_w, lambda x: x * 0,
              ("zero-scale", "degrades"),
              [held_is(attn + "qkv_proj.weight_global_scale",
-                      1 / s("self_attn.k_proj.weight_global_scale")), finite_out]),
+                      1 / s("self_attn.k_proj.weight_global_scale")), finite_out,
+              warns(weight_warning)]),
             ("gate_proj input global scale 0 (up healthy)", "mlp.gate_proj.input_global_scale",
              lambda x: x * 0, ("zero-scale", "none"),
              [held_is(mlp + "gate_up_proj.input_global_scale",
-                      1 / s("mlp.up_proj.input_global_scale")), finite_out]),
+                      1 / s("mlp.up_proj.input_global_scale")), finite_out,
+              warns(input_warning)]),
             ("o_proj weight global scale 0", "self_attn.o_proj.weight_global_scale",
              lambda x: x * 0, ("zero-scale", "breaks"),
              [held_is(attn + "o_proj.weight_global_scale", math.inf), nan_out]),
@@ -250,28 +299,17 @@ def main():
              [held_is(mlp + "down_proj.weight_global_scale", math.inf), nan_out]),
         ]
         fused_case = None
-        for i, (what, key, edit, (rule, severity), tests) in enumerate(cases):
-            ckpt = variant(ct, os.path.join(tmp, f"case{i}"), L + key, edit)
-            found = caliper_check(args.caliper, ckpt)
-            mine = [f for f in found if f[0] == rule]
-            check_that(len(found) == 1 and mine and mine[0][2]["severity"] == severity,
-                       f"{what}: caliper check predicts {rule} / {severity} for vLLM "
-                       f"(got {[(f[0], f[2]['severity']) for f in found]})")
-            got = vllm_load(ckpt)
-            if "held" not in got:
-                check_that(False, f"{what}: vLLM loads it ({got.get('error')})")
-                continue
-            for test in tests:
-                wrong = test(got)
-                check_that(not wrong, f"{what}: vLLM does what the check says ({wrong})")
-            if rule == "fused-scale-mismatch":
+        for rule, ckpt, finding, got in run_cases(args.caliper, ct, cases, tmp, "",
+                                                  (weight_warning, input_warning)):
+            if rule == "fused-scale-mismatch" and finding is not None:
                 fused_case = ckpt
-                used = mine[0][3].get("used")
+                used = finding[3].get("used")
                 check_that(used is not None and math.isclose(
                     1 / used, got["held"][attn + "qkv_proj.weight_global_scale"][0],
-                    rel_tol=1e-6), f"{what}: details.used ({used}) is the value vLLM loads")
-                check_that("the weight global scale is different for parallel layers"
-                           in mine[0][2]["effect"], f"{what}: the effect quotes vLLM's warning")
+                    rel_tol=1e-6), f"fused mismatch: details.used ({used}) is the value vLLM "
+                                   "loads")
+
+        modelopt_linear_cases(args.caliper, mo, modelopt, tmp)
 
         # The repair: one shared divisor, weights requantized from the dense checkpoint.
         fixed = os.path.join(tmp, "fixed")
@@ -291,6 +329,66 @@ def main():
             modelopt_kv_cases(args.caliper, dense, scales_kv, tmp)
     print(f"{len(failures)} failed" if failures else "all passed")
     return 1 if failures else 0
+
+
+def modelopt_linear_cases(caliper, mo, clean, tmp):
+    """The NVFP4 rules through ModelOpt's Linear loader (KNvfp4Static / KNvfp4Dynamic: the fused
+    group's max of weight_scale_2 and input_scale, held as multipliers), each defect on a copy of
+    the `caliper quantize --format modelopt` checkpoint."""
+    stored = load_file(os.path.join(mo, "model.safetensors"))
+    L = "model.layers.0."
+    attn, mlp = L + "self_attn.", L + "mlp."
+
+    def s(key):
+        return float(stored[L + key].reshape(-1)[0])
+
+    differs, same = differs_from(clean), same_as(clean)
+    weight_warning = "the global weight scale differs across parallel layers"
+    input_warning = "the global input scale differs across parallel layers"
+    q_w = "self_attn.q_proj.weight_scale_2"
+    f32 = lambda x: float(torch.tensor(x).float())  # noqa: E731
+    cases = [
+        ("q/k/v weight_scale_2 2.14x apart", q_w, lambda x: x * 2.14,
+         ("fused-scale-mismatch", "degrades"),
+         [held_is(attn + "qkv_proj.weight_global_scale", f32(s(q_w) * 2.14)), finite_out,
+          differs, warns(weight_warning)]),
+        # The members shared one scale: the max of the healthy ones is the one q was packed with.
+        ("q_proj weight_scale_2 0 (k, v healthy)", q_w, lambda x: x * 0,
+         ("zero-scale", "degrades"),
+         [held_is(attn + "qkv_proj.weight_global_scale", s("self_attn.k_proj.weight_scale_2")),
+          finite_out, same, warns(weight_warning)]),
+        ("gate_proj input_scale 0 (up healthy)", "mlp.gate_proj.input_scale", lambda x: x * 0,
+         ("zero-scale", "none"),
+         [held_is(mlp + "gate_up_proj.input_global_scale", s("mlp.up_proj.input_scale")),
+          finite_out, same, warns(input_warning)]),
+        ("o_proj weight_scale_2 0", "self_attn.o_proj.weight_scale_2", lambda x: x * 0,
+         ("zero-scale", "breaks"),
+         [held_is(attn + "o_proj.weight_global_scale", 0.0), finite_out, differs]),
+        ("o_proj input_scale 0", "self_attn.o_proj.input_scale", lambda x: x * 0,
+         ("zero-scale", "breaks"),
+         [held_is(attn + "o_proj.input_global_scale", 0.0), finite_out, differs]),
+        ("k_proj weight_scale_2 NaN", "self_attn.k_proj.weight_scale_2", lambda x: x * math.nan,
+         ("non-finite-scale", "breaks"),
+         [held_is(attn + "qkv_proj.weight_global_scale", math.nan), nan_out]),
+        ("q_proj input_scale +inf", "self_attn.q_proj.input_scale", lambda x: x * math.inf,
+         ("non-finite-scale", "breaks"),
+         [held_is(attn + "qkv_proj.input_global_scale", math.inf), nan_out]),
+        ("down_proj weight_scale_2 +inf", "mlp.down_proj.weight_scale_2", lambda x: x * math.inf,
+         ("non-finite-scale", "breaks"),
+         [held_is(mlp + "down_proj.weight_global_scale", math.inf), nan_out]),
+        ("o_proj weight_scale_2 negative", "self_attn.o_proj.weight_scale_2", lambda x: -x,
+         ("negative-scale", "breaks"),
+         [held_is(attn + "o_proj.weight_global_scale", -s("self_attn.o_proj.weight_scale_2")),
+          finite_out, differs]),
+        ("down_proj weight_scale_2 subnormal", "mlp.down_proj.weight_scale_2",
+         lambda x: x * 0 + 1e-40, ("subnormal-scale", "breaks"),
+         [held_is(mlp + "down_proj.weight_global_scale", f32(1e-40)), finite_out, differs]),
+        ("down_proj input_scale subnormal", "mlp.down_proj.input_scale",
+         lambda x: x * 0 + 1e-40, ("subnormal-scale", "breaks"),
+         [held_is(mlp + "down_proj.input_global_scale", f32(1e-40)), finite_out, differs]),
+    ]
+    run_cases(caliper, mo, cases, tmp, "ModelOpt Linear loader, ",
+              (weight_warning, input_warning))
 
 
 def modelopt_kv_cases(caliper, dense, scales_kv, tmp):

@@ -681,7 +681,8 @@ def main():
         out["outputs"] = run()
     def scales(worker):  # a callable collective_rpc cloudpickles to every rank
         from vllm.model_executor.layers.attention.attention import Attention
-        return {n: [float(m._k_scale), float(m._v_scale), m._k_scale_float, m._v_scale_float]
+        return {n: [float(m._k_scale), float(m._v_scale), m._k_scale_float, m._v_scale_float,
+                    float(m._q_scale), m._q_scale_float]
                 for n, m in worker.model_runner.get_model().named_modules()
                 if isinstance(m, Attention)}
     out["scales"] = llm.collective_rpc(scales)
@@ -693,12 +694,14 @@ if __name__ == "__main__":
 
 def test_tensor_parallel_two_ranks_feed_one_window_and_switch_together(server, tmp_path):
     """TP 2 on the CPU build (two worker processes, one core each): both ranks stream their
-    KV head into one window, and after the publish both apply version 1 on the same step, each
-    with the scale vLLM's loader gives that rank from the merged per-head checkpoint; outputs
-    (with an FP8 cache where this CPU runs one) equal a fresh TP 2 process on that checkpoint."""
+    KV head, and the query heads of its group (recipe attention q), into one window, and after
+    the publish both apply version 1 on the same step, each with the K, V and Q scales vLLM's
+    loader gives that rank from the merged per-head checkpoint; outputs (with an FP8 cache where
+    this CPU runs one) equal a fresh TP 2 process on that checkpoint."""
     config = tiny_llama(tmp_path / "model")
     client = caliper.Client(server.address)
-    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_head"), min_tokens=16)
+    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_head", attention="q"),
+                        min_tokens=16)
     ps = json.dumps(prompts(3, 32, seed=6))
     kv_dtype = "auto" if fp8_kv_cache_missing() else "fp8"
     env = dict(VLLM_CPU_OMP_THREADS_BIND="0|1" if (os.cpu_count() or 1) >= 2 else "0|0")
@@ -711,8 +714,9 @@ def test_tensor_parallel_two_ranks_feed_one_window_and_switch_together(server, t
     assert all(r[2] > 0 for r in ranks) and ranks[0][3] != ranks[1][3]  # two producers
     assert live["versions"] == [1, 1]
     window = client.session(live["window"])
-    k = [layer.k_scale for layer in window.scales(tp=1).kv_layers]
-    assert all(len(heads) == 2 and min(heads) > 0 for heads in k)  # a head from each rank
+    layers = window.scales(tp=1).kv_layers
+    for heads in [layer.k_scale for layer in layers] + [layer.q_scale for layer in layers]:
+        assert len(heads) == 2 and min(heads) > 0  # a KV head (and its queries) from each rank
     merged_checkpoint(window, tmp_path)
     fresh = run_script(TP_SCRIPT, clean_env(**env), "fresh", tmp_path / "merged", ps, kv_dtype,
                        json.dumps(ENGINE))

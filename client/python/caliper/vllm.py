@@ -766,8 +766,10 @@ class _EngineState:
                                        kv_cache_dtype=self.kv_cache_dtype):
                     delay = 0.2
                     after = max(after, sv.version)
+                    # A hybrid model's layers without a KV cache have no scales (and no
+                    # attention module on the workers, which check the rest exactly).
                     scales = {r.layer: (list(r.k_scale), list(r.v_scale), list(r.q_scale))
-                              for r in sv.scales.kv_layers}
+                              for r in sv.scales.kv_layers if r.k_scale}
                     why = self._check(sv.version, scales)
                     if why:
                         self.refused.append(why)
@@ -784,7 +786,7 @@ class _EngineState:
             delay = min(delay * 2, 5.0)
 
     def _check(self, version: int, scales) -> str:
-        if sorted(scales) != list(range(self.num_layers)):
+        if not scales or not set(scales) <= set(range(self.num_layers)):
             return (f"version {version} has K/V scales for layers {sorted(scales)}, the model "
                     f"{self.num_layers} layers")
         for layer, (k, v, q) in scales.items():

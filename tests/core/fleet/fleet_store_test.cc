@@ -234,6 +234,31 @@ TEST(FleetCodecTest, QueryRowsRoundTripAndComeTogether) {
               HasSubstr("scales.kv.q"));
 }
 
+TEST(FleetCodecTest, HybridLayerKindsRoundTripWithEmptyRows) {
+  FinalScales scales = testing::UniformScales({4.0f, 8.0f}, 2);
+  scales.kv->layer_attention = {LayerAttention::kLinear, LayerAttention::kSliding};
+  for (auto* rows : {&scales.kv->k, &scales.kv->v, &scales.kv->k_absmax, &scales.kv->v_absmax}) {
+    (*rows)[0].clear();  // no KV cache, no scales
+  }
+  const std::string bytes = EncodeFinalScales(scales);
+  absl::StatusOr<FinalScales> back = DecodeFinalScales(bytes, Limits());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kv->layer_attention, scales.kv->layer_attention);
+  EXPECT_TRUE(back->kv->k[0].empty());
+  EXPECT_EQ(back->kv->k[1], scales.kv->k[1]);
+  // Other models' records have no kinds; an empty row there is corrupt, as is an unknown kind.
+  EXPECT_EQ(EncodeFinalScales(testing::UniformScales({1.0f}, 2)).find("layer_attention"),
+            std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(bytes);
+  j["kv"].erase("layer_attention");
+  EXPECT_THAT(DecodeFinalScales(j.dump(), Limits()).status().message(),
+              HasSubstr("row of the wrong size"));
+  j = nlohmann::json::parse(bytes);
+  j["kv"]["layer_attention"][1] = "mamba2";
+  EXPECT_THAT(DecodeFinalScales(j.dump(), Limits()).status().message(),
+              HasSubstr("scales.kv.layer_attention: unknown layer kind"));
+}
+
 TEST(FleetCodecTest, VersionLayerChangesKeepTheQueryRatio) {
   FleetState::Parts parts = FleetState(testing::TinyFleet()).ToParts();
   parts.weight_versions = {"step-1"};

@@ -27,7 +27,8 @@ TEST(WindowTokensTest, ComesFromTheSessionsCommittedRankZeroCountsAndOnlyRises) 
   status.layers[0].k_tokens = 999;  // per head, all ranks: not the window's count
   status.layers[1] = {0, 0, 20, 20};
   status.layers[2] = {0, 0, 25, 50};  // beyond the fleet's two layers: ignored
-  const WindowTokens committed = WindowTokens::Committed(status, 2);
+  const ModelConfig model = testing::LlamaTestModel(2, 2, 8, 4);
+  const WindowTokens committed = WindowTokens::Committed(status, model);
   ASSERT_EQ(committed.num_layers(), 2);
   EXPECT_EQ(committed.Layer(0), 30);
   EXPECT_EQ(committed.Count(), 20);
@@ -35,7 +36,26 @@ TEST(WindowTokensTest, ComesFromTheSessionsCommittedRankZeroCountsAndOnlyRises) 
   recorded.Raise(committed);  // a lagging read never lowers a count
   EXPECT_EQ(recorded.k(), (std::vector<int64_t>{40, 20}));
   EXPECT_EQ(recorded.v(), (std::vector<int64_t>{35, 20}));
-  EXPECT_EQ(WindowTokens::Committed(SessionStatus(), 2).Count(), 0);
+  EXPECT_EQ(WindowTokens::Committed(SessionStatus(), model).Count(), 0);
+}
+
+TEST(WindowTokensTest, LayersWithoutAKvCacheAreNotCounted) {
+  ModelConfig model = testing::LlamaTestModel(3, 2, 8, 4);
+  model.layer_attention = {LayerAttention::kLinear, LayerAttention::kFull,
+                           LayerAttention::kSliding};
+  const WindowTokens tokens = WindowTokens::FromCounts({0, 40, 30}, {0, 50, 30})->WithModel(model);
+  EXPECT_FALSE(tokens.Cached(0));
+  EXPECT_TRUE(tokens.Cached(2));
+  EXPECT_EQ(tokens.Count(), 30);  // over layers 1 and 2
+  EXPECT_EQ(WindowTokens(model).Count(), 0);
+  Window w;
+  w.tokens = tokens;
+  PublishPolicy policy;
+  policy.window_tokens = 30;
+  EXPECT_EQ(CloseDue(w, policy, 0), WindowCloseReason::kTokens);
+  model.layer_attention = {LayerAttention::kLinear, LayerAttention::kLinear,
+                           LayerAttention::kLinear};
+  EXPECT_EQ(WindowTokens(model).Count(), 0);  // nothing cached: nothing to count
 }
 
 TEST(WindowTokensTest, RebuildsFromValidCountsOnly) {

@@ -117,15 +117,17 @@ class FleetServiceCoreTest : public ::testing::Test {
     return fleet;
   }
 
-  // `tokens` K and V tokens on every layer, all of magnitude `absmax`, folded into a partial of
-  // the window's session as a server's stream folds them: accepted, not yet merged.
-  void Stream(const std::string& session_id, int tokens, float absmax) {
+  // `tokens` K and V tokens on `layers` (default every layer), all of magnitude `absmax`, folded
+  // into a partial of the window's session as a server's stream folds them: accepted, not yet
+  // merged.
+  void Stream(const std::string& session_id, int tokens, float absmax,
+              std::vector<int> layers = {0, 1}) {
     absl::StatusOr<std::unique_ptr<CalibrationSession>> empty = store_.LoadEmpty(session_id, "");
     ASSERT_TRUE(empty.ok()) << empty.status();
     std::shared_ptr<CalibrationSession> partial = *std::move(empty);
     partials_.push_back(flusher_.Register(partial));
     const std::vector<float> data(static_cast<size_t>(tokens) * kHeads * kHeadDim, absmax);
-    for (int layer = 0; layer < kLayers; ++layer) {
+    for (int layer : layers) {
       for (ChunkKind kind : {ChunkKind::kKey, ChunkKind::kValue}) {
         ChunkRef chunk;
         chunk.kind = kind;
@@ -409,6 +411,33 @@ TEST_F(FleetServiceCoreTest, QueryScalesArePublishedComparedAndRequired) {
   ASSERT_NE(second, nullptr);
   EXPECT_NEAR(second->layers[1].q_ratio, 1.5, 1e-6);
   EXPECT_DOUBLE_EQ(second->layers[1].k_ratio, 1.0);
+}
+
+// A hybrid model (layer 1 linear attention, no KV cache): windows count and publish over the
+// layers with a cache, and the version has no scales for the other.
+TEST_F(FleetServiceCoreTest, HybridModelsPublishTheLayersWithAKvCache) {
+  Fleet fleet = TestFleet();
+  fleet.model.layer_attention = {LayerAttention::kFull, LayerAttention::kLinear};
+  ASSERT_TRUE(service_->Create(fleet).ok());
+  absl::StatusOr<FleetService::OpenedWindow> opened = service_->OpenWindow("", "prod", "step-1");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Stream(opened->window.session_id, 8, 4.0f, {0});
+  absl::StatusOr<Window> closed = service_->CloseWindow("", "prod", "", "step-1");
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ(closed->tokens.Count(), 8);  // layer 1 has nothing to count
+  ASSERT_EQ(closed->version, 1) << closed->detail;
+  EXPECT_EQ(closed->decision, "first_version");
+  absl::StatusOr<ScalesAnswer> v1 = service_->Scales("", "prod", 1, ScalesQuery());
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  const KvScales& kv = *v1->scales.kv_scales;
+  ASSERT_EQ(kv.k.size(), 2u);
+  EXPECT_EQ(kv.k[0], (std::vector<float>{4.0f / 448.0f, 4.0f / 448.0f}));
+  EXPECT_TRUE(kv.k[1].empty() && kv.v[1].empty());
+  EXPECT_TRUE(kv.warnings.empty());
+  absl::StatusOr<FleetState> state = service_->Get("", "prod");
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_FALSE(state->Version(1)->layers[1].kept);
+  EXPECT_TRUE(state->Version(1)->kept_layers.empty());
 }
 
 TEST_F(FleetServiceCoreTest, DeletingAFleetDropsItsWindowsSessions) {
