@@ -488,7 +488,8 @@ class _WorkerState:
             return
         for index, (k, v, q) in self.applied.items():
             module = self.layers[index].module
-            if module._k_scale_float != k or module._v_scale_float != v:
+            if (module._k_scale_float != k or module._v_scale_float != v
+                    or (q is not None and module._q_scale_float != q)):
                 for i, (kk, vv, qq) in self.applied.items():
                     _set_scales(self.layers[i].module, kk, vv, qq)
                 self.resets_repaired += 1
@@ -768,8 +769,9 @@ class _EngineState:
                     after = max(after, sv.version)
                     # A hybrid model's layers without a KV cache have no scales (and no
                     # attention module on the workers, which check the rest exactly).
-                    scales = {r.layer: (list(r.k_scale), list(r.v_scale), list(r.q_scale))
-                              for r in sv.scales.kv_layers if r.k_scale}
+                    scales: Dict[int, Tuple[List[float], ...]] = {
+                        r.layer: (list(r.k_scale), list(r.v_scale), list(r.q_scale))
+                        for r in sv.scales.kv_layers if r.k_scale}
                     why = self._check(sv.version, scales)
                     if why:
                         self.refused.append(why)
