@@ -6,7 +6,9 @@ ModelOpt's `KNvfp4Static`: the fused-group max, the inversion into alpha, the wa
 unchanged. A tiny Llama is packed by `caliper quantize` (compressed-tensors and ModelOpt) from
 scales computed here with torch; each case injects one defect, asks `caliper check --engine vllm`,
 then loads the copy in a fresh vLLM process and reads what its NVFP4 layers hold, the warnings it
-printed and whether its prompt logprobs are finite. A `--repair fused=min` copy then loads clean.
+printed and whether its prompt logprobs are finite; the same for FP8 block scales out of range
+(`--deep`) and a module the ignore list names while it carries NVFP4 tensors. A
+`--repair fused=min` copy then loads clean.
 Where vLLM's CPU build runs an FP8 KV cache (AVX-512 or AMX), the KV rules are then checked
 through ModelOpt's KV loader on an NVFP4 + FP8 KV ModelOpt checkpoint (the compressed-tensors KV
 loader's are in peers.vllm_check_predictions).
@@ -141,9 +143,9 @@ def variant(base, dst, key, edit):
     return dst
 
 
-def caliper_check(binary, ckpt):
+def caliper_check(binary, ckpt, *flags):
     out = ckpt + ".check.json"
-    r = subprocess.run([binary, "check", ckpt, "--engine", "vllm", "--json", out],
+    r = subprocess.run([binary, "check", ckpt, "--engine", "vllm", "--json", out, *flags],
                        capture_output=True, text=True)
     if r.returncode not in (0, 4):
         raise SystemExit(f"caliper check {ckpt} exited {r.returncode}: {r.stderr}")
@@ -189,7 +191,7 @@ def warns(text):
     return lambda got: "" if text in got["log"] else f"no \"{text}\" in vLLM's log"
 
 
-def run_cases(caliper, base, cases, tmp, prefix, warnings):
+def run_cases(caliper, base, cases, tmp, prefix, warnings, flags=()):
     """Each (what, tensor, edit, (rule, vLLM severity), tests) on a copy of `base`: caliper check
     finds exactly that rule and severity, vLLM loads the copy and passes every test, and each of
     `warnings` is in vLLM's log exactly when the finding's effect quotes it. Returns
@@ -197,9 +199,10 @@ def run_cases(caliper, base, cases, tmp, prefix, warnings):
     loaded = []
     for i, (what, key, edit, (rule, severity), tests) in enumerate(cases):
         what = f"{prefix}{what}"
-        ckpt = variant(base, os.path.join(tmp, f"{os.path.basename(base)}-case{i}"),
+        tag = "".join(c for c in prefix if c.isalnum())[:8]
+        ckpt = variant(base, os.path.join(tmp, f"{os.path.basename(base)}-{tag}case{i}"),
                        "model.layers.0." + key, edit)
-        found = caliper_check(caliper, ckpt)
+        found = caliper_check(caliper, ckpt, *flags)
         mine = [f for f in found if f[0] == rule]
         check_that(len(found) == 1 and mine and mine[0][2]["severity"] == severity,
                    f"{what}: caliper check predicts {rule} / {severity} for vLLM "
@@ -309,6 +312,8 @@ def main():
                     rel_tol=1e-6), f"fused mismatch: details.used ({used}) is the value vLLM "
                                    "loads")
 
+        block_scale_cases(args.caliper, ct, clean, tmp)
+        ignore_list_cases(args.caliper, ct, clean, tmp)
         modelopt_linear_cases(args.caliper, mo, modelopt, tmp)
 
         # The repair: one shared divisor, weights requantized from the dense checkpoint.
@@ -329,6 +334,59 @@ def main():
             modelopt_kv_cases(args.caliper, dense, scales_kv, tmp)
     print(f"{len(failures)} failed" if failures else "all passed")
     return 1 if failures else 0
+
+
+def block_scale_cases(caliper, ct, clean, tmp):
+    """block-scale-out-of-range (`caliper check --deep`): one FP8 group scale of down_proj made NaN
+    or negative; without --deep the copy checks clean (block scales are not read)."""
+    def set_largest(negative):
+        def edit(x):
+            codes = x.view(torch.uint8).clone().reshape(-1)
+            i = int(codes.argmax())  # positive E4M3 codes are ordered as their values
+            codes[i] = codes[i] | 0x80 if negative else 0x7F  # 0x7F: E4M3's NaN
+            return codes.reshape(x.shape).view(x.dtype)
+        return edit
+    cases = [
+        ("a down_proj block scale NaN", "mlp.down_proj.weight_scale", set_largest(False),
+         ("block-scale-out-of-range", "breaks"), [nan_out]),
+        ("a down_proj block scale negative", "mlp.down_proj.weight_scale", set_largest(True),
+         ("block-scale-out-of-range", "breaks"), [finite_out, differs_from(clean)]),
+    ]
+    run_cases(caliper, ct, cases, tmp, "--deep, ", (), flags=("--deep",))
+    shallow = variant(ct, os.path.join(tmp, "ct-shallow"),
+                      "model.layers.0.mlp.down_proj.weight_scale", set_largest(False))
+    check_that(caliper_check(caliper, shallow) == [],
+               "without --deep the block scales are not read (no finding)")
+
+
+def ignore_list_cases(caliper, ct, clean, tmp):
+    """The config's ignore list against the tensors: a packed module named in it is built
+    unquantized by vLLM and its scales have nowhere to load (config-ignored-module-has-scale);
+    lm_head left out of it is no finding, since vLLM never quantizes its LM head here."""
+    def with_ignore(name, edit):
+        dst = os.path.join(tmp, name)
+        shutil.copytree(ct, dst)
+        path = os.path.join(dst, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        q = config["quantization_config"]
+        q["ignore"] = edit(list(q.get("ignore", [])))
+        with open(path, "w") as f:
+            json.dump(config, f)
+        return dst
+    ignored = with_ignore("ct-ignored-down", lambda names: names + ["model.layers.0.mlp.down_proj"])
+    found = [(f[0], f[2]["severity"]) for f in caliper_check(caliper, ignored)]
+    check_that(found == [("config-ignored-module-has-scale", "breaks")],
+               f"an ignored module with NVFP4 tensors: caliper check predicts "
+               f"config-ignored-module-has-scale / breaks (got {found})")
+    got = vllm_load(ignored)
+    check_that("There is no module or parameter named" in got.get("error", ""),
+               f"vLLM fails to load it as the check says ({got.get('error')})")
+    lm_head = with_ignore("ct-lm-head", lambda names: [n for n in names if "lm_head" not in n])
+    check_that(caliper_check(caliper, lm_head) == [], "lm_head not ignored: no finding")
+    got = vllm_load(lm_head)
+    check_that(got.get("logprobs") == clean["logprobs"],
+               f"lm_head not ignored: vLLM loads it unchanged ({got.get('error')})")
 
 
 def modelopt_linear_cases(caliper, mo, clean, tmp):
