@@ -222,7 +222,11 @@ std::vector<EngineRow> Effects(absl::string_view rule, ScaleKind kind, ScaleForm
     return BadValue(rule, kind, form, lightllm_file, bad);
   }
   if (rule == "unreadable-scale") {
-    return Checkpoint(kBreaks, "the loader copies integers into a float scale: not a scale",
+    // Verified by loading: an int32 divisor loads as its value (peers.vllm_nvfp4_predictions).
+    return Checkpoint(kBreaks,
+                      "loaded by value: the loader's copy into the float32 scale converts the "
+                      "integers, so the scale is the integer itself (right only if that integer "
+                      "is the intended scale; a multiplier below 1 becomes 0)",
                       kVllmLoader);
   }
   if (rule == "block-scale-out-of-range") {

@@ -300,6 +300,11 @@ def main():
             ("down_proj weight global scale subnormal", "mlp.down_proj.weight_global_scale",
              lambda x: x * 0 + 1e-40, ("subnormal-scale", "breaks"),
              [held_is(mlp + "down_proj.weight_global_scale", math.inf), nan_out]),
+            ("o_proj weight global scale stored as int32", "self_attn.o_proj.weight_global_scale",
+             lambda x: x.round().to(torch.int32), ("unreadable-scale", "breaks"),
+             [held_is(attn + "o_proj.weight_global_scale",
+                      1 / float(torch.tensor(round(s("self_attn.o_proj.weight_global_scale")))
+                                .float())), finite_out]),
         ]
         fused_case = None
         for rule, ckpt, finding, got in run_cases(args.caliper, ct, cases, tmp, "",
