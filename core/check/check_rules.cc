@@ -23,6 +23,7 @@ namespace caliper {
 namespace {
 
 using check_internal::Effects;
+using check_internal::VllmReadsQuantMethod;
 using check_internal::EngineRow;
 
 using check_internal::AmaxFromStored;
@@ -508,7 +509,9 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
     out->Add("config-unsupported-format", where + ".quant_method", config.quant_method,
              absl::StrCat("quant_method \"", config.quant_method,
                           "\" is not one this check knows (compressed-tensors, modelopt)"),
-             Effects("config-unsupported-method", ScaleKind::kKvKey, scales.form, false));
+             Effects(VllmReadsQuantMethod(config.quant_method) ? "config-unsupported-method"
+                                                                : "config-unknown-method",
+                     ScaleKind::kKvKey, scales.form, false));
     return;
   }
   if (config.quant_method == "modelopt") {
@@ -534,7 +537,9 @@ void CheckConfig(const ScaleSet& scales, Collector* out) {
       out->Add("config-unsupported-format", where + ".format", config.format,
                absl::StrCat("compressed-tensors format \"", config.format, "\" is not one the "
                             "engines checked here read"),
-               Effects("config-unsupported-algo", ScaleKind::kKvKey, scales.form, false));
+               Effects(config.weights_nvfp4 ? "config-unsupported-format-nvfp4-args"
+                                            : "config-unsupported-algo",
+                       ScaleKind::kKvKey, scales.form, false));
     }
     if (config.weights_nvfp4) {
       if (!config.scale_dtype_present) {

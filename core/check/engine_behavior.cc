@@ -1,6 +1,9 @@
 #include "core/check/engine_behavior.h"
 
 #include <cmath>
+#include <functional>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/check/scale_math.h"
@@ -33,6 +36,12 @@ constexpr char kVllmModelOptWeightMismatch[] =
     "In NVFP4 linear, the global weight scale differs across parallel layers";
 constexpr char kVllmModelOptInputMismatch[] =
     "In NVFP4 linear, the global input scale differs across parallel layers";
+constexpr char kVllmQuantMethods[] =
+    "vLLM 0.32.0 config/model.py: ModelConfig._verify_quantization (QUANTIZATION_METHODS of "
+    "model_executor/layers/quantization/__init__.py)";
+constexpr char kVllmCtScheme[] =
+    "vLLM 0.32.0 model_executor/layers/quantization/compressed_tensors/compressed_tensors.py: "
+    "CompressedTensorsConfig._get_scheme_from_parts (the NVFP4 branch precedes the format)";
 constexpr char kVllmModelOptConfig[] =
     "vLLM 0.32.0 model_executor/layers/quantization/modelopt.py: "
     "ModelOptQuantConfigBase.from_config";
@@ -213,6 +222,17 @@ std::vector<EngineRow> BadValue(absl::string_view rule, ScaleKind kind, ScaleFor
 
 }  // namespace
 
+bool VllmReadsQuantMethod(absl::string_view method) {
+  // vLLM 0.32.0's QUANTIZATION_METHODS.
+  static const auto* const methods = new std::set<std::string, std::less<>>{
+      "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4",
+      "modelopt_mxfp8", "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin",
+      "humming", "compressed-tensors", "experts_int8", "quark", "moe_wna16", "torchao", "inc",
+      "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "online", "fp8_per_tensor", "fp8_per_block",
+      "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8"};
+  return methods->find(method) != methods->end();
+}
+
 std::vector<EngineRow> Effects(absl::string_view rule, ScaleKind kind, ScaleForm form,
                                bool lightllm_file, const BadScale& bad) {
   using E = CheckEngine;
@@ -349,6 +369,20 @@ std::vector<EngineRow> Effects(absl::string_view rule, ScaleKind kind, ScaleForm
   if (rule == "config-unsupported-method") {
     return Checkpoint(kNone, "not checked: this quant_method is outside these rules",
                       "caliper check");
+  }
+  // vLLM's own: the other engines' handling was not read.
+  if (rule == "config-unknown-method") {
+    return Merge({Row(E::kVllm, kBreaks,
+                      "load error: \"Unknown quantization method\" (not one it reads)",
+                      kVllmQuantMethods)},
+                 NotRead(false));
+  }
+  if (rule == "config-unsupported-format-nvfp4-args") {
+    return Merge({Row(E::kVllm, kNone,
+                      "ignored: the NVFP4 scheme is chosen from the quantization arguments "
+                      "before the format is read",
+                      kVllmCtScheme)},
+                 NotRead(false));
   }
   if (rule == "config-modelopt-null-algo") {
     return Merge({Row(E::kVllm, kBreaks, "load error: \"Missing 'quant_algo' in quantization config\"",

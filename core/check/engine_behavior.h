@@ -31,6 +31,9 @@ struct BadScale {
   float group_used = 0;
 };
 
+// Whether vLLM 0.32 knows a config.json quant_method at all (its QUANTIZATION_METHODS).
+bool VllmReadsQuantMethod(absl::string_view method);
+
 // One row per engine for `rule` (an id of check_rules.cc, or a config sub-case) on a scale of
 // `kind` stored in `form`; `lightllm_file`: the scales came from a LightLLM JSON file; `bad`:
 // for the value rules on global scales.

@@ -52,7 +52,7 @@ def main():
         llm = LLM(model=sys.argv[1], dtype="bfloat16", max_model_len=64, enforce_eager=True,
                   distributed_executor_backend="uni", kv_cache_memory_bytes=1 << 26, **kv)
     except Exception as e:
-        print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"[-400:]}))
+        print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"[-2000:]}))
         return
     def read(model):
         out = {}
@@ -318,7 +318,7 @@ def main():
                                    "loads")
 
         block_scale_cases(args.caliper, ct, clean, tmp)
-        ignore_list_cases(args.caliper, ct, clean, tmp)
+        config_cases(args.caliper, dense, ct, clean, tmp)
         modelopt_linear_cases(args.caliper, mo, modelopt, tmp)
 
         # The repair: one shared divisor, weights requantized from the dense checkpoint.
@@ -364,34 +364,84 @@ def block_scale_cases(caliper, ct, clean, tmp):
                "without --deep the block scales are not read (no finding)")
 
 
-def ignore_list_cases(caliper, ct, clean, tmp):
-    """The config's ignore list against the tensors: a packed module named in it is built
-    unquantized by vLLM and its scales have nowhere to load (config-ignored-module-has-scale);
-    lm_head left out of it is no finding, since vLLM never quantizes its LM head here."""
-    def with_ignore(name, edit):
+def config_cases(caliper, dense, ct, clean, tmp):
+    """The config rules against vLLM's loader, each on a copy of the compressed-tensors
+    checkpoint with its config.json (or one module's tensors) changed: the finding (or none)
+    and what vLLM does, a load error's text or logprobs equal to the clean checkpoint's."""
+    def with_config(name, edit):
         dst = os.path.join(tmp, name)
         shutil.copytree(ct, dst)
         path = os.path.join(dst, "config.json")
         with open(path) as f:
             config = json.load(f)
-        q = config["quantization_config"]
-        q["ignore"] = edit(list(q.get("ignore", [])))
+        edit(config)
         with open(path, "w") as f:
             json.dump(config, f)
         return dst
-    ignored = with_ignore("ct-ignored-down", lambda names: names + ["model.layers.0.mlp.down_proj"])
-    found = [(f[0], f[2]["severity"]) for f in caliper_check(caliper, ignored)]
-    check_that(found == [("config-ignored-module-has-scale", "breaks")],
-               f"an ignored module with NVFP4 tensors: caliper check predicts "
-               f"config-ignored-module-has-scale / breaks (got {found})")
-    got = vllm_load(ignored)
-    check_that("There is no module or parameter named" in got.get("error", ""),
-               f"vLLM fails to load it as the check says ({got.get('error')})")
-    lm_head = with_ignore("ct-lm-head", lambda names: [n for n in names if "lm_head" not in n])
-    check_that(caliper_check(caliper, lm_head) == [], "lm_head not ignored: no finding")
-    got = vllm_load(lm_head)
-    check_that(got.get("logprobs") == clean["logprobs"],
-               f"lm_head not ignored: vLLM loads it unchanged ({got.get('error')})")
+
+    def ignore(edit):
+        return lambda c: c["quantization_config"].__setitem__(
+            "ignore", edit(list(c["quantization_config"].get("ignore", []))))
+
+    def groups(key, value):
+        def edit(c):
+            for g in c["quantization_config"]["config_groups"].values():
+                if value is None:
+                    g["weights"].pop(key, None)
+                else:
+                    g[key] = value
+            if key == "format":
+                c["quantization_config"]["format"] = value
+        return edit
+
+    # A dense o_proj in place of its packed tensors, not named by the ignore list.
+    dense_o = os.path.join(tmp, "ct-dense-o-proj")
+    shutil.copytree(ct, dense_o)
+    shard = os.path.join(dense_o, "model.safetensors")
+    t = load_file(shard)
+    for key in [k for k in t if k.startswith("model.layers.0.self_attn.o_proj.")]:
+        del t[key]
+    t["model.layers.0.self_attn.o_proj.weight"] = load_file(
+        os.path.join(dense, "model.safetensors"))["model.layers.0.self_attn.o_proj.weight"]
+    os.remove(shard)
+    save_file(t, shard, metadata={"format": "pt"})
+
+    no_module = "There is no module or parameter named"
+    # (what, checkpoint, expected findings, error text vLLM gives or None: loads unchanged)
+    cases = [
+        ("down_proj in the ignore list with NVFP4 tensors",
+         with_config("ct-ignored-down", ignore(lambda n: n + ["model.layers.0.mlp.down_proj"])),
+         [("config-ignored-module-has-scale", "breaks")], no_module),
+        ("lm_head left out of the ignore list (vLLM does not quantize its LM head)",
+         with_config("ct-lm-head", ignore(lambda n: [x for x in n if "lm_head" not in x])),
+         [], None),
+        ("no quantization_config", with_config("ct-no-config",
+                                               lambda c: c.pop("quantization_config")),
+         [("config-missing", "breaks")], no_module),
+        ("an unknown compressed-tensors format with NVFP4 arguments",
+         with_config("ct-format", groups("format", "foo-quantized")),
+         [("config-unsupported-format", "none")], None),
+        ("an unknown quant_method",
+         with_config("ct-method", lambda c: c["quantization_config"].__setitem__(
+             "quant_method", "foo")),
+         [("config-unsupported-format", "breaks")], "Unknown quantization method"),
+        ("NVFP4 weights without scale_dtype", with_config("ct-scale-dtype",
+                                                          groups("scale_dtype", None)),
+         [("config-scale-dtype", "none")], None),
+        ("a dense o_proj the ignore list does not name", dense_o,
+         [("config-unquantized-module-not-ignored", "breaks")],
+         f"{no_module} 'layers.0.self_attn.o_proj.weight'"),
+    ]
+    for what, ckpt, want, error in cases:
+        found = [(f[0], f[2]["severity"]) for f in caliper_check(caliper, ckpt)]
+        check_that(found == want, f"{what}: caliper check gives {want} (got {found})")
+        got = vllm_load(ckpt)
+        if error is not None:
+            check_that(error in got.get("error", ""),
+                       f"{what}: vLLM fails to load it with \"{error}\" ({got.get('error')})")
+        else:
+            check_that(got.get("logprobs") == clean["logprobs"],
+                       f"{what}: vLLM loads it unchanged ({got.get('error')})")
 
 
 def modelopt_linear_cases(caliper, mo, clean, tmp):
