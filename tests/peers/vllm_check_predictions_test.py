@@ -4,8 +4,8 @@
 do, then loads the checkpoint in a fresh vLLM process and reads what its attention layers hold
 (or the load error): the rule and vLLM's severity must be the ones docs/check.md gives for the
 case, and vLLM must do what that rule says it does. vLLM's compressed-tensors KV loader is what
-runs (KV-only ModelOpt checkpoints load through it too); its ModelOpt loader needs a checkpoint
-with quantized weights (`quant_algo`), not built here, so those predictions are not checked.
+runs (KV-only ModelOpt checkpoints load through it too); its ModelOpt KV loader needs a checkpoint
+with quantized weights (`quant_algo`): peers.vllm_nvfp4_predictions checks those predictions.
 Needs x86 with AVX-512 or AMX (vLLM's CPU FP8 KV cache); exits 77 (skipped) elsewhere.
 usage: vllm_check_predictions_test.py --caliper BIN   (run with the "vllm" venv)"""
 import argparse
@@ -106,6 +106,28 @@ def main():
             base[form] = os.path.join(tmp, f"merged-{form}")
             run(args.caliper, "merge", "--checkpoint", dense, "--scales",
                 os.path.join(rendered, name), "--out", base[form], "--kv-only")
+        # Per head (compressed-tensors attn_head): layer l head h = 0.02 + 0.01 (l + h).
+        heads = {(l, h): 0.02 + 0.01 * (l + h) for l in range(2) for h in range(2)}
+        src_heads = os.path.join(tmp, "src-heads.safetensors")
+        save_file({f"model.layers.{l}.self_attn.{kv}_scale":
+                   torch.tensor([heads[l, 0], heads[l, 1]]).reshape(2, 1, 1)
+                   for l in range(2) for kv in ("k", "v")}, src_heads,
+                  metadata={"format": "pt", "caliper.format": "compressed-tensors"})
+        run(args.caliper, "convert", "--in", src_heads, "--format", "compressed-tensors", "--out",
+            os.path.join(tmp, "rendered-heads"), "--model", os.path.join(dense, "config.json"))
+        base["ct-heads"] = os.path.join(tmp, "merged-ct-heads")
+        run(args.caliper, "merge", "--checkpoint", dense, "--scales",
+            os.path.join(tmp, "rendered-heads", "compressed_tensors_scales.safetensors"), "--out",
+            base["ct-heads"], "--kv-only")
+        # The same K/V scales with the checkpoint's kv_cache_scheme removed.
+        base["ct-no-scheme"] = os.path.join(tmp, "merged-ct-no-scheme")
+        shutil.copytree(base["ct"], base["ct-no-scheme"])
+        config_path = os.path.join(base["ct-no-scheme"], "config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        config["quantization_config"]["kv_cache_scheme"] = None
+        with open(config_path, "w") as f:
+            json.dump(config, f)
         ct = lambda kv: f"model.layers.1.self_attn.{kv}_scale"
         mo = lambda kv: f"model.layers.1.self_attn.{kv}_proj.{kv}_scale"
         k0, v0, k1, v1 = scale[0, "k"], scale[0, "v"], scale[1, "k"], scale[1, "v"]
@@ -137,6 +159,14 @@ def main():
              ("config-kv-scheme-without-scales", "degrades"), {0: (1.0, 1.0), 1: (1.0, 1.0)}),
             ("layer 1 K with 3 per-head values for 2 KV heads", "ct", per_head,
              ("kv-head-shape", "breaks"), "error"),
+            ("per-head K/V scales (attn_head)", "ct-heads", lambda t: None,
+             ("kv-per-head", "none"), {l: ([heads[l, 0], heads[l, 1]],) * 2 for l in range(2)}),
+            ("descales written where scales belong", "ct",
+             lambda t: t.update({k: 1 / v for k, v in t.items()}), ("kv-convention", "degrades"),
+             {0: (1 / k0, 1 / v0), 1: (1 / k1, 1 / v1)}),
+            # Started with an FP8 KV cache (as every case here), the scales load and are used.
+            ("K/V scales without a kv_cache_scheme", "ct-no-scheme", lambda t: None,
+             ("config-kv-scales-without-scheme", "degrades"), {0: (k0, v0), 1: (k1, v1)}),
         ]
         for i, (what, form, edit, finding, want) in enumerate(cases):
             ckpt = variant(base[form], os.path.join(tmp, f"case{i}"), edit)
@@ -148,9 +178,12 @@ def main():
                 check_that("error" in got, f"{what}: vLLM's load fails "
                            f"({got.get('error', got.get('scales'))})")
             else:
-                held = {l: (k[0], v[0]) for l, (k, v) in got.get("scales", {}).items()}
+                held = {l: (k, v) for l, (k, v) in got.get("scales", {}).items()}
+                as_list = lambda x: x if isinstance(x, list) else [x]  # noqa: E731
                 ok = set(held) == set(want) and all(
-                    abs(held[l][j] - want[l][j]) <= 1e-6 * max(1.0, want[l][j])
+                    len(held[l][j]) == len(as_list(want[l][j])) and
+                    all(abs(h - w) <= 1e-6 * max(1.0, w)
+                        for h, w in zip(held[l][j], as_list(want[l][j])))
                     for l in want for j in (0, 1))
                 check_that(ok, f"{what}: vLLM holds {held or got.get('error')}, as predicted "
                            f"{want}")
