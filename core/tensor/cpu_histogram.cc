@@ -5,6 +5,7 @@
 #include "core/tensor/cpu_histogram.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -19,6 +20,11 @@ namespace {
 using H = MagnitudeHistogram;
 
 constexpr int kHistBlock = 128;
+// The pass reads its input this far ahead into every cache level. Without it the DRAM reads did
+// not overlap the increments (one-thread pass time ~ read time + increment time on a Xeon whose
+// single-thread read bandwidth is latency-bound); 1.5-2.5 KiB measured best there, 6 KiB worse
+// than none (the lines leave L1 before they are used).
+constexpr int64_t kPrefetchBytes = 2048;
 constexpr int64_t kHeadStride = kCpuHistogramHeadStride;
 static_assert(H::kSlots <= 32767);  // slots are kept as int16
 
@@ -91,6 +97,11 @@ CALIPER_INLINE void HistSegment(const typename KeyOps<CpuBits<D>>::Loose* seg, i
   int16_t slot[kHistBlock];  // every slot fits: kSlots < 2^15
   for (int64_t base = 0; base < head_dim; base += kHistBlock) {
     const int m = static_cast<int>(std::min<int64_t>(kHistBlock, head_dim - base));
+    // An address, not a pointer into the buffer: past its end the hint is harmless.
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(seg + base) + kPrefetchBytes;
+    for (int64_t b = 0; b < m * static_cast<int64_t>(sizeof(*seg)); b += 64) {
+      __builtin_prefetch(reinterpret_cast<const void*>(ahead + b), /*rw=*/0, /*locality=*/3);
+    }
     // A map loop and a reduction loop over the block, each vectorised (one mixed loop is not).
     for (int i = 0; i < m; ++i) {
       key[i] = Ops::Abs(seg[base + i]);
