@@ -700,6 +700,12 @@ constexpr char kVllmMlaNames[] =
     "vLLM 0.32 model_loader/weight_utils.py maybe_remap_kv_scale_name: \".k_scale\" -> "
     "\".attn.k_scale\"; the MLA attention is self_attn.mla_attn.mla_attn (models/deepseek_v2.py, "
     "layers/mla.py); only .self_attn.k_proj.k_scale / v_proj.v_scale map onto it";
+// Verified by loading (tests/python/vllm_mla_names_test.py): no name reaches the MLA attention.
+constexpr char kVllmMlaDropped[] =
+    "vLLM 0.32 models/utils.py AutoWeightsLoader.load_weights applies the quant config's "
+    "get_cache_scale_mapper (quantization/base_config.py: *.k_proj.k_scale, *.k_scale -> "
+    "*.attn.k_scale), then models/deepseek_v2.py load_weights' maybe_remap_kv_scale_name maps "
+    "that onto *.attn.attn.k_scale; the MLA attention's is self_attn.mla_attn.mla_attn.k_scale";
 constexpr char kNotRead[] = "not read for this engine by Caliper";
 
 std::vector<EngineRow> MlaRows(CheckSeverity vllm, std::string vllm_effect, const char* evidence) {
@@ -712,6 +718,31 @@ std::vector<EngineRow> MlaRows(CheckSeverity vllm, std::string vllm_effect, cons
 
 void CheckMla(const ScaleSet& scales, Collector* out) {
   if (!scales.model.has_value() || !scales.model->mla.has_value()) return;
+  // vLLM 0.32 loads no MLA K/V scale from a quantized checkpoint, whatever its name: one finding
+  // for the checkpoint (files only: a session's scales also reach engines in place).
+  if (scales.from_files && scales.config.present && scales.format != kFormatLightLlm) {
+    const ScaleValues* first = nullptr;
+    int tensors = 0;
+    for (const auto& [layer, kv] : scales.kv) {
+      for (const auto* t : {&kv.k, &kv.v}) {
+        if (!t->has_value()) continue;
+        if (first == nullptr) first = &**t;
+        ++tensors;
+      }
+    }
+    if (first != nullptr) {
+      CheckFinding& f = out->Add(
+          "mla-kv-scale-not-loaded", first->tensor, absl::StrCat(tensors, " K/V scale tensors"),
+          "vLLM 0.32 loads no MLA K/V scale from a quantized checkpoint under any name: the MLA "
+          "cache runs at 1.0 unless the scale is set on the layer after load (MLAAttention's "
+          "_k_scale)",
+          MlaRows(CheckSeverity::kDegrades,
+                  "warns \"k_scale is not loaded\" (the name it looked for is "
+                  "self_attn.attn.attn.k_scale) and quantizes the MLA cache with 1.0",
+                  kVllmMlaDropped));
+      f.details["tensors"] = tensors;
+    }
+  }
   for (const auto& [layer, kv] : scales.kv) {
     for (const auto* t : {&kv.k, &kv.v}) {
       if (!t->has_value()) continue;
@@ -721,9 +752,9 @@ void CheckMla(const ScaleSet& scales, Collector* out) {
           !absl::StrContains(tensor.tensor, "mla_attn.")) {
         CheckFinding& f = out->Add(
             "mla-kv-scale-name", tensor.tensor, "name",
-            "an MLA model's K/V scale under a name vLLM's MLA loader does not resolve: it is "
-            "not loaded and the cache runs at 1.0; name it self_attn.k_proj.k_scale / "
-            "self_attn.v_proj.v_scale",
+            "an MLA model's K/V scale under a name vLLM's MLA name remapping does not resolve "
+            "even where its cache-scale mapper does not run first (mla-kv-scale-not-loaded): "
+            "name it self_attn.k_proj.k_scale / self_attn.v_proj.v_scale",
             MlaRows(CheckSeverity::kDegrades,
                     "warns \"k_scale is not loaded\" and quantizes the MLA cache with 1.0",
                     kVllmMlaNames));
@@ -734,8 +765,10 @@ void CheckMla(const ScaleSet& scales, Collector* out) {
             "mla-kv-per-head", tensor.tensor, absl::StrCat(tensor.values.size(), " values"),
             "an MLA cache holds one latent per token shared by every head: its scale is one "
             "value, not one per head",
-            MlaRows(CheckSeverity::kBreaks,
-                    "load error: the MLA attention's k_scale / v_scale hold one element",
+            MlaRows(CheckSeverity::kDegrades,
+                    "dropped at load like every MLA K/V scale (mla-kv-scale-not-loaded); a loader "
+                    "that resolved the name could not hold it: the MLA attention's k_scale / "
+                    "v_scale hold one element",
                     kVllmMlaWrite));
         f.details["layer"] = layer;
       }

@@ -202,6 +202,7 @@ absl::StatusOr<ScaleSet> ReadLightLlm(const std::string& path,
   if (!calibration.ok()) return Annotate(calibration.status(), absl::StrCat(path, ": "));
   ScaleSet out;
   out.origin = path;
+  out.from_files = true;
   out.format = kFormatLightLlm;
   out.config.present = true;
   out.config.where = path;
@@ -249,6 +250,7 @@ absl::StatusOr<ScaleSet> ReadScaleSet(const std::string& path,
 
   ScaleSet out;
   out.origin = path;
+  out.from_files = true;
   if (absl::Status s = ReadConfig(path, &out); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<HfCheckpoint>> checkpoint = HfCheckpoint::Open(path);
   if (!checkpoint.ok()) return checkpoint.status();

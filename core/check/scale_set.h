@@ -68,6 +68,7 @@ struct QuantConfig {
 
 struct ScaleSet {
   std::string origin;   // directory, file or "session ID"
+  bool from_files = false;  // read from a checkpoint or file (ReadScaleSet), not a session
   std::string format;   // kFormatCompressedTensors, kFormatModelOpt, kFormatLightLlm, or ""
   ScaleForm form = ScaleForm::kDivisor;
   std::optional<ModelConfig> model;

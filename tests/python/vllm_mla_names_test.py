@@ -1,8 +1,13 @@
 """The tensor names Caliper writes for an MLA model (DeepseekV3), checked against vLLM 0.32's own
-loader code (its CPU build, venv "vllm"). vLLM's CPU engine cannot load an FP8-KV MLA model: its
-CPU MLA backends take kv_cache_dtype "auto" only (v1/attention/backends/mla/cpu_mla.py:
-`supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto"]`; AMX_MLA needs AMX), so the
-loader's name resolution is run directly on the names of Caliper's file.
+loader (its CPU build, venv "vllm"). vLLM's CPU engine cannot run an FP8-KV MLA model: its CPU MLA
+backends take kv_cache_dtype "auto" only (v1/attention/backends/mla/cpu_mla.py:
+`supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto"]`; AMX_MLA needs AMX). The
+first test runs maybe_remap_kv_scale_name alone on the names of Caliper's file; the second loads a
+quantized checkpoint (kv_cache_dtype auto, which creates the same scale parameters) and finds that
+vLLM 0.32 loads no MLA K/V scale under any name: AutoWeightsLoader applies the quant config's
+cache-scale mapper first (quantization/base_config.py get_cache_scale_mapper: `*.k_proj.k_scale`
+and `*.k_scale` -> `*.attn.k_scale`), and maybe_remap_kv_scale_name then maps that onto
+`*.attn.attn.k_scale`, which no MLA model has (caliper check: mla-kv-scale-not-loaded).
 
 Where vLLM's MLA k_scale lives (model_executor/models/deepseek_v2.py, DeepseekV2MLAAttention:
 `self.mla_attn = MultiHeadLatentAttentionWrapper(`; model_executor/layers/mla.py:
@@ -13,6 +18,9 @@ MLAAttention.forward writes the cache with `self._k_scale` only (one scale for k
 k_pe; layers/attention/mla_attention.py, update_kv_cache -> do_kv_cache_update ->
 ops.concat_and_cache_mla(..., scale=k_scale))."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -71,3 +79,84 @@ def test_vllm_loader_resolves_caliper_mla_names(server, tmp_path):
     # The compressed-tensors names llm-compressor writes for the same model are dropped by this
     # loader (it looks for self_attn.attn.k_scale): the cache then runs with k_scale 1.0.
     assert maybe_remap_kv_scale_name("model.layers.0.self_attn.k_scale", params) is None
+
+
+LOAD = r"""
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import vllm
+llm = vllm.LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
+               max_model_len=128, kv_cache_memory_bytes=64 << 20,
+               compilation_config={"custom_ops": ["-rotary_embedding"]})
+held = llm.apply_model(lambda m: {n: [float(x._k_scale), float(x._v_scale)]
+                                  for n, x in m.named_modules() if hasattr(x, "_k_scale")})[0]
+print("HELD " + json.dumps(held))
+"""
+
+
+def test_vllm_loads_no_mla_kv_scale_from_a_quantized_checkpoint(tmp_path):
+    """One layer each under Caliper's name (ModelOpt's spelling), llm-compressor's, and vLLM's own
+    parameter name: every layer's MLA attention holds 1.0 and vLLM warns for each. `caliper merge`
+    writes the checkpoint (its compressed-tensors kv_cache_scheme, so vLLM builds the scales)."""
+    from safetensors.torch import save_file
+    from conftest import run_cli
+    import transformers
+
+    assert vllm.__version__.startswith("0.32"), vllm.__version__
+    torch.manual_seed(0)
+    cfg = transformers.DeepseekV3Config(  # 576-wide entry and head dims of 32, as vllm_mla_test
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=3, n_shared_experts=1, kv_lora_rank=512,
+        q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+        vocab_size=512, max_position_embeddings=256, rope_interleave=True)
+    cfg.architectures = ["DeepseekV3ForCausalLM"]
+    dense = tmp_path / "dense"
+    transformers.DeepseekV3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(dense)
+    scales = tmp_path / "scales.safetensors"
+    save_file({f"model.layers.{l}.self_attn.{kv}_proj.{kv}_scale": torch.tensor(0.01 * (l + 2))
+               for l in range(3) for kv in "kv"}, str(scales),
+              metadata={"format": "pt", "caliper.format": "compressed-tensors"})
+    merged = tmp_path / "merged"
+    run_cli("merge", "--checkpoint", dense, "--scales", scales, "--out", merged, "--kv-only")
+    config = json.loads((merged / "config.json").read_text())
+    assert config["quantization_config"]["kv_cache_scheme"]["strategy"] == "tensor"
+    # Layer 1 under llm-compressor's name, layer 2 under vLLM's own parameter name.
+    from safetensors.torch import load_file
+    shard = next(merged.glob("*caliper-scales*.safetensors"))
+    tensors = load_file(str(shard))
+    renamed = {}
+    for name, t in tensors.items():
+        if ".layers.1." in name:
+            name = name.replace("k_proj.k_scale", "k_scale").replace("v_proj.v_scale", "v_scale")
+        if ".layers.2." in name:
+            name = name.replace("k_proj.k_scale", "mla_attn.mla_attn.k_scale").replace(
+                "v_proj.v_scale", "mla_attn.mla_attn.v_scale")
+        renamed[name] = t
+    shard.unlink()
+    save_file(renamed, str(shard), metadata={"format": "pt"})
+    index_path = merged / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != shard.name}
+    index["weight_map"].update({k: shard.name for k in renamed})
+    index_path.write_text(json.dumps(index))
+
+    r = subprocess.run([sys.executable, "-c", LOAD, str(merged)], capture_output=True, text=True,
+                       timeout=600, cwd=os.getcwd())
+    held_lines = [l for l in r.stdout.splitlines() if l.startswith("HELD ")]
+    assert held_lines, r.stderr[-3000:]
+    held = json.loads(held_lines[-1][5:])
+    mla = {int(n.split("layers.")[1].split(".")[0]): v for n, v in held.items()
+           if n.endswith("mla_attn.mla_attn")}
+    assert mla == {0: [1.0, 1.0], 1: [1.0, 1.0], 2: [1.0, 1.0]}, held
+    for layer, looked_for in ((0, "self_attn.attn.attn.k_scale"), (1, "self_attn.attn.attn.k_scale"),
+                              (2, "self_attn.mla_attn.mla_attn.attn.attn.k_scale")):
+        assert f"layers.{layer}.{looked_for}). k_scale is not loaded" in r.stdout + r.stderr, layer
+    # caliper check names it for the checkpoint, with vLLM degraded.
+    out = tmp_path / "check.json"
+    proc = run_cli("check", merged, "--engine", "vllm", "--json", out, check=False)
+    assert proc.returncode == 4, proc.stderr
+    rules = {f["rule"]: f for f in json.loads(out.read_text())["findings"]}
+    assert rules["mla-kv-scale-not-loaded"]["severity"] == "degrades"
+    assert rules["mla-kv-scale-not-loaded"]["details"]["tensors"] == 6
+    assert "mla-kv-scale-name" in rules  # layer 1: llm-compressor's name
