@@ -153,6 +153,21 @@ def scales_doc(path) -> dict:
     return doc
 
 
+def vllm_deepseek_v3_config(layers=2):
+    """A tiny DeepseekV3 vLLM's CPU build runs: a latent entry 576 wide (kv_lora_rank 512 +
+    qk_rope_head_dim 64, the only width its CPU MLA kernel compiles for), head dims of 32 (the
+    AMX backend packs W_UK/W_UV in blocks of 32), every layer dense, GPT-J rotary pairs."""
+    import transformers
+    cfg = transformers.DeepseekV3Config(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=layers, n_shared_experts=1,
+        kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32,
+        v_head_dim=32, vocab_size=512, max_position_embeddings=256, rope_interleave=True)
+    cfg.architectures = ["DeepseekV3ForCausalLM"]
+    return cfg
+
+
 def tiny_model(kind: str, dtype="float32", seed=0):
     """A tiny random model and its config.json directory-less dict (no downloads)."""
     import torch

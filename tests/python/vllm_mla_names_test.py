@@ -99,18 +99,12 @@ def test_vllm_loads_no_mla_kv_scale_from_a_quantized_checkpoint(tmp_path):
     parameter name: every layer's MLA attention holds 1.0 and vLLM warns for each. `caliper merge`
     writes the checkpoint (its compressed-tensors kv_cache_scheme, so vLLM builds the scales)."""
     from safetensors.torch import save_file
-    from conftest import run_cli
     import transformers
+    from conftest import run_cli, vllm_deepseek_v3_config
 
     assert vllm.__version__.startswith("0.32"), vllm.__version__
     torch.manual_seed(0)
-    cfg = transformers.DeepseekV3Config(  # 576-wide entry and head dims of 32, as vllm_mla_test
-        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
-        n_group=1, topk_group=1, first_k_dense_replace=3, n_shared_experts=1, kv_lora_rank=512,
-        q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-        vocab_size=512, max_position_embeddings=256, rope_interleave=True)
-    cfg.architectures = ["DeepseekV3ForCausalLM"]
+    cfg = vllm_deepseek_v3_config(layers=3)
     dense = tmp_path / "dense"
     transformers.DeepseekV3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(dense)
     scales = tmp_path / "scales.safetensors"

@@ -27,17 +27,12 @@ import transformers  # noqa: E402
 import caliper  # noqa: E402
 import caliper.hooks  # noqa: E402
 from caliper import vllm_hooks  # noqa: E402
+from conftest import vllm_deepseek_v3_config  # noqa: E402
 
 
 def test_vllm_mla_capture_equals_transformers(server, tmp_path):
     torch.manual_seed(0)
-    cfg = transformers.DeepseekV3Config(
-        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
-        n_group=1, topk_group=1, first_k_dense_replace=2, n_shared_experts=1, kv_lora_rank=512,
-        q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-        vocab_size=512, max_position_embeddings=256, rope_interleave=True)
-    cfg.architectures = ["DeepseekV3ForCausalLM"]
+    cfg = vllm_deepseek_v3_config(layers=2)
     model = transformers.DeepseekV3ForCausalLM(cfg).to(torch.bfloat16).eval()
     model_dir = tmp_path / "model"
     model.save_pretrained(model_dir)
