@@ -10,10 +10,39 @@
 #include "client/file_io.h"
 #include "client/flag_terms.h"
 #include "client/commands.h"
+#include "core/check/check_rules.h"
+#include "core/check/scale_set.h"
 #include "core/formats/checkpoint_merge.h"
 
 namespace caliper::cli {
 namespace {
+
+// The check rules on the checkpoint as written, so a merge that engines will load badly says so
+// at once (`caliper check DIR` gives each engine's effect). Never fails the merge.
+void WarnOfFindings(const std::string& dir, std::ostream& err) {
+  constexpr int kMaxLines = 20;
+  absl::StatusOr<ScaleSet> merged = ReadScaleSet(dir, {});
+  if (!merged.ok()) {
+    err << "caliper merge: warning: the new checkpoint was not checked: "
+        << merged.status().message() << "\n";
+    return;
+  }
+  int shown = 0, more = 0;
+  for (const CheckFinding& f : CheckScaleSet(*merged, CheckOptions())) {
+    if (f.severity != CheckSeverity::kBreaks && f.severity != CheckSeverity::kDegrades) continue;
+    if (shown == kMaxLines) {
+      ++more;
+      continue;
+    }
+    err << "caliper merge: warning: check: " << f.rule << ": " << f.tensor << ": " << f.message
+        << "\n";
+    ++shown;
+  }
+  if (more > 0) err << "caliper merge: warning: " << more << " more findings\n";
+  if (shown > 0) {
+    err << "caliper merge: `caliper check " << dir << "` says what each engine does with them\n";
+  }
+}
 
 absl::Status RunMerge(const CliArgs& flags, std::ostream& out, std::ostream& err) {
   MergeOptions options;
@@ -42,6 +71,7 @@ absl::Status RunMerge(const CliArgs& flags, std::ostream& out, std::ostream& err
         << absl::StrJoin(report->symlinked, ", ");
   }
   out << ")\n";
+  WarnOfFindings(options.out_dir, err);
   return absl::OkStatus();
 }
 

@@ -112,7 +112,9 @@ def test_vllm_loads_no_mla_kv_scale_from_a_quantized_checkpoint(tmp_path):
                for l in range(3) for kv in "kv"}, str(scales),
               metadata={"format": "pt", "caliper.format": "compressed-tensors"})
     merged = tmp_path / "merged"
-    run_cli("merge", "--checkpoint", dense, "--scales", scales, "--out", merged, "--kv-only")
+    proc = run_cli("merge", "--checkpoint", dense, "--scales", scales, "--out", merged,
+                   "--kv-only")
+    assert "warning: check: mla-kv-scale-not-loaded: " in proc.stderr, proc.stderr
     config = json.loads((merged / "config.json").read_text())
     assert config["quantization_config"]["kv_cache_scheme"]["strategy"] == "tensor"
     # Layer 1 under llm-compressor's name, layer 2 under vLLM's own parameter name.

@@ -342,6 +342,9 @@ TEST_F(MergeTest, CommandLine) {
             cli::kExitOk)
       << err.str();
   EXPECT_THAT(out.str(), HasSubstr("(compressed-tensors, 4 scale tensors; 3 files hard-linked)"));
+  // The new checkpoint is checked: per-head K/V scales are per tensor only in SGLang/TRT-LLM.
+  EXPECT_THAT(err.str(), HasSubstr("caliper merge: warning: check: kv-per-head: "));
+  EXPECT_THAT(err.str(), HasSubstr("` says what each engine does with them"));
   EXPECT_EQ(cli::RunMergeCommand({"--checkpoint", (root_ / "none").string(), "--scales", kv,
                                   "--out", (root_ / "o").string()},
                                  out, err),
