@@ -29,7 +29,7 @@ void WarnOfFindings(const std::string& dir, std::ostream& err) {
   }
   int shown = 0, more = 0;
   for (const CheckFinding& f : CheckScaleSet(*merged, CheckOptions())) {
-    if (f.severity != CheckSeverity::kBreaks && f.severity != CheckSeverity::kDegrades) continue;
+    if (f.severity == CheckSeverity::kNone) continue;  // info: no engine is affected
     if (shown == kMaxLines) {
       ++more;
       continue;

@@ -718,35 +718,14 @@ std::vector<EngineRow> MlaRows(CheckSeverity vllm, std::string vllm_effect, cons
 
 void CheckMla(const ScaleSet& scales, Collector* out) {
   if (!scales.model.has_value() || !scales.model->mla.has_value()) return;
-  // vLLM 0.32 loads no MLA K/V scale from a quantized checkpoint, whatever its name: one finding
-  // for the checkpoint (files only: a session's scales also reach engines in place).
-  if (scales.from_files && scales.config.present && scales.format != kFormatLightLlm) {
-    const ScaleValues* first = nullptr;
-    int tensors = 0;
-    for (const auto& [layer, kv] : scales.kv) {
-      for (const auto* t : {&kv.k, &kv.v}) {
-        if (!t->has_value()) continue;
-        if (first == nullptr) first = &**t;
-        ++tensors;
-      }
-    }
-    if (first != nullptr) {
-      CheckFinding& f = out->Add(
-          "mla-kv-scale-not-loaded", first->tensor, absl::StrCat(tensors, " K/V scale tensors"),
-          "vLLM 0.32 loads no MLA K/V scale from a quantized checkpoint under any name: the MLA "
-          "cache runs at 1.0 unless the scale is set on the layer after load (MLAAttention's "
-          "_k_scale)",
-          MlaRows(CheckSeverity::kDegrades,
-                  "warns \"k_scale is not loaded\" (the name it looked for is "
-                  "self_attn.attn.attn.k_scale) and quantizes the MLA cache with 1.0",
-                  kVllmMlaDropped));
-      f.details["tensors"] = tensors;
-    }
-  }
+  const ScaleValues* first = nullptr;  // of the K/V scale tensors, and how many
+  int tensors = 0;
   for (const auto& [layer, kv] : scales.kv) {
     for (const auto* t : {&kv.k, &kv.v}) {
       if (!t->has_value()) continue;
       const ScaleValues& tensor = **t;
+      if (first == nullptr) first = &tensor;
+      ++tensors;
       // A name vLLM's MLA loader drops (what llm-compressor writes: self_attn.k_scale).
       if (scales.format != kFormatLightLlm && !absl::StrContains(tensor.tensor, "_proj.") &&
           !absl::StrContains(tensor.tensor, "mla_attn.")) {
@@ -790,6 +769,21 @@ void CheckMla(const ScaleSet& scales, Collector* out) {
       f.details["layer"] = layer;
       f.details["ratio"] = ratio;
     }
+  }
+  // vLLM 0.32 loads no MLA K/V scale from a quantized checkpoint, whatever its name: one finding
+  // for the checkpoint (files only: a session's scales also reach engines in place).
+  if (first != nullptr && scales.from_files && scales.config.present &&
+      scales.format != kFormatLightLlm) {
+    CheckFinding& f = out->Add(
+        "mla-kv-scale-not-loaded", first->tensor, absl::StrCat(tensors, " K/V scale tensors"),
+        "vLLM 0.32 loads no MLA K/V scale from a quantized checkpoint under any name: the MLA "
+        "cache runs at 1.0 unless the scale is set on the layer after load (MLAAttention's "
+        "_k_scale)",
+        MlaRows(CheckSeverity::kDegrades,
+                "warns \"k_scale is not loaded\" (the name it looked for is "
+                "self_attn.attn.attn.k_scale) and quantizes the MLA cache with 1.0",
+                kVllmMlaDropped));
+    f.details["tensors"] = tensors;
   }
 }
 

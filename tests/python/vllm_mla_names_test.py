@@ -3,8 +3,8 @@ loader (its CPU build, venv "vllm"). vLLM's CPU engine cannot run an FP8-KV MLA 
 backends take kv_cache_dtype "auto" only (v1/attention/backends/mla/cpu_mla.py:
 `supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto"]`; AMX_MLA needs AMX). The
 first test runs maybe_remap_kv_scale_name alone on the names of Caliper's file; the second loads a
-quantized checkpoint (kv_cache_dtype auto, which creates the same scale parameters) and finds that
-vLLM 0.32 loads no MLA K/V scale under any name: AutoWeightsLoader applies the quant config's
+quantized checkpoint (kv_cache_dtype auto; the name looked for exists in no MLA model, whatever the
+cache dtype) and finds that vLLM 0.32 loads no MLA K/V scale under any name: AutoWeightsLoader applies the quant config's
 cache-scale mapper first (quantization/base_config.py get_cache_scale_mapper: `*.k_proj.k_scale`
 and `*.k_scale` -> `*.attn.k_scale`), and maybe_remap_kv_scale_name then maps that onto
 `*.attn.attn.k_scale`, which no MLA model has (caliper check: mla-kv-scale-not-loaded).
