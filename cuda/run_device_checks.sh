@@ -2,7 +2,8 @@
 # One command for a machine with a GPU: builds cuda/ standalone (CMake + nvcc only; plain nvcc if
 # CMake is missing), runs its tests, then benchmark 4 (kernel vs device-to-device copy bandwidth)
 # (absmax, absmax+histogram and range, each as a ratio to device copy bandwidth)
-# and, when torch is importable, the PyTorch x.abs().amax(dim=(0, 2)) comparison. < 5 min.
+# and, when torch is importable, the PyTorch x.abs().amax(dim=(0, 2)) comparison and the vLLM
+# plugin's statistics ops under CUDA-graph capture (plugin_graph_check.py). < 5 min.
 # Usage: cuda/run_device_checks.sh [build-dir]     (results also written to <build-dir>/results.txt)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -44,6 +45,9 @@ if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   python3 "$here/bench/torch_compare.py" --tokens="$tokens" | tee -a "$results"
   torch_ms=$(awk '/RESULT name=torch_abs_amax_bf16 /{for(i=1;i<=NF;i++) if($i ~ /^ms=/) print substr($i,4)}' "$results")
   log "speedup_vs_torch=$(awk -v t="$torch_ms" -v o="$ours_ms" 'BEGIN{printf "%.2f", t/o}') (goal >= 2)"
+  # The vLLM plugin's statistics ops captured in a CUDA graph and replayed (pure torch).
+  python3 "$here/plugin_graph_check.py" 2>&1 | tee -a "$results" \
+    || log "plugin_graph_check: FAILED"
 else
   log "torch: not importable with CUDA here; PyTorch comparison skipped"
 fi

@@ -1,6 +1,7 @@
-"""The vLLM general plugin (caliper.vllm) on vLLM's CPU build, in real processes: discovered
-through its entry point and inert without CALIPER_*; sampling live traffic of vllm.LLM into a
-fleet window, bit for bit what the offline vllm_hooks capture sends on the same steps; hot
+"""The vLLM general plugin (caliper.vllm) on vLLM's CPU build, in real processes, in vLLM's
+default (compiled) mode unless a test is about eager mode: discovered through its entry point
+and inert without CALIPER_*; sampling live traffic of vllm.LLM into a fleet window, against an
+eager reference process capturing the same requests with vllm_hooks; hot
 reload of a published version into every copy of the scales vLLM keeps; caliper_refit and the
 trainer-side caliper.refit; the OpenAI server with the plugin, requests from the openai
 client, Caliper killed -9 mid-traffic. Runs in the vllm venv (CALIPER_PYTHON_SET=vllm)."""
@@ -24,8 +25,13 @@ from conftest import Server, free_port
 pytest.importorskip("vllm")
 
 KV_CACHE_BYTES = 64 << 20  # explicit: a share of the machine fails under other load
-ENGINE = dict(enforce_eager=True, dtype="bfloat16", max_model_len=256,
-              kv_cache_memory_bytes=KV_CACHE_BYTES)
+# vLLM's default mode (compiled: DYNAMO_TRACE_ONCE with inductor on the CPU build), as it serves.
+ENGINE = dict(dtype="bfloat16", max_model_len=256, kv_cache_memory_bytes=KV_CACHE_BYTES)
+EAGER = dict(ENGINE, enforce_eager=True)
+# Live statistics in the default mode against an eager reference process on the same requests:
+# inductor computes RMSNorm and RoPE in its own fused kernels, so K/V may differ from eager's by
+# rounding. Set before measuring: one BF16 step of the value (relative 2^-7).
+COMPILED_RTOL = 2.0 ** -7
 
 
 def tiny_llama(directory: pathlib.Path) -> dict:
@@ -143,16 +149,10 @@ def window_tokens(fleet, weight_version):
             return w.tokens
     return -1
 
-# 1. Sampling into the window, next to the offline capture of the same steps. The plugin opens
-#    its window in the background (serving never waits for Caliper): steps before that are not
-#    sampled, so the comparison starts once it is open.
+# 1. Sampling into the window. The plugin opens its window in the background (serving never
+#    waits for Caliper): steps before that are not sampled, so traffic starts once it is open.
 wait(lambda: state()["window"] != "", "the plugin opened no window")
-config = json.load(open(os.path.join(model_dir, "config.json")))
-offline = client.create_session(config, caliper.Recipe(kv="per_tensor"), name="offline")
-handle = vllm_hooks.attach(llm, offline)
 before = run(prompts[:2])
-handle.detach()
-offline.finalize()
 s = state()
 out["sampled"] = s["total_sampled_tokens"]
 out["first_window"] = s["window"]
@@ -162,13 +162,8 @@ wait(lambda: window_tokens("f", "initial") >= s["total_sampled_tokens"], "window
 window = fleets.close_window(client, "f", weight_version="initial")
 out["closed"] = [window.decision, window.version, window.tokens]
 live = client.session(window.session_id).scales()
-ref = offline.scales()
-out["absmax"] = [[(a.k_absmax, a.v_absmax), (b.k_absmax, b.v_absmax)]
-                 for a, b in zip(live.kv_layers, ref.kv_layers)]
-out["offline_tokens"] = [l.k_tokens for l in offline.refresh().layers]
+out["absmax1"] = [[l.k_absmax, l.v_absmax] for l in live.kv_layers]
 out["state1"] = {k: v for k, v in s.items() if k != "scales"}
-out["live_equals_offline"] = [(a.k_absmax, a.v_absmax) == (b.k_absmax, b.v_absmax)
-                              for a, b in zip(live.kv_layers, ref.kv_layers)]
 out["version1"] = [(l.k_scale, l.v_scale) for l in live.kv_layers]
 
 # 2. Hot reload: the next step switches; every copy equals what vLLM's loader makes of the
@@ -204,12 +199,7 @@ llm.collective_rpc("reload_weights")
 out["reset_by_reload"] = state()["scales"][0]["_k_scale_float"]
 for call in ("sleep", "wake_up"):
     llm.collective_rpc(call)
-# The same traffic captured offline (vllm_hooks on the same steps, then the transformers hooks
-# on the trainer's samples): what version 2 must equal bit for bit.
-offline2 = client.create_session(config, caliper.Recipe(kv="per_tensor"), name="offline step-2")
-handle = vllm_hooks.attach(llm, offline2)
 run(prompts[2:4])
-handle.detach()
 s = state()
 out["after_reload"] = {str(k): v for k, v in s["scales"].items()}
 out["resets_repaired"] = s["resets_repaired"]
@@ -223,20 +213,11 @@ ref_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="
                                                               attn_implementation="eager")
 w = caliper.refit(ref_model, "f", prompts[4:6], weight_version="step-2", client=client)
 out["trainer_window"] = w.session_id
-import caliper.hooks
-handle = caliper.hooks.attach(ref_model, offline2, first_batch=1000)
-with torch.no_grad():
-    for ids in prompts[4:6]:
-        ref_model(torch.tensor([ids]), use_cache=False)
-handle.detach()
-offline2.finalize()
 wait(lambda: window_tokens("f", "step-2") >= engine_tokens + 2 * len(prompts[4]), "trainer")
 window = fleets.close_window(client, "f", weight_version="step-2")
 out["closed2"] = [window.decision, window.version]
-out["version2_equals_offline"] = [
-    (a.k_absmax, a.v_absmax, a.k_scale, a.v_scale) == (b.k_absmax, b.v_absmax, b.k_scale, b.v_scale)
-    for a, b in zip(client.session(window.session_id).scales().kv_layers,
-                    offline2.scales().kv_layers)]
+out["absmax2"] = [[l.k_absmax, l.v_absmax]
+                 for l in client.session(window.session_id).scales().kv_layers]
 wait(lambda: plugin.engine_versions["pending"] == 2, "WatchScales did not deliver version 2")
 run(prompts[:1])
 out["version_in_use2"] = state()["version"]
@@ -244,20 +225,79 @@ print(json.dumps(out))
 """
 
 
-def test_plugin_samples_llm_traffic_reloads_and_refits(server, tmp_path):
+REFERENCE_SCRIPT = r"""
+import json, os, sys
+import torch, vllm, transformers
+import caliper, caliper.hooks
+from caliper import vllm_hooks
+address, model_dir, engine, recipe, groups = sys.argv[1], sys.argv[2], *map(json.loads, sys.argv[3:6])
+client = caliper.Client(address)
+llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, **engine)
+config = json.load(open(os.path.join(model_dir, "config.json")))
+greedy = vllm.SamplingParams(max_tokens=4, temperature=0)
+ref_model = None
+out = []
+for i, group in enumerate(groups):  # {"engine": prompts, "trainer": prompts}
+    session = client.create_session(config, caliper.Recipe(**recipe), name=f"reference {i}")
+    handle = vllm_hooks.attach(llm, session)
+    llm.generate([{"prompt_token_ids": p} for p in group["engine"]], greedy, use_tqdm=False)
+    handle.detach()
+    if group.get("trainer"):
+        ref_model = ref_model or transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype="auto", attn_implementation="eager")
+        handle = caliper.hooks.attach(ref_model, session, first_batch=1000)
+        with torch.no_grad():
+            for ids in group["trainer"]:
+                ref_model(torch.tensor([ids]), use_cache=False)
+        handle.detach()
+    session.finalize()
+    out.append([[l.k_absmax, l.v_absmax, l.q_absmax] for l in session.scales().kv_layers])
+print(json.dumps(out))
+"""
+
+
+def reference(server, model_dir, recipe: dict, groups: list) -> list:
+    """Per group of requests, each layer's [k_absmax, v_absmax, q_absmax] as an eager vLLM
+    process of its own captures them with vllm_hooks (and the transformers hooks for a group's
+    "trainer" prompts): the offline reference for the plugin's live statistics."""
+    return run_script(REFERENCE_SCRIPT, clean_env(), server.address, model_dir,
+                      json.dumps(EAGER), json.dumps(recipe), json.dumps(groups))
+
+
+def assert_close(live, ref, rtol: float, what: str) -> None:
+    """Every value of live within rtol of ref's (rtol 0: equal)."""
+    flat_live, flat_ref = torch.tensor(live, dtype=torch.float64), torch.tensor(ref,
+                                                                                dtype=torch.float64)
+    assert flat_live.shape == flat_ref.shape, (what, live, ref)
+    worst = ((flat_live - flat_ref).abs() / flat_ref.abs()).max().item()
+    print(f"{what}: live vs reference, worst relative difference {worst:.3g} (allowed {rtol:.3g})")
+    assert worst <= rtol, (what, live, ref)
+
+
+@pytest.mark.parametrize("mode", ["default", "eager"])
+def test_plugin_samples_llm_traffic_reloads_and_refits(server, tmp_path, mode):
+    """vllm.LLM with the plugin, in vLLM's default (compiled) mode and in eager mode: the
+    window gets every token of the sampled steps, with the statistics an eager process of its
+    own captures on the same requests (bit for bit in eager mode, within COMPILED_RTOL in the
+    default mode); the published version is applied as vLLM's loader would apply it; a weight
+    reload keeps it; caliper_refit opens the next weight version's window, which the trainer
+    side (caliper.refit) feeds too."""
     config = tiny_llama(tmp_path / "model")
     client = caliper.Client(server.address)
     fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_tensor"), min_tokens=16)
     ps = prompts(6, 32, seed=2)
     env = clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
                     CALIPER_SAMPLE_FRACTION="1", CALIPER_REPORT_S="0.5")
-    out = run_script(LIVE_SCRIPT, env, server.address, tmp_path / "model", json.dumps(ENGINE),
-                     json.dumps(ps))
+    out = run_script(LIVE_SCRIPT, env, server.address, tmp_path / "model",
+                     json.dumps(ENGINE if mode == "default" else EAGER), json.dumps(ps))
     print(json.dumps(out))
+    ref = reference(server, tmp_path / "model", {"kv": "per_tensor"},
+                    [{"engine": ps[:2]}, {"engine": ps[2:4], "trainer": ps[4:6]}])
+    rtol = COMPILED_RTOL if mode == "default" else 0.0
     # prompts of 32 tokens, 4 generated: 2 x (32 + 3) tokens go through the model
     assert out["sampled"] == 2 * (32 + 3)
     assert out["closed"] == ["first_version", 1, out["sampled"]]
-    assert out["live_equals_offline"] == [True, True]
+    assert_close(out["absmax1"], [[l[0], l[1]] for l in ref[0]], rtol, "version 1 absmax")
     assert out["version_in_use"] == 1
     assert out["outputs_unchanged"]  # a BF16 cache does not read the scales
     assert out["reloaded"] == out["fresh"]
@@ -268,9 +308,8 @@ def test_plugin_samples_llm_traffic_reloads_and_refits(server, tmp_path):
     assert out["weight_version"] == "step-2"
     assert out["trainer_window"] == out["refit_window"] != out["first_window"]
     assert out["closed2"] == ["new_weight_version", 2]
-    # version 2 (the engine's steps after the refit and the trainer's samples) equals the
-    # offline capture of the same steps and samples, bit for bit
-    assert out["version2_equals_offline"] == [True, True]
+    # version 2: the engine's steps after the refit and the trainer's samples
+    assert_close(out["absmax2"], [[l[0], l[1]] for l in ref[1]], rtol, "version 2 absmax")
     assert out["version_in_use2"] == 2
 
 
@@ -303,21 +342,14 @@ def window_tokens():
 
 wait(lambda: state()["window"] != "", "the plugin opened no window")
 config = json.load(open(os.path.join(model_dir, "config.json")))
-recipe = caliper.Recipe(kv="per_head", attention="q")
-offline = client.create_session(config, recipe, name="offline")
-handle = vllm_hooks.attach(llm, offline)
 run(prompts)
-handle.detach()
-offline.finalize()
 s = state()
 wait(lambda: state()["unacknowledged"] == 0, "statistics not acknowledged")
 wait(lambda: window_tokens() >= s["total_sampled_tokens"], "window tokens")
 window = fleets.close_window(client, "f", weight_version="initial")
 out["closed"] = [window.decision, window.version, window.detail]
 live = client.session(window.session_id).scales()
-ref = offline.scales()
-out["live_q_equals_offline"] = [(a.q_absmax, a.q_scale) == (b.q_absmax, b.q_scale)
-                                for a, b in zip(live.kv_layers, ref.kv_layers)]
+out["absmax"] = [[l.k_absmax, l.v_absmax, l.q_absmax] for l in live.kv_layers]
 out["q_scale"] = [l.q_scale for l in live.kv_layers]
 out["k_scale"] = [l.k_scale for l in live.kv_layers]
 wait(lambda: plugin.engine_versions["pending"] == 1, "WatchScales did not deliver version 1")
@@ -345,9 +377,10 @@ print(json.dumps(out))
 
 
 def test_plugin_samples_and_applies_the_query_scale_of_an_attention_q_fleet(server, tmp_path):
-    """A fleet whose recipe observes the query: the plugin samples the query each attention
-    layer is handed (after RoPE) beside K and V, bit for bit what vllm_hooks sends on the same
-    steps, and applies the version's q_scale to _q_scale / _q_scale_float as vLLM's loader
+    """A fleet whose recipe observes the query, in vLLM's default mode: the plugin samples the
+    query each attention layer is handed (after RoPE) beside K and V, what an eager process's
+    vllm_hooks capture on the same requests (within COMPILED_RTOL), and applies the version's
+    q_scale to _q_scale / _q_scale_float as vLLM's loader
     would from a checkpoint. Without the query the fleet's first version would be refused."""
     config = tiny_llama(tmp_path / "model")
     client = caliper.Client(server.address)
@@ -355,11 +388,14 @@ def test_plugin_samples_and_applies_the_query_scale_of_an_attention_q_fleet(serv
                         min_tokens=16)
     env = clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
                     CALIPER_SAMPLE_FRACTION="1", CALIPER_REPORT_S="0.5")
+    ps = prompts(2, 32, seed=4)
     out = run_script(QUERY_SCRIPT, env, server.address, tmp_path / "model",
-                     json.dumps(ENGINE), json.dumps(prompts(2, 32, seed=4)))
+                     json.dumps(ENGINE), json.dumps(ps))
     print(json.dumps(out))
     assert out["closed"][:2] == ["first_version", 1], out["closed"]
-    assert out["live_q_equals_offline"] == [True, True]
+    ref = reference(server, tmp_path / "model", {"kv": "per_head", "attention": "q"},
+                    [{"engine": ps}])
+    assert_close(out["absmax"], ref[0], COMPILED_RTOL, "K, V and query absmax per head")
     # one scale per KV head, not the K scale
     assert all(len(q) == 2 and q != k for q, k in zip(out["q_scale"], out["k_scale"]))
     assert out["version_in_use"] == 1
@@ -398,7 +434,7 @@ def test_openai_server_survives_caliper_kill9(tmp_path):
         vllm_proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
              str(tmp_path / "model"), "--served-model-name", "tiny", "--host", "127.0.0.1",
-             "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
+             "--port", str(port), "--dtype", "bfloat16",
              "--max-model-len", "256", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)],
             env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
         deadline = time.time() + 600
@@ -703,7 +739,9 @@ def test_tensor_parallel_two_ranks_feed_one_window_and_switch_together(server, t
     fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_head", attention="q"),
                         min_tokens=16)
     ps = json.dumps(prompts(3, 32, seed=6))
-    kv_dtype = "auto" if fp8_kv_cache_missing() else "fp8"
+    # Explicit: "auto" would load the merged checkpoint's kv_cache_scheme as an FP8 cache, which
+    # vLLM's CPU build refuses without AVX-512 or AMX.
+    kv_dtype = "bfloat16" if fp8_kv_cache_missing() else "fp8"
     env = dict(VLLM_CPU_OMP_THREADS_BIND="0|1" if (os.cpu_count() or 1) >= 2 else "0|0")
     live = run_script(TP_SCRIPT, clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
                                            CALIPER_SAMPLE_FRACTION="1", **env),
@@ -717,13 +755,24 @@ def test_tensor_parallel_two_ranks_feed_one_window_and_switch_together(server, t
     layers = window.scales(tp=1).kv_layers
     for heads in [layer.k_scale for layer in layers] + [layer.q_scale for layer in layers]:
         assert len(heads) == 2 and min(heads) > 0  # a KV head (and its queries) from each rank
+    # Each rank holds its own KV head's scales of the version (rank r: head r), in every copy.
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32).item()  # noqa: E731
+    for rank, held in enumerate(live["scales"]):
+        for name, values in held.items():
+            layer = layers[int(name.split("layers.")[1].split(".")[0])]
+            k, v, q = layer.k_scale[rank], layer.v_scale[rank], layer.q_scale[rank]
+            assert values == [f32(k), f32(v), k, v, f32(q), q], (rank, name, values)
+    assert live["scales"][0] != live["scales"][1]
+    if kv_dtype != "fp8":
+        # A BF16 cache reads no scale: outputs against a fresh process could not see a wrong
+        # one, so that comparison runs only where the CPU runs an FP8 cache.
+        print(f"tp2: outputs against a fresh process not compared ({fp8_kv_cache_missing()})")
+        return
     merged_checkpoint(window, tmp_path)
     fresh = run_script(TP_SCRIPT, clean_env(**env), "fresh", tmp_path / "merged", ps, kv_dtype,
                        json.dumps(ENGINE))
     assert live["scales"] == fresh["scales"]
-    assert live["scales"][0] != live["scales"][1]  # each rank its own head's scale
     assert live["outputs"] == fresh["outputs"]
-
 
 
 def test_two_openai_servers_feed_one_window_and_switch_to_one_version(server, tmp_path):
@@ -746,7 +795,7 @@ def test_two_openai_servers_feed_one_window_and_switch_to_one_version(server, tm
             servers.append((port, log, subprocess.Popen(
                 [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                  str(tmp_path / "model"), "--served-model-name", "tiny", "--host", "127.0.0.1",
-                 "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
+                 "--port", str(port), "--dtype", "bfloat16",
                  "--max-model-len", "256", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)],
                 env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)))
 

@@ -40,6 +40,7 @@ class InUseReport:
     stale: bool
     layer_saturation: List[float] = dataclasses.field(default_factory=list)
     dropped_statistics: int = 0
+    sampled_tokens: int = 0  # between its last two reports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,8 @@ class FleetInfo:
         return cls(f.name, f.current_version, f.newest_version, f.newest_weight_version,
                    [FleetWindow.from_proto(w) for w in f.windows],
                    [InUseReport(u.producer_id, u.version, u.saturation, u.stale,
-                                list(u.layer_saturation), u.dropped_statistics)
+                                list(u.layer_saturation), u.dropped_statistics,
+                                u.sampled_tokens)
                     for u in f.in_use])
 
 
@@ -112,12 +114,14 @@ def close_window(client: Client, fleet: str, *, session_id: str = "",
 
 def report_in_use(client: Client, fleet: str, producer_id: str, version: int,
                   saturation: float, *, layer_saturation: Sequence[float] = (),
-                  dropped_statistics: int = 0) -> None:
-    """What the engine runs: `saturation` its worst layer's, `layer_saturation` per layer
-    (index = layer), `dropped_statistics` its running total of statistics not sent."""
+                  dropped_statistics: int = 0, sampled_tokens: int = 0) -> None:
+    """What the engine runs (version 0: no fleet version yet): `saturation` its worst layer's,
+    `layer_saturation` per layer (index = layer), `dropped_statistics` its running total of
+    statistics not sent, `sampled_tokens` the K/V tokens it sampled since its last report."""
     client._call("ReportInUse", pb.ReportInUseRequest(
         fleet=fleet, producer_id=producer_id, version=version, saturation=saturation,
-        layer_saturation=list(layer_saturation), dropped_statistics=dropped_statistics))
+        layer_saturation=list(layer_saturation), dropped_statistics=dropped_statistics,
+        sampled_tokens=sampled_tokens))
 
 
 def watch_scales(client: Client, fleet: str, *, tp_size: int = 1, after_version: int = 0,

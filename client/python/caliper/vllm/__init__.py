@@ -1,0 +1,126 @@
+"""The vLLM general plugin: calibrate from live traffic (docs/vllm-plugin.md).
+
+Registered in vLLM's `vllm.general_plugins` entry-point group, so vLLM loads it in every
+process it starts. Inert unless CALIPER_FLEET and CALIPER_SERVER are set. Active, it
+  - samples the K/V (and the query) every attention layer hands to its backend, inside the
+    attention op, so in every mode vLLM serves with: eager, compiled, piecewise and full CUDA
+    graphs (_sampling); a budget of CALIPER_SAMPLE_TOKENS per window and at most
+    CALIPER_SAMPLE_FRACTION of the steps; the statistics the fleet's recipe needs and the
+    per-head saturation under the scale the kernel applies are reduced into device buffers,
+    copied to the host behind the step, and streamed by a background thread into the fleet's
+    window for the weight version (_sender);
+  - watches the fleet's versions (WatchScales) in the engine core (_watcher) and switches every
+    worker to a new one between two steps (_switch), then reports it (ReportInUse, which also
+    carries the tokens sampled, from the start);
+  - gives workers `caliper_refit(weight_version)` (collective_rpc) and keeps the scales in use
+    across weight reloads (_worker).
+Nothing it does can fail or block a request: a full queue or an unreachable server drops
+statistics and counts them; any error of the plugin disables it with one log line.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Optional
+
+from ._settings import DEFAULT_SAMPLE_FRACTION, DEFAULT_SAMPLE_TOKENS, ENV_FLEET, ENV_SERVER
+from ._settings import Settings, logger
+from ._switch import rank_scale
+from ._watcher import EngineState, engine_versions
+from ._worker import CaliperWorkerExtension, attach_worker
+
+__all__ = ["CaliperWorkerExtension", "DEFAULT_SAMPLE_FRACTION", "DEFAULT_SAMPLE_TOKENS",
+           "ENV_FLEET", "ENV_SERVER", "Settings", "engine_versions", "rank_scale", "register",
+           "status"]
+
+# What this process did with the plugin (tests and `caliper_state` read it).
+status: Dict[str, Any] = {"loaded": False, "active": False, "error": ""}
+
+
+def register() -> None:
+    """The entry point vLLM calls in each of its processes (possibly more than once)."""
+    if status["loaded"]:
+        return
+    status["loaded"] = True
+    try:
+        settings = Settings.from_env(os.environ)
+    except ValueError as e:
+        status["error"] = str(e)
+        logger().warning("caliper: plugin inert: %s", e)
+        return
+    if settings is None:
+        return
+    try:
+        _install(settings)
+    except Exception as e:  # noqa: BLE001 - never stop vLLM from starting
+        status["error"] = f"{type(e).__name__}: {e}"
+        logger().warning("caliper: plugin inert: cannot attach to this vLLM: %s", status["error"])
+        return
+    status["active"] = True
+
+
+def _install(settings: Settings) -> None:
+    """Wraps the worker's load_model / execute_model and the engine core's steps."""
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu_worker import Worker
+
+    load_model, execute_model = Worker.load_model, Worker.execute_model
+
+    def caliper_load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = load_model(self, *args, **kwargs)
+        _guard(lambda: attach_worker(self, settings), "attach to the worker")
+        return out
+
+    def caliper_execute_model(self: Any, scheduler_output: Any, *args: Any,
+                              **kwargs: Any) -> Any:
+        state = getattr(self, "_caliper", None)
+        if state is None or not state.enabled:
+            return execute_model(self, scheduler_output, *args, **kwargs)
+        _guard(lambda: state.before_step(scheduler_output), "step", state)
+        try:
+            return execute_model(self, scheduler_output, *args, **kwargs)
+        finally:
+            _guard(state.after_step, "step", state)
+
+    Worker.load_model, Worker.execute_model = caliper_load_model, caliper_execute_model
+
+    init = EngineCore.__init__
+    steps = {name: getattr(EngineCore, name) for name in ("step", "step_with_batch_queue")}
+
+    def caliper_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _guard(lambda: _attach_engine(self, settings), "attach to the engine core")
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            engine = getattr(self, "_caliper", None)
+            if engine is None and not hasattr(self, "_caliper"):
+                # Spawned engine core: the plugin loaded inside __init__.
+                _guard(lambda: _attach_engine(self, settings), "attach to the engine core")
+                engine = getattr(self, "_caliper", None)
+            if engine is not None and engine.enabled:
+                _guard(lambda: engine.before_step(self), "switch scales", engine)
+            return original(self, *args, **kwargs)
+        return step
+
+    EngineCore.__init__ = caliper_init  # type: ignore[method-assign]
+    for name, original in steps.items():
+        setattr(EngineCore, name, wrap(original))
+
+
+def _attach_engine(core: Any, settings: Settings) -> None:
+    core._caliper = None
+    if getattr(core.vllm_config.parallel_config, "data_parallel_rank", 0):
+        return  # data-parallel ranks > 0: the first one watches and switches (one per engine)
+    core._caliper = EngineState(settings, core)
+
+
+def _guard(fn: Callable[[], Any], what: str, state: Optional[Any] = None) -> None:
+    """Runs fn; an error disables the plugin's part (state) with one log line, never raises."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the plugin never fails a request
+        if state is not None:
+            state.enabled = False
+        status["error"] = f"{what}: {type(e).__name__}: {e}"
+        logger().exception("caliper: %s failed; the plugin stays inert here (vLLM goes on "
+                           "with the scales in use)", what)
