@@ -169,7 +169,21 @@ out["version1"] = [(l.k_scale, l.v_scale) for l in live.kv_layers]
 # 2. Hot reload: the next step switches; every copy equals what vLLM's loader makes of the
 #    same checkpoint values (BaseKVCacheMethod, as a fresh process loading them would run).
 wait(lambda: plugin.engine_versions["pending"] == 1, "WatchScales did not deliver version 1")
+# A probe inside the attention op (over the plugin's wrapper): the scales the kernel reads on
+# the first step after the switch, in whatever mode the engine runs.
+probe = {}
+def install_probe(model):
+    from vllm.model_executor.layers.attention.attention import Attention
+    for name, m in model.named_modules():
+        if isinstance(m, Attention):
+            def wrapped(layer, *args, _inner=m.impl.forward, _name=name, **kwargs):
+                probe.setdefault(_name, [layer._k_scale_float, layer._v_scale_float,
+                                         float(layer._k_scale), float(layer._v_scale)])
+                return _inner(layer, *args, **kwargs)
+            m.impl.forward = wrapped
+llm.apply_model(install_probe)
 after = run(prompts[:2])
+out["probe"] = [probe[n] for n in sorted(probe)]
 s = state()
 out["version_in_use"] = s["version"]
 out["outputs_unchanged"] = before == after
@@ -299,6 +313,10 @@ def test_plugin_samples_llm_traffic_reloads_and_refits(server, tmp_path, mode):
     assert out["closed"] == ["first_version", 1, out["sampled"]]
     assert_close(out["absmax1"], [[l[0], l[1]] for l in ref[0]], rtol, "version 1 absmax")
     assert out["version_in_use"] == 1
+    # the attention op read version 1's scales on the first step after the switch
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32).item()  # noqa: E731
+    assert out["probe"] == [[max(k), max(v), f32(max(k)), f32(max(v))]
+                            for k, v in out["version1"]], out["probe"]
     assert out["outputs_unchanged"]  # a BF16 cache does not read the scales
     assert out["reloaded"] == out["fresh"]
     assert out["in_use"] == [[1, False, 2]]  # saturation of each of the 2 layers

