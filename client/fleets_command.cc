@@ -191,11 +191,14 @@ absl::Status RunFleets(const CliArgs& flags, std::ostream& out, std::ostream& er
     if (fleet.in_use().empty()) {
       out << "engines   none reported\n";
     } else {
-      out << absl::StrFormat("%-32s  %7s  %10s  %-19s  %s\n", "ENGINE", "VERSION", "SATURATION",
-                             "REPORTED", "");
+      // SAMPLED: K/V tokens between the engine's last two reports; 0 while a window is open
+      // means this engine sends it nothing.
+      out << absl::StrFormat("%-32s  %7s  %10s  %9s  %-19s  %s\n", "ENGINE", "VERSION",
+                             "SATURATION", "SAMPLED", "REPORTED", "");
       for (const v1::InUse& u : fleet.in_use()) {
-        out << absl::StrFormat("%-32s  %7d  %10.3g  %-19s  %s\n", u.producer_id(), u.version(),
-                               u.saturation(), Time(u.unix_ms()), u.stale() ? "stale" : "current");
+        out << absl::StrFormat("%-32s  %7d  %10.3g  %9d  %-19s  %s\n", u.producer_id(),
+                               u.version(), u.saturation(), u.sampled_tokens(),
+                               Time(u.unix_ms()), u.stale() ? "stale" : "current");
       }
     }
     return absl::OkStatus();

@@ -322,6 +322,7 @@ grpc::ServerUnaryReactor* CalibrationService::ReportInUse(
     report.layer_saturation.assign(request->layer_saturation().begin(),
                                    request->layer_saturation().end());
     report.dropped_statistics = request->dropped_statistics();
+    report.sampled_tokens = request->sampled_tokens();
     return fleets_->ReportInUse(tenant, request->fleet(), std::move(report));
   });
 }

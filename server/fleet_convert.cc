@@ -143,6 +143,7 @@ v1::Fleet FleetToProto(const FleetState& state) {
     in_use->set_saturation(r.saturation);
     for (double s : r.layer_saturation) in_use->add_layer_saturation(s);
     in_use->set_dropped_statistics(r.dropped_statistics);
+    in_use->set_sampled_tokens(r.sampled_tokens);
     in_use->set_unix_ms(r.unix_ms);
     in_use->set_stale(r.version != state.current());
   }

@@ -42,10 +42,12 @@ void FleetExport::FleetDeleted(const std::string& tenant, const std::string& fle
 }
 
 void FleetExport::InUse(const std::string& fleet, double saturation,
-                        const std::vector<double>& layer_saturation, int64_t dropped) {
+                        const std::vector<double>& layer_saturation, int64_t dropped,
+                        int64_t sampled_tokens) {
   fleet_metrics_->Saturation(fleet, saturation);
   fleet_metrics_->LayerSaturation(fleet, layer_saturation);
   fleet_metrics_->DroppedStatistics(fleet, dropped);
+  fleet_metrics_->SampledTokens(fleet, sampled_tokens);
 }
 
 void FleetExport::Finalized(bool ok) { metrics_->Finalization(ok); }

@@ -30,7 +30,8 @@ class FleetExport final : public FleetEvents {
                     PublishReason decision, std::optional<double> publish_seconds) override;
   void FleetDeleted(const std::string& tenant, const std::string& fleet) override;
   void InUse(const std::string& fleet, double saturation,
-             const std::vector<double>& layer_saturation, int64_t dropped) override;
+             const std::vector<double>& layer_saturation, int64_t dropped,
+             int64_t sampled_tokens) override;
   void Finalized(bool ok) override;
   void Warning(absl::string_view event, Fields fields) override;
 

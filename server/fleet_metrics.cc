@@ -37,6 +37,11 @@ FleetMetrics::FleetMetrics(prometheus::Registry& registry, int saturation_layers
                    .Help("Statistics engines of the fleet dropped (their queue full or Caliper "
                          "unreachable), as ReportInUse reports them, by fleet.")
                    .Register(registry)),
+      sampled_(prometheus::BuildCounter()
+                   .Name("caliper_fleet_sampled_tokens_total")
+                   .Help("K/V tokens engines of the fleet sampled, as ReportInUse reports them, "
+                         "by fleet (flat while a window is open: its engines send nothing).")
+                   .Register(registry)),
       saturation_layers_(std::max(saturation_layers, 0)),
       opened_(prometheus::BuildCounter()
                   .Name("caliper_fleet_windows_opened_total")
@@ -88,9 +93,12 @@ void FleetMetrics::ForgetFleet(absl::string_view fleet) {
     for (prometheus::Gauge* g : it->second) layer_saturation_.Remove(g);
     layer_saturation_by_fleet_.erase(it);
   }
-  if (auto it = dropped_by_fleet_.find(fleet); it != dropped_by_fleet_.end()) {
-    dropped_.Remove(it->second);
-    dropped_by_fleet_.erase(it);
+  for (auto [family, by_fleet] : {std::pair{&dropped_, &dropped_by_fleet_},
+                                  std::pair{&sampled_, &sampled_by_fleet_}}) {
+    if (auto it = by_fleet->find(fleet); it != by_fleet->end()) {
+      family->Remove(it->second);
+      by_fleet->erase(it);
+    }
   }
 }
 
@@ -132,11 +140,19 @@ void FleetMetrics::LayerSaturation(absl::string_view fleet, const std::vector<do
 }
 
 void FleetMetrics::DroppedStatistics(absl::string_view fleet, int64_t count) {
+  Count(dropped_, dropped_by_fleet_, fleet, count);
+}
+
+void FleetMetrics::SampledTokens(absl::string_view fleet, int64_t count) {
+  Count(sampled_, sampled_by_fleet_, fleet, count);
+}
+
+void FleetMetrics::Count(prometheus::Family<prometheus::Counter>& family,
+                         CountersByFleet& by_fleet, absl::string_view fleet, int64_t count) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = dropped_by_fleet_.find(fleet);
-  if (it == dropped_by_fleet_.end()) {
-    it = dropped_by_fleet_.emplace(std::string(fleet), &dropped_.Add({{"fleet", std::string(fleet)}}))
-             .first;
+  auto it = by_fleet.find(fleet);
+  if (it == by_fleet.end()) {
+    it = by_fleet.emplace(std::string(fleet), &family.Add({{"fleet", std::string(fleet)}})).first;
   }
   if (count > 0) it->second->Increment(static_cast<double>(count));
 }

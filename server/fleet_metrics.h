@@ -37,6 +37,8 @@ class FleetMetrics {
   void LayerSaturation(absl::string_view fleet, const std::vector<double>& layers);
   // Statistics an engine of the fleet dropped since its previous report.
   void DroppedStatistics(absl::string_view fleet, int64_t count);
+  // K/V tokens an engine of the fleet sampled since its previous report.
+  void SampledTokens(absl::string_view fleet, int64_t count);
   void CloseToPublish(double seconds);
 
  private:
@@ -46,6 +48,7 @@ class FleetMetrics {
   prometheus::Family<prometheus::Gauge>& saturation_;
   prometheus::Family<prometheus::Gauge>& layer_saturation_;
   prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Family<prometheus::Counter>& sampled_;
   const int saturation_layers_;
   prometheus::Counter& opened_;
   prometheus::Counter& refused_;
@@ -55,7 +58,11 @@ class FleetMetrics {
   std::mutex mu_;  // guards the label maps below
   std::map<std::string, prometheus::Gauge*, std::less<>> current_by_fleet_, saturation_by_fleet_;
   std::map<std::string, std::vector<prometheus::Gauge*>, std::less<>> layer_saturation_by_fleet_;
-  std::map<std::string, prometheus::Counter*, std::less<>> dropped_by_fleet_;
+  using CountersByFleet = std::map<std::string, prometheus::Counter*, std::less<>>;
+  // Adds count to the fleet's counter of `family` (made on first use).
+  void Count(prometheus::Family<prometheus::Counter>& family, CountersByFleet& by_fleet,
+             absl::string_view fleet, int64_t count);
+  CountersByFleet dropped_by_fleet_, sampled_by_fleet_;
 };
 
 }  // namespace caliper

@@ -287,6 +287,7 @@ absl::StatusOr<std::string> EncodeFleetState(const FleetState& state) {
     // Absent in records written before they existed (and when empty / zero).
     if (!r.layer_saturation.empty()) report["layer_saturation"] = r.layer_saturation;
     if (r.dropped_statistics != 0) report["dropped_statistics"] = r.dropped_statistics;
+    if (r.sampled_tokens != 0) report["sampled_tokens"] = r.sampled_tokens;
     in_use.push_back(std::move(report));
   }
   const PublishPolicy& p = parts.fleet.policy;
@@ -429,6 +430,11 @@ absl::StatusOr<FleetState> DecodeFleetState(absl::string_view bytes,
       absl::StatusOr<int64_t> dropped = u.Int("dropped_statistics", 0, INT64_MAX);
       if (!dropped.ok()) return dropped.status();
       report.dropped_statistics = *dropped;
+    }
+    if (u.Has("sampled_tokens")) {
+      absl::StatusOr<int64_t> sampled = u.Int("sampled_tokens", 0, INT64_MAX);
+      if (!sampled.ok()) return sampled.status();
+      report.sampled_tokens = *sampled;
     }
     parts.in_use.push_back(std::move(report));
   }

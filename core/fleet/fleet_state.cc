@@ -179,7 +179,8 @@ absl::StatusOr<int64_t> FleetState::ReportInUse(InUseReport report, const FleetL
       !s.ok()) {
     return s;
   }
-  if (report.version < 1 || report.version >= next_version_) {
+  // Version 0: no fleet version yet (the checkpoint's scales); engines report from the start.
+  if (report.version < 0 || (report.version > 0 && report.version >= next_version_)) {
     return absl::InvalidArgumentError(absl::StrCat("version: ", report.version,
                                                    " is not a version of fleet ", fleet_.name));
   }
@@ -202,6 +203,10 @@ absl::StatusOr<int64_t> FleetState::ReportInUse(InUseReport report, const FleetL
   if (report.dropped_statistics < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dropped_statistics: ", report.dropped_statistics, " must be a count >= 0"));
+  }
+  if (report.sampled_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampled_tokens: ", report.sampled_tokens, " must be a count >= 0"));
   }
   for (InUseReport& r : in_use_) {
     if (r.producer_id == report.producer_id) {
@@ -227,7 +232,7 @@ double FleetState::SaturationUnderCurrent(int* layer) const {
   double most = 0.0;
   int at = -1;
   for (const InUseReport& r : in_use_) {
-    if (r.version != current()) continue;
+    if (r.version == 0 || r.version != current()) continue;
     int worst_layer = -1;
     const double worst = r.Worst(&worst_layer);
     if (worst > most) {
@@ -242,7 +247,7 @@ double FleetState::SaturationUnderCurrent(int* layer) const {
 std::vector<double> FleetState::LayerSaturationUnderCurrent() const {
   std::vector<double> out;
   for (const InUseReport& r : in_use_) {
-    if (r.version != current()) continue;
+    if (r.version == 0 || r.version != current()) continue;
     if (out.size() < r.layer_saturation.size()) out.resize(r.layer_saturation.size(), 0.0);
     for (size_t l = 0; l < r.layer_saturation.size(); ++l) {
       out[l] = std::max(out[l], r.layer_saturation[l]);

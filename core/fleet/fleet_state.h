@@ -43,6 +43,7 @@ struct InUseReport {
   int64_t unix_ms = 0;
   std::vector<double> layer_saturation;  // the same per layer (may be empty)
   int64_t dropped_statistics = 0;        // the engine's running total of statistics not sent
+  int64_t sampled_tokens = 0;            // K/V tokens it sampled since its previous report
   // The worst of `saturation` and every layer's, and the layer it is at (-1: `saturation`).
   double Worst(int* layer = nullptr) const;
 };

@@ -385,7 +385,7 @@ absl::Status FleetService::ReportInUse(const std::string& tenant, absl::string_v
         return absl::OkStatus();
       });
   if (!updated.ok()) return updated.status();
-  events_->InUse(std::string(name), saturation, layers, dropped);
+  events_->InUse(std::string(name), saturation, layers, dropped, report.sampled_tokens);
   return absl::OkStatus();
 }
 

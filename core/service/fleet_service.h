@@ -52,10 +52,11 @@ class FleetEvents {
                             WindowCloseReason reason, PublishReason decision,
                             std::optional<double> publish_seconds) = 0;
   virtual void FleetDeleted(const std::string& tenant, const std::string& fleet) = 0;
-  // After a ReportInUse: the saturation under the current version (worst and per layer) and
-  // what the report added to the dropped statistics.
+  // After a ReportInUse: the saturation under the current version (worst and per layer),
+  // what the report added to the dropped statistics and the K/V tokens it sampled.
   virtual void InUse(const std::string& fleet, double saturation,
-                     const std::vector<double>& layer_saturation, int64_t dropped) = 0;
+                     const std::vector<double>& layer_saturation, int64_t dropped,
+                     int64_t sampled_tokens) = 0;
   virtual void Finalized(bool ok) = 0;  // a window's session finalized (or failed to)
   // What no call answers with: a window session not dropped, a due window not closed.
   virtual void Warning(absl::string_view event, Fields fields) = 0;

@@ -1,3 +1,4 @@
+#include "core/fleet/fleet_codec.h"
 #include "core/fleet/fleet_state.h"
 
 #include "gmock/gmock.h"
@@ -203,6 +204,28 @@ TEST_F(FleetStateTest, InUseReportsAreValidatedBoundedAndSaturationIsPerCurrentV
   EXPECT_EQ(state_.in_use()[0].producer_id, "replica-1/tp0");
   PublishOne("w2");
   EXPECT_DOUBLE_EQ(state_.SaturationUnderCurrent(), 0.0);
+}
+
+TEST_F(FleetStateTest, EnginesReportFromTheStartAtVersionZeroWithTheTokensTheySampled) {
+  // No version yet: an engine still reports (version 0, the checkpoint's scales), and what it
+  // sampled shows; its saturation is under no fleet version, so it counts for none.
+  EXPECT_TRUE(state_.ReportInUse({"r0", 0, 0.25, 10, {0.25, 0}, 0, 70}, limits_).ok());
+  ASSERT_EQ(state_.in_use().size(), 1u);
+  EXPECT_EQ(state_.in_use()[0].sampled_tokens, 70);
+  EXPECT_EQ(state_.in_use()[0].version, 0);
+  EXPECT_DOUBLE_EQ(state_.SaturationUnderCurrent(), 0.0);
+  EXPECT_TRUE(state_.LayerSaturationUnderCurrent().empty());
+  EXPECT_THAT(state_.ReportInUse({"r0", -1, 0, 10, {}, 0, 0}, limits_).status().message(),
+              HasSubstr("version: -1"));
+  EXPECT_THAT(state_.ReportInUse({"r0", 0, 0, 10, {}, 0, -5}, limits_).status().message(),
+              HasSubstr("sampled_tokens"));
+  EXPECT_EQ(state_.in_use()[0].sampled_tokens, 70);  // a refused report changes nothing
+  // The codec keeps it across a restart.
+  absl::StatusOr<std::string> bytes = EncodeFleetState(state_);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<FleetState> back = DecodeFleetState(*bytes, limits_, Limits());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->in_use()[0].sampled_tokens, 70);
 }
 
 TEST_F(FleetStateTest, LayerSaturationTakesTheWorstLayerAndDropsCountTheIncrease) {

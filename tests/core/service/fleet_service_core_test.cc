@@ -39,12 +39,15 @@ class RecordingEvents : public FleetEvents {
   void FleetDeleted(const std::string&, const std::string& fleet) override {
     deleted.push_back(fleet);
   }
-  void InUse(const std::string&, double s, const std::vector<double>&, int64_t) override {
+  void InUse(const std::string&, double s, const std::vector<double>&, int64_t,
+             int64_t sampled_tokens) override {
     saturation.push_back(s);
+    sampled.push_back(sampled_tokens);
   }
   void Finalized(bool ok) override { finalized.push_back(ok); }
   void Warning(absl::string_view event, Fields) override { warnings.emplace_back(event); }
 
+  std::vector<int64_t> sampled;
   std::vector<std::pair<std::string, int64_t>> current;
   int opened = 0, refused = 0;
   std::vector<Closed> closed;
