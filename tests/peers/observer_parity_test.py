@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import peer_models as pm  # noqa: E402
+from peer_report import Cases  # noqa: E402
 
 FAILURES = []
 
@@ -278,19 +279,22 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(2)
     install_recording()
+    only = os.environ.get("ONLY")  # a debugging shortcut: the other cases are counted skipped
+    report = Cases()
     with tempfile.TemporaryDirectory() as tmp:
-        if os.environ.get("ONLY") not in ("mixtral", "one"):
-            case(tmp, args, "llama", torch.bfloat16, "tensor", "minmax")
-            case(tmp, args, "llama", torch.float32, "attn_head", "minmax")
-            case(tmp, args, "llama", torch.bfloat16, "attn_head", "static_minmax")
-        case(tmp, args, "mixtral", torch.bfloat16, "tensor", "minmax")
-        if os.environ.get("ONLY") != "mixtral":
-            case(tmp, args, "mixtral", torch.float32, "attn_head", "static_minmax")
-    if FAILURES:
-        print(f"{len(FAILURES)} check(s) failed", flush=True)
-        return 1
-    print("all observer parity checks passed", flush=True)
-    return 0
+        for run_it, *what in (
+                (only not in ("mixtral", "one"), "llama", torch.bfloat16, "tensor", "minmax"),
+                (only not in ("mixtral", "one"), "llama", torch.float32, "attn_head", "minmax"),
+                (only not in ("mixtral", "one"), "llama", torch.bfloat16, "attn_head",
+                 "static_minmax"),
+                (True, "mixtral", torch.bfloat16, "tensor", "minmax"),
+                (only != "mixtral", "mixtral", torch.float32, "attn_head", "static_minmax")):
+            if run_it:
+                case(tmp, args, *what)
+                report.ran()
+            else:
+                report.skip(1, f"ONLY={only} is set", f"{what[0]} {what[1]} {what[2]} {what[3]}")
+    return report.exit_code(FAILURES)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.peers.peer_report import skip_all
 from tests.peers.vllm_engine_load_test import build_dense
 from tests.peers.vllm_engine_load_test import check as check_that
 from tests.peers.vllm_engine_load_test import failures, fp8_kv_cache_missing, run
@@ -83,9 +84,8 @@ def main():
     args = p.parse_args()
     missing = fp8_kv_cache_missing()
     if missing:
-        print(f"skipped: {missing}; not checked here: that vLLM does what `caliper check` "
-              "predicts for KV-cache defects")
-        return 77
+        return skip_all(missing, "that vLLM does what `caliper check` predicts for KV-cache "
+                        "defects")
     with tempfile.TemporaryDirectory() as tmp:
         dense = os.path.join(tmp, "dense")
         build_dense(dense)

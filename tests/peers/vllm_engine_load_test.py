@@ -17,6 +17,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from tests.peers.peer_report import skip_all  # noqa: E402
+
 failures = []
 
 
@@ -110,9 +112,8 @@ def main():
     missing = fp8_kv_cache_missing()
     if missing:
         # CTest's SKIP_RETURN_CODE: what this machine could not check is said, not passed.
-        print(f"skipped: {missing}; not checked here: that vLLM's attention layers load "
-              "Caliper's FP8 KV scales (compressed-tensors and ModelOpt, per tensor and per head)")
-        return 77
+        return skip_all(missing, "that vLLM's attention layers load Caliper's FP8 KV scales "
+                        "(compressed-tensors and ModelOpt, per tensor and per head)")
     with tempfile.TemporaryDirectory() as tmp:
         dense = os.path.join(tmp, "dense")
         build_dense(dense)

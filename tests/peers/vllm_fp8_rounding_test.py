@@ -16,6 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 sys.path.insert(0, HERE)
 import tiny_llama  # noqa: E402
+from peer_report import skip_all  # noqa: E402
 from vllm_engine_load_test import fp8_kv_cache_missing  # noqa: E402
 
 HEADS, HEAD_SIZE, BLOCK = 2, 32, 32
@@ -42,8 +43,7 @@ def stored(x: torch.Tensor, scale: float) -> torch.Tensor:
 def main() -> int:
     missing = fp8_kv_cache_missing()
     if missing:
-        print(f"skipped: {missing}; not checked here: how vLLM's CPU FP8 KV cache rounds")
-        return 77
+        return skip_all(missing, "how vLLM's CPU FP8 KV cache rounds")
     n = HEADS * HEAD_SIZE * BLOCK * 64
     g = torch.Generator().manual_seed(7)
     # Every E4M3 value exactly (its own code must come back: this checks the layout read).

@@ -14,7 +14,11 @@ through ModelOpt's KV loader on an NVFP4 + FP8 KV ModelOpt checkpoint (the compr
 loader's are in peers.vllm_check_predictions).
 MoE experts are not run: vLLM's NVFP4 MoE emulation refuses the CPU ("kernel does not support
 current device cpu"), so those rows stay read from the code.
-usage: vllm_nvfp4_predictions_test.py --caliper BIN   (run with the "vllm" venv)"""
+The cases come in groups (GROUPS; --group picks, default all): compressed-tensors (the clean
+checkpoint, the global-scale defects, the repair), deep-config (--deep block scales, the config
+rules), modelopt (ModelOpt's Linear loader), modelopt-kv (its KV loader; exit 77 where vLLM has no
+FP8 KV cache, and counted as skipped by a run of several groups: tests/peers/peer_report.py).
+usage: vllm_nvfp4_predictions_test.py --caliper BIN [--group GROUP]...   (the "vllm" venv)"""
 import argparse
 import json
 import math
@@ -28,11 +32,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.peers.peer_models import calibration_ids
+from tests.peers.peer_report import Cases, skip_all
 from tests.peers.vllm_engine_load_test import build_dense
 from tests.peers.vllm_engine_load_test import check as check_that
 from tests.peers.vllm_engine_load_test import failures, fp8_kv_cache_missing, run
 
 NVFP4_MAX = 6.0 * 448.0
+# The case groups (--group), one CTest entry each (peers.vllm_nvfp4_predictions.GROUP): each
+# loads its copies in fresh vLLM processes (tens of seconds each on 2 cores), so all of them in
+# one entry ran past 900 s on a loaded machine.
+GROUPS = ("compressed-tensors", "deep-config", "modelopt", "modelopt-kv")
+KV_WHAT = "the KV rules through vLLM's ModelOpt KV loader (group modelopt-kv)"
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 PROMPT = list(range(1, 17))
 
@@ -225,7 +235,14 @@ def run_cases(caliper, base, cases, tmp, prefix, warnings, flags=()):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--caliper", required=True)
+    p.add_argument("--group", choices=GROUPS, action="append",
+                   help="a group of cases to run (repeatable; default: all); CTest runs one group "
+                        "per entry, peers.vllm_nvfp4_predictions.GROUP")
     args = p.parse_args()
+    groups = [g for g in GROUPS if g in (args.group or GROUPS)]
+    report = Cases()
+    if groups == ["modelopt-kv"] and fp8_kv_cache_missing():
+        return skip_all(fp8_kv_cache_missing(), KV_WHAT)
     with tempfile.TemporaryDirectory() as tmp:
         dense = os.path.join(tmp, "dense")
         build_dense(dense)
@@ -236,109 +253,124 @@ def main():
         run(args.caliper, "quantize", "--checkpoint", dense, "--scales", scales, "--out", ct)
         run(args.caliper, "quantize", "--checkpoint", dense, "--scales", scales, "--out", mo,
             "--format", "modelopt")
-        stored = load_file(os.path.join(ct, "model.safetensors"))
-        L = "model.layers.0."
-        attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
 
-        def s(key):
-            return float(stored[L + key].reshape(-1)[0])
+        # The clean compressed-tensors checkpoint: the reference of every group but modelopt-kv.
+        clean = None
+        if set(groups) - {"modelopt-kv"}:
+            clean = vllm_load(ct)
+            check_that("held" in clean and finite(clean),
+                       f"the clean checkpoint loads with finite logprobs ({clean.get('error')})")
+            if "held" not in clean:
+                return report.exit_code(failures)
+        if "compressed-tensors" in groups:
+            compressed_tensors_cases(args.caliper, dense, ct, clean, tmp, report)
+        if "deep-config" in groups:
+            report.ran(block_scale_cases(args.caliper, ct, clean, tmp))
+            report.ran(config_cases(args.caliper, dense, ct, clean, tmp))
+        if "modelopt" in groups:
+            # Both forms check clean and load with equal outputs.
+            modelopt = vllm_load(mo)
+            check_that(caliper_check(args.caliper, mo) == [],
+                       "the ModelOpt checkpoint checks clean")
+            check_that(modelopt.get("logprobs") == clean["logprobs"],
+                       f"caliper quantize --format modelopt loads in vLLM and gives the "
+                       f"compressed-tensors checkpoint's logprobs ({modelopt.get('error')})")
+            report.ran()
+            if "held" in modelopt:
+                report.ran(modelopt_linear_cases(args.caliper, mo, modelopt, tmp))
+        if "modelopt-kv" in groups:
+            modelopt_kv_cases(args.caliper, dense, scales_kv, tmp, report)
+    return report.exit_code(failures)
 
-        # The clean checkpoints: no finding; both forms load with equal outputs.
-        clean = vllm_load(ct)
-        check_that(caliper_check(args.caliper, ct) == [], "the clean checkpoint checks clean")
-        check_that("held" in clean and finite(clean),
-                   f"the clean checkpoint loads with finite logprobs ({clean.get('error')})")
-        if "held" not in clean:
-            print("1 failed")
-            return 1
-        check_that(math.isclose(clean["held"][attn + "qkv_proj.weight_global_scale"][0],
-                                1 / s("self_attn.q_proj.weight_global_scale"), rel_tol=1e-6),
-                   "vLLM holds 1 / the stored divisor")
-        modelopt = vllm_load(mo)
-        check_that(caliper_check(args.caliper, mo) == [], "the ModelOpt checkpoint checks clean")
-        check_that(modelopt.get("logprobs") == clean["logprobs"],
-                   f"caliper quantize --format modelopt loads in vLLM and gives the "
-                   f"compressed-tensors checkpoint's logprobs ({modelopt.get('error')})")
 
-        q_w = "self_attn.q_proj.weight_global_scale"
-        differs = differs_from(clean)
-        weight_warning = "the weight global scale is different for parallel layers"
-        input_warning = "the input global scale is different for parallel layers"
-        # (case, tensor, edit, (rule, vLLM severity), tests of the loaded copy)
-        cases = [
-            ("q/k/v weight global scales 2.14x apart", q_w, lambda x: x * 2.14,
-             ("fused-scale-mismatch", "degrades"),
-             [held_is(attn + "qkv_proj.weight_global_scale",
-                      1 / float(torch.tensor(s(q_w) * 2.14).float())), finite_out, differs,
-              warns(weight_warning)]),
-            ("q_proj weight global scale 0 (k, v healthy)", q_w, lambda x: x * 0,
-             ("zero-scale", "degrades"),
-             [held_is(attn + "qkv_proj.weight_global_scale",
-                      1 / s("self_attn.k_proj.weight_global_scale")), finite_out,
-              warns(weight_warning)]),
-            ("gate_proj input global scale 0 (up healthy)", "mlp.gate_proj.input_global_scale",
-             lambda x: x * 0, ("zero-scale", "none"),
-             [held_is(mlp + "gate_up_proj.input_global_scale",
-                      1 / s("mlp.up_proj.input_global_scale")), finite_out,
-              warns(input_warning)]),
-            ("o_proj weight global scale 0", "self_attn.o_proj.weight_global_scale",
-             lambda x: x * 0, ("zero-scale", "breaks"),
-             [held_is(attn + "o_proj.weight_global_scale", math.inf), nan_out]),
-            ("k_proj weight global scale NaN", "self_attn.k_proj.weight_global_scale",
-             lambda x: x * math.nan, ("non-finite-scale", "breaks"),
-             [held_is(attn + "qkv_proj.weight_global_scale", math.nan), nan_out]),
-            ("q_proj input global scale +inf", "self_attn.q_proj.input_global_scale",
-             lambda x: x * math.inf, ("non-finite-scale", "breaks"),
-             [held_is(attn + "qkv_proj.alpha", 0.0), finite_out, differs]),
-            ("down_proj weight global scale +inf", "mlp.down_proj.weight_global_scale",
-             lambda x: x * math.inf, ("non-finite-scale", "breaks"),
-             [held_is(mlp + "down_proj.weight_global_scale", 0.0), finite_out, differs]),
-            ("o_proj weight global scale negative", "self_attn.o_proj.weight_global_scale",
-             lambda x: -x, ("negative-scale", "breaks"),
-             [held_is(attn + "o_proj.weight_global_scale",
-                      -1 / s("self_attn.o_proj.weight_global_scale")), differs]),
-            ("down_proj weight global scale subnormal", "mlp.down_proj.weight_global_scale",
-             lambda x: x * 0 + 1e-40, ("subnormal-scale", "breaks"),
-             [held_is(mlp + "down_proj.weight_global_scale", math.inf), nan_out]),
-            ("o_proj weight global scale stored as int32", "self_attn.o_proj.weight_global_scale",
-             lambda x: x.round().to(torch.int32), ("unreadable-scale", "breaks"),
-             [held_is(attn + "o_proj.weight_global_scale",
-                      1 / float(torch.tensor(round(s("self_attn.o_proj.weight_global_scale")))
-                                .float())), finite_out]),
-        ]
-        fused_case = None
-        for rule, ckpt, finding, got in run_cases(args.caliper, ct, cases, tmp, "",
-                                                  (weight_warning, input_warning)):
-            if rule == "fused-scale-mismatch" and finding is not None:
-                fused_case = ckpt
-                used = finding[3].get("used")
-                check_that(used is not None and math.isclose(
-                    1 / used, got["held"][attn + "qkv_proj.weight_global_scale"][0],
-                    rel_tol=1e-6), f"fused mismatch: details.used ({used}) is the value vLLM "
-                                   "loads")
+def compressed_tensors_cases(caliper, dense, ct, clean, tmp, report):
+    """The clean compressed-tensors checkpoint checks clean and vLLM holds 1 / its divisors; one
+    global-scale defect per copy; the `--repair fused=min` copy of the fused mismatch then checks
+    clean and loads without the warning."""
+    stored = load_file(os.path.join(ct, "model.safetensors"))
+    L = "model.layers.0."
+    attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
 
-        block_scale_cases(args.caliper, ct, clean, tmp)
-        config_cases(args.caliper, dense, ct, clean, tmp)
-        modelopt_linear_cases(args.caliper, mo, modelopt, tmp)
+    def s(key):
+        return float(stored[L + key].reshape(-1)[0])
 
-        # The repair: one shared divisor, weights requantized from the dense checkpoint.
-        fixed = os.path.join(tmp, "fixed")
-        r = subprocess.run([args.caliper, "check", fused_case, "--repair", "fused=min",
-                            "--weights-from", dense, "--out", fixed], capture_output=True,
-                           text=True)
-        check_that(r.returncode in (0, 4), f"--repair fused=min ran ({r.stderr[-400:]})")
-        check_that(caliper_check(args.caliper, fixed) == [], "the repaired copy checks clean")
-        got = vllm_load(fixed)
-        check_that("held" in got and finite(got) and
-                   "the weight global scale is different" not in got["log"],
-                   f"the repaired copy loads without the warning, finite ({got.get('error')})")
-        missing = fp8_kv_cache_missing()
-        if missing:
-            print(f"not checked here: the ModelOpt KV loader's rows ({missing})")
-        else:
-            modelopt_kv_cases(args.caliper, dense, scales_kv, tmp)
-    print(f"{len(failures)} failed" if failures else "all passed")
-    return 1 if failures else 0
+    check_that(caliper_check(caliper, ct) == [], "the clean checkpoint checks clean")
+    check_that(math.isclose(clean["held"][attn + "qkv_proj.weight_global_scale"][0],
+                            1 / s("self_attn.q_proj.weight_global_scale"), rel_tol=1e-6),
+               "vLLM holds 1 / the stored divisor")
+    report.ran()
+    q_w = "self_attn.q_proj.weight_global_scale"
+    differs = differs_from(clean)
+    weight_warning = "the weight global scale is different for parallel layers"
+    input_warning = "the input global scale is different for parallel layers"
+    # (case, tensor, edit, (rule, vLLM severity), tests of the loaded copy)
+    cases = [
+        ("q/k/v weight global scales 2.14x apart", q_w, lambda x: x * 2.14,
+         ("fused-scale-mismatch", "degrades"),
+         [held_is(attn + "qkv_proj.weight_global_scale",
+                  1 / float(torch.tensor(s(q_w) * 2.14).float())), finite_out, differs,
+          warns(weight_warning)]),
+        ("q_proj weight global scale 0 (k, v healthy)", q_w, lambda x: x * 0,
+         ("zero-scale", "degrades"),
+         [held_is(attn + "qkv_proj.weight_global_scale",
+                  1 / s("self_attn.k_proj.weight_global_scale")), finite_out,
+          warns(weight_warning)]),
+        ("gate_proj input global scale 0 (up healthy)", "mlp.gate_proj.input_global_scale",
+         lambda x: x * 0, ("zero-scale", "none"),
+         [held_is(mlp + "gate_up_proj.input_global_scale",
+                  1 / s("mlp.up_proj.input_global_scale")), finite_out,
+          warns(input_warning)]),
+        ("o_proj weight global scale 0", "self_attn.o_proj.weight_global_scale",
+         lambda x: x * 0, ("zero-scale", "breaks"),
+         [held_is(attn + "o_proj.weight_global_scale", math.inf), nan_out]),
+        ("k_proj weight global scale NaN", "self_attn.k_proj.weight_global_scale",
+         lambda x: x * math.nan, ("non-finite-scale", "breaks"),
+         [held_is(attn + "qkv_proj.weight_global_scale", math.nan), nan_out]),
+        ("q_proj input global scale +inf", "self_attn.q_proj.input_global_scale",
+         lambda x: x * math.inf, ("non-finite-scale", "breaks"),
+         [held_is(attn + "qkv_proj.alpha", 0.0), finite_out, differs]),
+        ("down_proj weight global scale +inf", "mlp.down_proj.weight_global_scale",
+         lambda x: x * math.inf, ("non-finite-scale", "breaks"),
+         [held_is(mlp + "down_proj.weight_global_scale", 0.0), finite_out, differs]),
+        ("o_proj weight global scale negative", "self_attn.o_proj.weight_global_scale",
+         lambda x: -x, ("negative-scale", "breaks"),
+         [held_is(attn + "o_proj.weight_global_scale",
+                  -1 / s("self_attn.o_proj.weight_global_scale")), differs]),
+        ("down_proj weight global scale subnormal", "mlp.down_proj.weight_global_scale",
+         lambda x: x * 0 + 1e-40, ("subnormal-scale", "breaks"),
+         [held_is(mlp + "down_proj.weight_global_scale", math.inf), nan_out]),
+        ("o_proj weight global scale stored as int32", "self_attn.o_proj.weight_global_scale",
+         lambda x: x.round().to(torch.int32), ("unreadable-scale", "breaks"),
+         [held_is(attn + "o_proj.weight_global_scale",
+                  1 / float(torch.tensor(round(s("self_attn.o_proj.weight_global_scale")))
+                            .float())), finite_out]),
+    ]
+    fused_case = None
+    report.ran(len(cases) + 1)  # and the repair below
+    for rule, ckpt, finding, got in run_cases(caliper, ct, cases, tmp, "",
+                                              (weight_warning, input_warning)):
+        if rule == "fused-scale-mismatch" and finding is not None:
+            fused_case = ckpt
+            used = finding[3].get("used")
+            check_that(used is not None and math.isclose(
+                1 / used, got["held"][attn + "qkv_proj.weight_global_scale"][0],
+                rel_tol=1e-6), f"fused mismatch: details.used ({used}) is the value vLLM "
+                               "loads")
+
+    # The repair: one shared divisor, weights requantized from the dense checkpoint.
+    if fused_case is None:
+        check_that(False, "--repair fused=min: the fused mismatch case did not load")
+        return
+    fixed = os.path.join(tmp, "fixed")
+    r = subprocess.run([caliper, "check", fused_case, "--repair", "fused=min",
+                        "--weights-from", dense, "--out", fixed], capture_output=True,
+                       text=True)
+    check_that(r.returncode in (0, 4), f"--repair fused=min ran ({r.stderr[-400:]})")
+    check_that(caliper_check(caliper, fixed) == [], "the repaired copy checks clean")
+    got = vllm_load(fixed)
+    check_that("held" in got and finite(got) and
+               "the weight global scale is different" not in got["log"],
+               f"the repaired copy loads without the warning, finite ({got.get('error')})")
 
 
 def block_scale_cases(caliper, ct, clean, tmp):
@@ -362,6 +394,7 @@ def block_scale_cases(caliper, ct, clean, tmp):
                       "model.layers.0.mlp.down_proj.weight_scale", set_largest(False))
     check_that(caliper_check(caliper, shallow) == [],
                "without --deep the block scales are not read (no finding)")
+    return len(cases) + 1
 
 
 def config_cases(caliper, dense, ct, clean, tmp):
@@ -442,6 +475,7 @@ def config_cases(caliper, dense, ct, clean, tmp):
         else:
             check_that(got.get("logprobs") == clean["logprobs"],
                        f"{what}: vLLM loads it unchanged ({got.get('error')})")
+    return len(cases)
 
 
 def modelopt_linear_cases(caliper, mo, clean, tmp):
@@ -502,13 +536,15 @@ def modelopt_linear_cases(caliper, mo, clean, tmp):
     ]
     run_cases(caliper, mo, cases, tmp, "ModelOpt Linear loader, ",
               (weight_warning, input_warning))
+    return len(cases)
 
 
-def modelopt_kv_cases(caliper, dense, scales_kv, tmp):
+def modelopt_kv_cases(caliper, dense, scales_kv, tmp, report):
     """The KV rules through ModelOpt's KV loader (BaseKVCacheMethod via ModelOptKVCacheMethod:
     placeholders -1, both missing -> 1.0 with a warning, else assert k_scale > 0 and V = max(K, V)),
     which needs ModelOpt-quantized weights: an NVFP4 + FP8 KV checkpoint from caliper quantize,
-    loaded with an FP8 KV cache. vLLM holds the scales in the model's dtype (bfloat16)."""
+    loaded with an FP8 KV cache. vLLM holds the scales in the model's dtype (bfloat16). Where
+    vLLM's CPU build has no FP8 KV cache, the cases are counted as skipped in `report`."""
     base = os.path.join(tmp, "modelopt-kv")
     run(caliper, "quantize", "--checkpoint", dense, "--scales", scales_kv, "--out", base,
         "--format", "modelopt")
@@ -536,6 +572,11 @@ def modelopt_kv_cases(caliper, dense, scales_kv, tmp):
         ("K and V placeholders of 1.0", {"k": 1.0, "v": 1.0}, ("kv-placeholder-one", "degrades"),
          (1.0, 1.0), True),
     ]
+    missing = fp8_kv_cache_missing()
+    if missing:
+        report.skip(len(cases), missing, KV_WHAT)
+        return
+    report.ran(len(cases))
     for i, (what, edits, finding, want, warns) in enumerate(cases):
         what = f"ModelOpt KV loader, layer 1 {what}"
         ckpt = os.path.join(tmp, f"modelopt-kv{i}")
