@@ -1,10 +1,13 @@
-"""The vLLM plugin's cost: the same request loop on vllm.LLM (CPU build) with the plugin sampling
-at its defaults vs without it (VLLM_PLUGINS excludes it), each in its own process, started in
-alternating order; per mode the median over repeats of throughput (generated tokens/s of a
-batch of requests) and of p99 latency (sequential single requests). Also the statistics bytes
-the plugin sent per served token. Goals (issue): throughput ratio >= 0.97, p99 ratio <= 1.05.
+"""The vLLM plugin's cost: the same request loop on vllm.LLM (CPU build), in vLLM's default
+(compiled) mode unless --eager, with the plugin sampling at its defaults vs without it
+(VLLM_PLUGINS excludes it), each in its own process. Rounds alternate the order (off, on), (on,
+off), ...; each round gives the ratio of the two processes' medians over repeats of throughput
+(generated tokens/s of a batch of requests) and of p99 latency (sequential single requests), and
+the report is the median ratio over rounds with its spread (min..max). Also the tokens the
+plugin sampled per second and the statistics bytes it sent per served token.
+Goals: throughput ratio >= 0.97, p99 ratio <= 1.05.
 usage: build/python-env-vllm/bin/python bench/vllm_plugin_bench.py --build build
-       [--repeats 5] [--requests 64] [--fraction F]
+       [--rounds 4] [--repeats 3] [--requests 64] [--fraction F] [--eager]
 (the venv of tests/python/run_pytest.sh with CALIPER_PYTHON_SET=vllm).
 """
 import argparse
@@ -23,8 +26,8 @@ LOOP = r"""
 import json, os, sys, time
 import vllm
 model_dir, repeats, requests = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-               max_model_len=512, kv_cache_memory_bytes=256 << 20)
+llm = vllm.LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=sys.argv[4] == "eager",
+               dtype="bfloat16", max_model_len=512, kv_cache_memory_bytes=256 << 20)
 import random
 rng = random.Random(0)
 prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(64, 192))] for _ in range(requests)]
@@ -32,6 +35,7 @@ params = vllm.SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 run = lambda ps: llm.generate([{"prompt_token_ids": p} for p in ps], params, use_tqdm=False)
 run(prompts[:4])  # warm-up
 throughput, p99, served = [], [], 0
+start = time.perf_counter()
 for _ in range(repeats):
     t = time.perf_counter()
     outs = run(prompts)
@@ -46,13 +50,15 @@ for _ in range(repeats):
     served += sum(len(p) + 32 for p in prompts[:32])
     lat.sort()
     p99.append(lat[min(len(lat) - 1, int(0.99 * len(lat)))])
+elapsed = time.perf_counter() - start
 state = {}
 if os.environ.get("CALIPER_FLEET"):
     time.sleep(2)
     state = llm.collective_rpc("caliper_state")[0]
     state = {k: state[k] for k in ("sampled_steps", "steps", "total_sampled_tokens", "dropped",
                                    "wire_bytes", "sent")}
-print(json.dumps({"throughput": throughput, "p99": p99, "served": served, "state": state}))
+print(json.dumps({"throughput": throughput, "p99": p99, "served": served, "state": state,
+                  "elapsed": elapsed}))
 """
 
 
@@ -68,15 +74,23 @@ def tiny_llama(directory: pathlib.Path) -> dict:
     return json.loads((directory / "config.json").read_text())
 
 
+def ratio(result: dict, what: str) -> float:
+    """One round's median with the plugin over its median without."""
+    return stats.median(result["on"][what]) / stats.median(result["off"][what])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build", type=pathlib.Path)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--fraction", help="CALIPER_SAMPLE_FRACTION (default: the plugin's)")
+    ap.add_argument("--eager", action="store_true", help="--enforce-eager (default: compiled)")
     args = ap.parse_args()
     import caliper
     from caliper import fleets
+    mode_arg = "eager" if args.eager else "default"
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
         config = tiny_llama(tmp / "model")
@@ -90,34 +104,40 @@ def main() -> None:
             if args.fraction:
                 on["CALIPER_SAMPLE_FRACTION"] = args.fraction
             off = dict(base, VLLM_PLUGINS="none")
-            results = {"on": [], "off": []}
-            for order in (("off", "on"), ("on", "off")):
-                for mode in order:
+            rounds = []
+            for i in range(args.rounds):
+                result = {}
+                for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
                     r = subprocess.run([sys.executable, "-c", LOOP, str(tmp / "model"),
-                                        str(args.repeats), str(args.requests)],
+                                        str(args.repeats), str(args.requests), mode_arg],
                                        env=on if mode == "on" else off, capture_output=True,
                                        text=True)
                     if r.returncode:
                         raise SystemExit(r.stderr[-4000:])
                     lines = r.stdout.strip().splitlines()  # log lines may follow the result
-                    results[mode].append(json.loads(next(
-                        line for line in reversed(lines) if line.startswith("{"))))
+                    result[mode] = json.loads(next(
+                        line for line in reversed(lines) if line.startswith("{")))
+                rounds.append(result)
+                print(f"round {i + 1}: throughput ratio {ratio(result, 'throughput'):.3f}, "
+                      f"p99 ratio {ratio(result, 'p99'):.3f}", flush=True)
         finally:
             proc.kill()
             proc.wait()
-    med = {m: (stats.median(x for r in rs for x in r["throughput"]),
-               stats.median(x for r in rs for x in r["p99"])) for m, rs in results.items()}
-    print(f"throughput (generated tokens/s, median of {2 * args.repeats}): "
-          f"with plugin {med['on'][0]:.1f}, without {med['off'][0]:.1f}, "
-          f"ratio {med['on'][0] / med['off'][0]:.3f} (goal >= 0.97)")
-    print(f"p99 latency of single requests (s): with {med['on'][1]:.4f}, without "
-          f"{med['off'][1]:.4f}, ratio {med['on'][1] / med['off'][1]:.3f} (goal <= 1.05)")
-    for r in results["on"]:
-        s = r["state"]
+    tput = [ratio(r, "throughput") for r in rounds]
+    p99 = [ratio(r, "p99") for r in rounds]
+    print(f"vLLM {mode_arg} mode, {args.rounds} rounds of {args.repeats} repeats x "
+          f"{args.requests} requests, fraction {args.fraction or 'default'}")
+    print(f"throughput ratio (with / without the plugin): median {stats.median(tput):.3f}, "
+          f"spread {min(tput):.3f}..{max(tput):.3f} (goal >= 0.97)")
+    print(f"p99 latency ratio: median {stats.median(p99):.3f}, spread {min(p99):.3f}.."
+          f"{max(p99):.3f} (goal <= 1.05)")
+    for r in rounds:
+        s, on_run = r["on"]["state"], r["on"]
+        rate = s["total_sampled_tokens"] / on_run["elapsed"]
         print(f"plugin: {s['sampled_steps']}/{s['steps']} steps sampled, "
-              f"{s['total_sampled_tokens']} tokens, {s['dropped']} dropped; "
-              f"{s['wire_bytes'] / r['served']:.3f} statistics bytes per served token "
-              f"(the open window's stream)")
+              f"{s['total_sampled_tokens']} tokens ({rate:.0f} sampled tokens/s), "
+              f"{s['dropped']} dropped; "
+              f"{s['wire_bytes'] / on_run['served']:.3f} statistics bytes per served token")
 
 
 if __name__ == "__main__":

@@ -64,3 +64,11 @@ def test_settings_silent_steps():
     with pytest.raises(ValueError, match="CALIPER_SILENT_STEPS"):
         plugin.Settings.from_env({"CALIPER_FLEET": "f", "CALIPER_SERVER": "h:1",
                                   "CALIPER_SILENT_STEPS": "0"})
+
+
+def test_only_caches_with_calibrated_scales_are_taken():
+    from caliper.vllm._switch import unsupported_cache
+    for dtype in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "nvfp4_4over6"):
+        assert unsupported_cache(dtype) == "", dtype
+    for dtype in ("fp8_per_token_head", "turboquant_k8v4", "octave_k3v4"):
+        assert dtype in unsupported_cache(dtype)

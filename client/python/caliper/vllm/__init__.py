@@ -12,8 +12,11 @@ process it starts. Inert unless CALIPER_FLEET and CALIPER_SERVER are set. Active
   - watches the fleet's versions (WatchScales) in the engine core (_watcher) and switches every
     worker to a new one between two steps (_switch), then reports it (ReportInUse, which also
     carries the tokens sampled, from the start);
-  - gives workers `caliper_refit(weight_version)` (collective_rpc) and keeps the scales in use
-    across weight reloads (_worker).
+  - follows vLLM's weight-update API: when the engine core's weight version changes
+    (`set_weight_version`, the end of `finish_weight_update(weight_version=...)`) every worker
+    moves to that weight version's window and drops what it sampled under the old weights; also
+    `caliper_refit(weight_version)` (collective_rpc) for `reload_weights` users; the scales in
+    use are kept across weight reloads and updates (_worker).
 Nothing it does can fail or block a request: a full queue or an unreachable server drops
 statistics and counts them; any error of the plugin disables it with one log line.
 """
@@ -139,6 +142,21 @@ def _install(settings: Settings) -> None:
     EngineCore.__init__ = caliper_init
     for name, original in steps.items():
         setattr(EngineCore, name, wrap(original))
+
+    # vLLM's weight-update API ends in the engine core's set_weight_version (LLM / AsyncLLM
+    # finish_weight_update(weight_version=...), the OpenAI server's /finish_weight_update and
+    # /update_weight_version): every worker refits there, before the engine's next step.
+    set_weight_version = EngineCore.set_weight_version
+
+    def caliper_set_weight_version(self: Any, weight_version: str, *args: Any,
+                                   **kwargs: Any) -> Any:
+        out = set_weight_version(self, weight_version, *args, **kwargs)
+        engine = getattr(self, "_caliper", None)
+        if engine is not None and engine.enabled:
+            _guard(lambda: engine.refit(self, str(weight_version)), "refit", engine)
+        return out
+
+    EngineCore.set_weight_version = caliper_set_weight_version
 
 
 def _attach_engine(core: Any, settings: Settings) -> None:

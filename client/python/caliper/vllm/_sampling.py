@@ -36,10 +36,15 @@ _HOST_SLOTS = 8  # pinned host copies in flight (GPU); a sampled step finding no
 @dataclasses.dataclass
 class LayerShape:
     index: int                  # the checkpoint's layer index
-    heads: int                  # local KV heads
-    head_dim: int
+    heads: int                  # local KV heads (MLA: 1, the latent)
+    head_dim: int               # K's width per head (MLA: kv_lora_rank, kv_c_normed)
     q_heads: int                # local query heads
     parts: int                  # 2 (K, V) or 3 (with the query, reduced per KV head)
+    v_dim: int = 0              # V's width per head when it differs (MLA: k_pe's rope dims)
+    mla: bool = False           # one scale (_k_scale) for the whole cached entry
+
+    def width(self, part: int) -> int:
+        return self.v_dim if part == VALUE and self.v_dim else self.head_dim
 
 
 @dataclasses.dataclass
@@ -63,6 +68,7 @@ class Readout:
     generation: int
     version: int
     release: Optional[Callable[[], None]] = None
+    kind: str = ""              # the step's kind: prefill, decode or mixed
 
     def wait(self) -> None:
         if self.event is not None:
@@ -125,13 +131,14 @@ class StepStatistics:
         if sampling:
             self.ints[:len(self.shapes)].zero_()
 
-    def readout(self, batch: int, generation: int, version: int) -> Optional[Readout]:
+    def readout(self, batch: int, generation: int, version: int,
+                kind: str = "") -> Optional[Readout]:
         """After a sampled step: the copy to the host, queued behind the step (None: every
         host slot is still in flight; the step's statistics are dropped)."""
         import torch
         if not self._cuda:
             return Readout(self.floats.clone(), self.ints.clone(), None, batch, generation,
-                           version)
+                           version, None, kind)
         with self._free_lock:
             if not self._free:
                 return None
@@ -144,7 +151,7 @@ class StepStatistics:
         def release() -> None:
             with self._free_lock:
                 self._free.append((floats, ints))
-        return Readout(floats, ints, event, batch, generation, version, release)
+        return Readout(floats, ints, event, batch, generation, version, release, kind)
 
     def capturing(self) -> bool:
         if not self._cuda:
@@ -202,7 +209,7 @@ class StepStatistics:
                 write(self.floats[off.hi + p * ph:off.hi + (p + 1) * ph],
                       torch.where(mask, xf, float("-inf")).amax(dim=(0, 2)))
             if p < 2:  # saturation under the scale the kernel applies (read from the tensor)
-                scale = module._k_scale if p == KEY else module._v_scale
+                scale = module._k_scale if p == KEY or shape.mla else module._v_scale
                 limit = scale.float().reshape(-1)[:1] * self.kv_qmax
                 write(self.ints[off.over + p * ph:off.over + (p + 1) * ph],
                       (masked > limit).sum(dim=(0, 2)))
@@ -259,7 +266,7 @@ class StepStatistics:
                 where = f"layer {shape.index} {_PART_NAMES[p]}"
                 absmax = floats[off.absmax + p * h:off.absmax + (p + 1) * h]
                 heads = shape.q_heads if p == QUERY else h
-                chunk = _tensors.Chunk(self.dtype, [rows, heads, shape.head_dim])
+                chunk = _tensors.Chunk(self.dtype, [rows, heads, shape.width(p)])
                 if minmax:
                     chunk.head_min = floats[off.lo + p * h:off.lo + (p + 1) * h].tolist()
                     chunk.head_max = floats[off.hi + p * h:off.hi + (p + 1) * h].tolist()
@@ -306,6 +313,35 @@ def slot_mapping_of(layer_name: str) -> Any:
     if isinstance(mappings, list):
         mappings = mappings[0] if mappings else {}
     return mappings.get(layer_name) if isinstance(mappings, dict) else None
+
+
+def wrap_mla(module: Any, index: int, statistics: StepStatistics,
+             sampling: Callable[[], bool], on_error: Callable[[int, Exception], None]
+             ) -> Callable[[], None]:
+    """MLA (vLLM 0.32's MLAAttention): the opaque op `unified_mla_kv_cache_update` looks the
+    layer up and calls `layer.update_kv_cache(kv_c_normed, k_pe, kv_cache, slot_mapping, ...)`
+    on every step, with what the cache stores; wrapped on the instance as impl.forward is for
+    standard attention. Returns the function that undoes it."""
+    original = module.update_kv_cache
+
+    def update_kv_cache(kv_c_normed: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any,
+                        attn_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        if attn_metadata is not None and slot_mapping is not None:
+            gated = statistics.capturing()
+            if gated or sampling():
+                try:
+                    statistics.observe(index, module, None, kv_c_normed, k_pe, slot_mapping,
+                                       gated)
+                except Exception as e:  # noqa: BLE001 - a statistic never fails the step
+                    on_error(index, e)
+        return original(kv_c_normed, k_pe, kv_cache, slot_mapping, attn_metadata, *args,
+                        **kwargs)
+
+    module.update_kv_cache = update_kv_cache
+
+    def undo() -> None:
+        del module.update_kv_cache  # the class's method again
+    return undo
 
 
 def wrap_attention(module: Any, index: int, statistics: StepStatistics,

@@ -26,7 +26,9 @@ class Sender:
         self.base = base
         self.settings: Settings = state.settings
         self.incarnation = 0
-        self.producer_id = ""
+        self.producer_id = ""      # of the open window's stream: PREFIX/N/rankR
+        # The engine's identity in ReportInUse, the same for every window of this process.
+        self.engine_id = f"{base}/rank{state.tp_rank}"
         self.window_id = ""
         self.sent = 0
         self._session: Any = None
@@ -59,16 +61,18 @@ class Sender:
     def report_soon(self) -> None:
         self._report.set()
 
-    def switch(self, weight_version: str) -> str:
-        """Opens the window of weight_version now (the caller learns its id) and moves the
-        stream there; the sampling budget starts again."""
-        from ..fleets import open_window
-        client = self._control or self.settings.client(attempts=3)
-        self._control = client
-        window = open_window(client, self.settings.fleet, weight_version)
+    def switch(self, weight_version: str, wait: bool = True) -> str:
+        """Moves the stream to the window of weight_version; the sampling budget starts again.
+        wait: opens the window now (the caller learns its id); else this thread opens it."""
+        session_id = ""
+        if wait:
+            from ..fleets import open_window
+            client = self._control or self.settings.client(attempts=3)
+            self._control = client
+            session_id = open_window(client, self.settings.fleet, weight_version).session_id
         self._want = weight_version
         self._report.set()
-        return window.session_id
+        return session_id
 
     def _run(self) -> None:
         from ..fleets import open_window, report_in_use
@@ -103,7 +107,7 @@ class Sender:
                     self._report.clear()
                     last_report = now
                     worst, _ = self.state.saturation()
-                    report_in_use(self._control, self.settings.fleet, self.producer_id,
+                    report_in_use(self._control, self.settings.fleet, self.engine_id,
                                   self.state.version, min(1.0, worst),
                                   layer_saturation=self.state.layer_saturation(),
                                   dropped_statistics=self.state.dropped,

@@ -21,6 +21,21 @@ SCALE_ATTRS = ("_k_scale", "_v_scale", "_q_scale", "_k_scale_float", "_v_scale_f
 _DERIVED_ATTRS = ("bmm1_scale", "bmm2_scale", "o_sf_scale")
 
 
+# The KV caches whose scales a fleet calibrates: one FP8 scale per layer and rank, NVFP4's
+# global decode scale, or an unquantized cache (auto: scales kept for a switch to FP8). Others
+# (per-token-head FP8, turboquant, ...) quantize with scales of their own.
+_CALIBRATED_CACHES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2",
+                      "nvfp4")
+
+
+def unsupported_cache(kv_cache_dtype: str) -> str:
+    """'' when the plugin calibrates this vLLM kv_cache_dtype, else why not."""
+    if kv_cache_dtype in _CALIBRATED_CACHES or kv_cache_dtype.startswith("nvfp4"):
+        return ""
+    return (f"kv_cache_dtype {kv_cache_dtype!r} takes no calibrated per-layer scale (the "
+            f"plugin calibrates {', '.join(_CALIBRATED_CACHES)} and nvfp4 caches)")
+
+
 def kv_qmax(kv_cache_dtype: str) -> float:
     """The largest |x| / k_scale the cache holds: its FP8 max, or for NVFP4 caches (global
     decode scales) E2M1's 6 times the E4M3 block scale's 448."""

@@ -9,6 +9,18 @@ from typing import Any, Dict
 from ._settings import Every, Settings, logger, why
 from ._switch import Switch, VersionScales
 
+# vLLM's weight version of the weights an engine starts with ("default", EngineCore) is the
+# fleet's CALIPER_WEIGHT_VERSION default.
+VLLM_INITIAL_WEIGHT_VERSION = "default"
+
+
+def fleet_weight_version(vllm_weight_version: str) -> str:
+    """The fleet's weight version for vLLM's: vLLM's initial "default" is the fleet's "initial"."""
+    if vllm_weight_version == VLLM_INITIAL_WEIGHT_VERSION:
+        return "initial"
+    return vllm_weight_version
+
+
 # The engine core's versions, when it runs in this process (vllm.LLM without multiprocessing).
 engine_versions: Dict[str, int] = {"pending": 0, "in_use": 0}
 
@@ -75,6 +87,14 @@ class EngineState:
                 return (f"version {version} layer {layer} has {len(q)} query scales for "
                         f"{len(k)} K/V scales")
         return ""
+
+    def refit(self, core: Any, weight_version: str) -> None:
+        """vLLM's weight version changed: every worker opens that weight version's window (in
+        the background: nothing here waits for Caliper) before the engine's next step."""
+        fleet_version = fleet_weight_version(weight_version)
+        core.model_executor.collective_rpc("caliper_refit", args=(fleet_version, False))
+        logger().info("caliper: weight version %s: sampling into its window of fleet %s",
+                      fleet_version, self.settings.fleet)
 
     def before_step(self, core: Any) -> None:
         version = self.switch.before_step(core)

@@ -10,10 +10,26 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .._histogram import recipe_needs_histograms
-from ._sampling import LayerShape, LayerStatistics, Readout, StepStatistics, wrap_attention
+from ._sampling import (
+    LayerShape,
+    LayerStatistics,
+    Readout,
+    StepStatistics,
+    wrap_attention,
+    wrap_mla,
+)
 from ._sender import Sender
 from ._settings import Every, Settings, logger
-from ._switch import SCALE_ATTRS, Applied, VersionScales, differs, kv_qmax, plain, rank_scales
+from ._switch import (
+    SCALE_ATTRS,
+    Applied,
+    VersionScales,
+    differs,
+    kv_qmax,
+    plain,
+    rank_scales,
+    unsupported_cache,
+)
 from ._switch import set_scales as _set_scales
 
 METHODS = ("caliper_refit", "caliper_apply_scales", "caliper_state")
@@ -29,10 +45,11 @@ class CaliperWorkerExtension:
     own class: `class Mine(MyExtension, CaliperWorkerExtension)`); without an extension class
     the plugin installs them itself."""
 
-    def caliper_refit(self, weight_version: str) -> Dict[str, Any]:
-        """After new weights: opens the window of weight_version and samples into it; the
-        scales in use stay (re-applied if the reload reset them) until the fleet publishes."""
-        return worker_state(self).refit(str(weight_version))
+    def caliper_refit(self, weight_version: str, wait: bool = True) -> Dict[str, Any]:
+        """After new weights: samples into the window of weight_version (opened now when
+        `wait`, else by the sender thread); the scales in use stay (re-applied if the update
+        reset them) until the fleet publishes."""
+        return worker_state(self).refit(str(weight_version), wait)
 
     def caliper_apply_scales(self, version: int, weight_version: str,
                              scales: VersionScales) -> str:
@@ -59,6 +76,7 @@ def attach_worker(worker: Any, settings: Settings) -> None:
         get_tensor_model_parallel_world_size,
     )
     from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.platforms import current_platform
     cls = type(worker)
     for name in METHODS:
@@ -67,7 +85,7 @@ def attach_worker(worker: Any, settings: Settings) -> None:
     model = worker.model_runner.get_model()
     layers = {}
     for name, module in model.named_modules():
-        if isinstance(module, Attention):
+        if isinstance(module, (Attention, MLAAttention)):  # MLA is no subclass of Attention
             index = layer_index(name)
             if index is not None:
                 layers[index] = module
@@ -95,18 +113,40 @@ def _fleet_recipe(settings: Settings) -> Any:
         return None
 
 
+def _step_kind(scheduler_output: Any) -> str:
+    """prefill (no request decodes one token), decode (every request does) or mixed."""
+    counts = list(getattr(scheduler_output, "num_scheduled_tokens", {}).values())
+    ones = sum(1 for n in counts if n == 1)
+    if not counts or ones == 0:
+        return "prefill"
+    return "decode" if ones == len(counts) else "mixed"
+
+
 class _Layer:
-    def __init__(self, module: Any, heads: int):
+    def __init__(self, module: Any, heads: int, k_width: int, v_width: int):
         self.module = module
         self.heads = heads
+        # elements per head and token of K and V (MLA: of kv_c_normed and of k_pe)
+        self.k_width, self.v_width = k_width, v_width
         # saturation since the version in use: per local head, elements beyond the cache's range
         self.k_over = [0] * heads
         self.v_over = [0] * heads
-        self.elements = 0  # per head, of K (and of V)
+        self.tokens = 0
+
+    @property
+    def elements(self) -> int:
+        return self.tokens  # 0: nothing sampled since the version in use
+
+    def fractions(self) -> Tuple[List[float], List[float]]:
+        """Per head, the fraction of K's and of V's elements beyond the cache's range."""
+        return ([c / (self.tokens * self.k_width) for c in self.k_over],
+                [c / (self.tokens * self.v_width) for c in self.v_over])
 
     def saturation(self) -> float:
-        over = self.elements * self.heads
-        return max(sum(self.k_over) / over, sum(self.v_over) / over)
+        """The larger of K's and V's fraction over the heads (MLA: of the two parts of the
+        entry, each against the entry's one scale)."""
+        return max(sum(self.k_over) / (self.tokens * self.heads * self.k_width),
+                   sum(self.v_over) / (self.tokens * self.heads * self.v_width))
 
 
 class WorkerState:
@@ -116,16 +156,27 @@ class WorkerState:
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.enabled = True
         self.layers: Dict[int, _Layer] = {
-            index: _Layer(module, int(module.num_kv_heads))
+            index: _Layer(module, int(module.num_kv_heads),
+                          int(getattr(module, "kv_lora_rank", 0) or module.head_size),
+                          int(getattr(module, "qk_rope_head_dim", 0) or module.head_size))
             for index, module in sorted(layers.items())}
         first = next(iter(layers.values()))
         self.kv_cache_dtype = str(first.kv_cache_dtype)
+        refusal = unsupported_cache(self.kv_cache_dtype)
+        if refusal:
+            raise RuntimeError(refusal)
         self.kv_qmax = kv_qmax(self.kv_cache_dtype)
         recipe = _fleet_recipe(settings)
-        self.query = recipe is None or recipe.attention == pb.ATTENTION_Q
-        shapes = [LayerShape(index, layer.heads, int(layer.module.head_size),
-                             int(layer.module.num_heads), 3 if self.query else 2)
-                  for index, layer in self.layers.items()]
+        self.mla = hasattr(first, "kv_lora_rank")  # MLAAttention: the latent is the cache
+        self.query = not self.mla and (recipe is None or recipe.attention == pb.ATTENTION_Q)
+        if self.mla:  # kv_c_normed (K slot) and k_pe (V slot), one "head", one entry scale
+            shapes = [LayerShape(index, 1, int(layer.module.kv_lora_rank), 0, 2,
+                                 v_dim=int(layer.module.qk_rope_head_dim), mla=True)
+                      for index, layer in self.layers.items()]
+        else:
+            shapes = [LayerShape(index, layer.heads, int(layer.module.head_size),
+                                 int(layer.module.num_heads), 3 if self.query else 2)
+                      for index, layer in self.layers.items()]
         device = first._k_scale.device
         self.statistics = StepStatistics(
             shapes, device,
@@ -140,6 +191,10 @@ class WorkerState:
         self.empty_steps = 0            # sampled steps in a row in which no layer saw a token
         self.sampling = False
         self.step_tokens = 0
+        self.step_kind = ""
+        # K/V tokens that reached the statistics, by step kind: a kind at 0 while the others
+        # grow is a kind of step the plugin does not reach (e.g. decode in full CUDA graphs).
+        self.tokens_by_kind: Dict[str, int] = {"prefill": 0, "decode": 0, "mixed": 0}
         self.batch = 0
         self.dropped = 0                # statistics (one layer's step) not sent
         self.errors = 0
@@ -156,9 +211,10 @@ class WorkerState:
         base = settings.producer or (f"{socket.gethostname() or 'localhost'}/"
                                      f"vllm-{os.getpid()}")
         self.sender = Sender(self, base)
+        wrap = wrap_mla if self.mla else wrap_attention
         self._undo: List[Callable[[], None]] = [
-            wrap_attention(layer.module, index, self.statistics, self._sampling_now,
-                           self._statistic_failed)
+            wrap(layer.module, index, self.statistics, self._sampling_now,
+                 self._statistic_failed)
             for index, layer in self.layers.items()]
 
     # engine thread --------------------------------------------------------------------------
@@ -177,6 +233,7 @@ class WorkerState:
                 self.sampled_steps += 1
                 self.batch += 1
                 self.step_tokens = tokens
+                self.step_kind = _step_kind(scheduler_output)
         self.statistics.begin_step(sampling)
         self.sampling = sampling
 
@@ -186,7 +243,8 @@ class WorkerState:
         self.sampling = False
         self.sampled_tokens += self.step_tokens
         self.total_sampled_tokens += self.step_tokens
-        readout = self.statistics.readout(self.batch, self.generation, self.version)
+        readout = self.statistics.readout(self.batch, self.generation, self.version,
+                                          self.step_kind)
         if readout is None:
             self.drop(1)
             return
@@ -226,7 +284,10 @@ class WorkerState:
             return
         self.empty_steps = 0
         with self._lock:
-            self.unreported_tokens += max(layer.rows for layer in layers)
+            tokens = max(layer.rows for layer in layers)
+            self.unreported_tokens += tokens
+            if readout.kind in self.tokens_by_kind:
+                self.tokens_by_kind[readout.kind] += tokens
             if readout.version != self.version:
                 return
             for stats in layers:
@@ -234,7 +295,7 @@ class WorkerState:
                 for h in range(layer.heads):
                     layer.k_over[h] += stats.k_over[h]
                     layer.v_over[h] += stats.v_over[h]
-                layer.elements += stats.rows * int(layer.module.head_size)
+                layer.tokens += stats.rows
 
     def take_unreported_tokens(self) -> int:
         with self._lock:
@@ -259,7 +320,7 @@ class WorkerState:
             for layer in self.layers.values():
                 layer.k_over = [0] * layer.heads
                 layer.v_over = [0] * layer.heads
-                layer.elements = 0
+                layer.tokens = 0
         self.sender.report_soon()
         return ""
 
@@ -283,8 +344,8 @@ class WorkerState:
             for index, layer in self.layers.items():
                 if not layer.elements:
                     continue
-                per_layer[index] = {"k": [c / layer.elements for c in layer.k_over],
-                                    "v": [c / layer.elements for c in layer.v_over]}
+                k, v = layer.fractions()
+                per_layer[index] = {"k": k, "v": v}
                 worst = max(worst, layer.saturation())
         return worst, per_layer
 
@@ -300,9 +361,9 @@ class WorkerState:
                     out[index] = min(1.0, layer.saturation())
         return out
 
-    def refit(self, weight_version: str) -> Dict[str, Any]:
+    def refit(self, weight_version: str, wait: bool = True) -> Dict[str, Any]:
         self._repair_reset()
-        window = self.sender.switch(weight_version)
+        window = self.sender.switch(weight_version, wait)
         self.generation += 1
         self.sampled_tokens = 0
         self.weight_version = weight_version
@@ -323,4 +384,5 @@ class WorkerState:
                 "resets_repaired": self.resets_repaired, "saturation": worst,
                 "saturation_per_layer": per_layer, "scales": scales,
                 "empty_steps": self.empty_steps, "query_skipped": self.statistics.query_skipped,
+                "tokens_by_kind": dict(self.tokens_by_kind),
                 "kv_cache_dtype": self.kv_cache_dtype, "enabled": self.enabled}
