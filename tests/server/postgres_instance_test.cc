@@ -98,8 +98,8 @@ Started StartInChild(End end) {
   close(fds[0]);
   Started started;
   started.child = child;
-  if (child < 0) return started;
   started.go = go[1];
+  if (child < 0) return started;
   if (text.rfind("skip ", 0) == 0) {
     started.skip = text;
     return started;
@@ -143,6 +143,7 @@ void ExpectGone(const Started& s) {
 
 void RunCase(End end) {
   Started s = StartInChild(end);
+  ASSERT_GT(s.child, 0) << "fork failed";  // never kill(-1, ...)
   if (!s.skip.empty()) {
     close(s.go);
     waitpid(s.child, nullptr, 0);
