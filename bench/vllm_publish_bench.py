@@ -31,7 +31,8 @@ ENGINE = r"""
 import json, sys, threading, time
 import vllm
 import caliper.vllm as plugin
-llm = vllm.LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
+# vLLM's default (compiled) mode, as engines serve.
+llm = vllm.LLM(model=sys.argv[1], skip_tokenizer_init=True, dtype="bfloat16",
                max_model_len=512, kv_cache_memory_bytes=128 << 20)
 import random
 rng = random.Random(int(sys.argv[2]))

@@ -149,6 +149,14 @@ def window_tokens(fleet, weight_version):
             return w.tokens
     return -1
 
+# vllm_hooks (module hooks) would see nothing of a compiled engine: attach refuses it.
+if not engine.get("enforce_eager"):
+    try:
+        vllm_hooks.attach(llm, None)
+        out["hooks_refused"] = False
+    except RuntimeError as e:
+        out["hooks_refused"] = "enforce_eager=True" in str(e)
+
 # 1. Sampling into the window. The plugin opens its window in the background (serving never
 #    waits for Caliper): steps before that are not sampled, so traffic starts once it is open.
 wait(lambda: state()["window"] != "", "the plugin opened no window")
@@ -317,6 +325,8 @@ def test_plugin_samples_llm_traffic_reloads_and_refits(server, tmp_path, mode):
     ref = reference(server, tmp_path / "model", {"kv": "per_tensor"},
                     [{"engine": ps[:2]}, {"engine": ps[2:4], "trainer": ps[4:6]}])
     rtol = COMPILED_RTOL if mode == "default" else 0.0
+    if mode == "default":  # module hooks would see nothing of a compiled engine
+        assert out["hooks_refused"] is True
     # prompts of 32 tokens, 4 generated: 2 x (32 + 3) tokens go through the model
     assert out["sampled"] == 2 * (32 + 3)
     assert out["closed"] == ["first_version", 1, out["sampled"]]
@@ -412,13 +422,15 @@ wait(lambda: state()["unacknowledged"] == 0, "statistics not acknowledged")
 out["v1"] = fleets.close_window(client, "f", weight_version="initial").version
 wait(lambda: plugin.engine_versions["pending"] == 1, "version 1 not delivered")
 run(prompts[:1])
-out["v1_scales"] = {k: [v["_k_scale_float"], v["_v_scale_float"]] for k, v in state()["scales"].items()}
+scales_of = lambda s: {str(k): [v["_k_scale_float"], v["_v_scale_float"]]
+                       for k, v in s["scales"].items()}
+out["v1_scales"] = scales_of(state())
 
 # A weight update through vLLM's own API: no Caliper call.
 llm.collective_rpc("start_weight_update")
 llm.collective_rpc("update_weights", kwargs={"update_info": {"factor": 1.5, "reset_scales": True}})
 llm.collective_rpc("finish_weight_update")
-out["reset_to"] = state()["scales"]["0"]["_k_scale_float"]
+out["reset_to"] = scales_of(state())["0"][0]
 llm.llm_engine.set_weight_version("step-2")
 llm.apply_model(install_probe)
 run(prompts[2:4])
@@ -434,7 +446,7 @@ out["v2"] = [w.decision, w.version]
 out["absmax2"] = [[l.k_absmax, l.v_absmax] for l in client.session(w.session_id).scales().kv_layers]
 wait(lambda: plugin.engine_versions["pending"] == 2, "version 2 not delivered")
 run(prompts[:1])
-out["v2_scales"] = {k: [v["_k_scale_float"], v["_v_scale_float"]] for k, v in state()["scales"].items()}
+out["v2_scales"] = scales_of(state())
 
 # An update that fails midway: no weight version is set, so no window opens for it, and the
 # version in use stays applied.
@@ -447,8 +459,7 @@ except Exception as e:
 run(prompts[:1])
 time.sleep(1)
 s = state()
-out["after_failure"] = [s["version"], s["weight_version"],
-                        {k: [v["_k_scale_float"], v["_v_scale_float"]] for k, v in s["scales"].items()}]
+out["after_failure"] = [s["version"], s["weight_version"], scales_of(s)]
 out["windows"] = sorted(windows())
 print(json.dumps(out))
 """
@@ -590,11 +601,11 @@ def test_mla_fleet_through_the_plugin(server, tmp_path):
     assert out["sampled"] == 3 * 32
     assert out["closed"] == ["first_version", 1]
     # transformers' DeepseekV3 on the same prompts (its cached parts, through caliper.hooks)
-    import caliper.hooks
+    import caliper.hooks as transformers_hooks
     ref = client.create_session(config, caliper.Recipe(kv="per_tensor"), name="transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path / "model", dtype="auto", attn_implementation="eager").eval()
-    handle = caliper.hooks.attach(hf, ref)
+    handle = transformers_hooks.attach(hf, ref)
     with torch.no_grad():
         for ids in ps:
             hf(torch.tensor([ids]), use_cache=False)
@@ -672,6 +683,42 @@ for layer, (q, k) in enumerate(zip(out["q_scale"], out["k_scale"])):
     fresh[str(layer)] = {"_q_scale": m._q_scale.tolist(), "_q_scale_float": m._q_scale_float,
                          "_k_scale_float": m._k_scale_float}
 out["fresh"] = fresh
+# Saturation per KV head under half of each head's scale (the kernel applies the max over the
+# rank's heads): the plugin's count against one made here over the K/V the attention op got.
+from vllm.model_executor.layers.attention.attention import Attention
+recorded = {}
+def install_probe(model):
+    for name, m in model.named_modules():
+        if isinstance(m, Attention):
+            def probe(layer, query, key, value, *args, _inner=m.impl.forward, _name=name, **kw):
+                from vllm.forward_context import get_forward_context
+                sm = get_forward_context().slot_mapping
+                sm = sm.get(layer.layer_name) if isinstance(sm, dict) else None
+                if sm is not None and kw.get("attn_metadata", args[1] if len(args) > 1 else None) is not None:
+                    real = sm[:key.shape[0]] >= 0
+                    recorded.setdefault(_name, []).append(
+                        (key[:real.numel()][real].float().clone(),
+                         value[:real.numel()][real].float().clone()))
+                return _inner(layer, query, key, value, *args, **kw)
+            m.impl.forward = probe
+half = {i: ([x / 2 for x in k], [x / 2 for x in k], [x / 2 for x in q])
+        for i, (q, k) in enumerate(zip(out["q_scale"], out["k_scale"]))}
+out["apply"] = llm.collective_rpc("caliper_apply_scales", args=(7, "initial", half))[0]
+llm.apply_model(install_probe)
+run(prompts)
+wait(lambda: state()["unacknowledged"] == 0 and state()["saturation_per_layer"], "saturation")
+time.sleep(1)
+out["saturation"] = state()["saturation_per_layer"]
+count = {}
+for name, parts in sorted(recorded.items()):
+    index = int(name.split("layers.")[1].split(".")[0])
+    limit = torch.tensor(max(half[index][0]), dtype=torch.float32) * 448.0
+    k = torch.cat([a for a, _ in parts]); v = torch.cat([b for _, b in parts])
+    k, v = k.reshape(k.shape[0], 2, -1), v.reshape(v.shape[0], 2, -1)
+    frac = lambda x: (x.abs() > limit).sum().item() / x.numel()
+    count[str(index)] = {"k": [frac(k[:, h]) for h in range(2)],
+                         "v": [frac(v[:, h]) for h in range(2)]}
+out["count"] = count
 print(json.dumps(out))
 """
 
@@ -701,6 +748,13 @@ def test_plugin_samples_and_applies_the_query_scale_of_an_attention_q_fleet(serv
     assert out["version_in_use"] == 1
     assert out["in_use"] == out["fresh"]
     assert all(v["_q_scale_float"] != 1.0 for v in out["in_use"].values())
+    # the plugin's saturation per KV head equals the count made in the script over the same K/V
+    assert out["apply"] == ""
+    assert out["saturation"].keys() == out["count"].keys()
+    for layer, fractions in out["count"].items():
+        for part in ("k", "v"):
+            assert out["saturation"][layer][part] == pytest.approx(fractions[part], rel=1e-12)
+    assert any(f > 0 for layer in out["count"].values() for f in layer["k"] + layer["v"])
 
 
 def http_ok(url: str) -> bool:

@@ -1,6 +1,8 @@
 """Capture hooks for a running vllm.LLM (eager mode, in-process engine: set
 VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating it so the hooks and the session share the
-process).
+process). Eager-only by design: they are module forward hooks, which vLLM's default compiled
+mode traces once and never runs again. For live capture in the mode engines serve with, use
+the `caliper.vllm` plugin (docs/vllm-plugin.md), which samples inside the attention op.
 
 attach(llm, session) streams, with this worker's TP rank and size:
   - the key and value every attention layer hands to the KV cache (after RoPE,
@@ -116,6 +118,12 @@ def attach(model: vllm.LLM, session: Session, *, kv: bool = True, inputs: bool =
     Batches count from first_batch. weights_from: the checkpoint directory (default: the model
     vLLM loaded, when it is a local directory)."""
     llm = model
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    if config is not None and not config.model_config.enforce_eager:
+        raise RuntimeError("attach: this vllm.LLM runs compiled (vLLM's default mode), where "
+                           "module hooks run once while the model is traced and never again: "
+                           "create it with enforce_eager=True, or sample a serving engine with "
+                           "the caliper.vllm plugin")
     from vllm.distributed import (
         get_tensor_model_parallel_rank,
         get_tensor_model_parallel_world_size,
