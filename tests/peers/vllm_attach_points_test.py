@@ -30,7 +30,8 @@ from typing import Callable, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SKIP_RETURN_CODE = 77
+sys.path.insert(0, HERE)
+from peer_report import SKIP_RETURN_CODE, Cases  # noqa: E402
 
 V033 = "0.33.0"
 PLUGIN = os.path.join(ROOT, "client", "python", "caliper", "vllm")
@@ -686,35 +687,6 @@ def _absent(tree: ast.Module, name: str) -> str:
 
 
 # Running -----------------------------------------------------------------------------------------
-class Cases:
-    """The checks run and the parts skipped here, with why (the tests/peers report lines: all
-    skipped -> `skipped: WHY; not checked here: WHAT`, exit 77; some -> `peers: N cases checked,
-    M skipped (reasons: ...)`)."""
-
-    def __init__(self) -> None:
-        self.checked = 0
-        self.skipped: List[tuple[int, str, str]] = []  # (count, why, what)
-
-    def ran(self, n: int) -> None:
-        self.checked += n
-
-    def skip(self, n: int, why: str, what: str) -> None:
-        self.skipped.append((n, why, what))
-
-    def exit_code(self, failures: List[str]) -> int:
-        if self.skipped and not self.checked and not failures:
-            print(f"skipped: {'; '.join(w for _, w, _ in self.skipped)}; not checked here: "
-                  f"{'; '.join(w for _, _, w in self.skipped)}", flush=True)
-            return SKIP_RETURN_CODE
-        if self.skipped:
-            n = sum(count for count, _, _ in self.skipped)
-            reasons = "; ".join(f"{why}: {what} ({count})" for count, why, what in self.skipped)
-            print(f"peers: {self.checked} cases checked, {n} skipped (reasons: {reasons})",
-                  flush=True)
-        print(f"{len(failures)} failed" if failures else "all passed", flush=True)
-        return 1 if failures else 0
-
-
 def run_checks(src: Source) -> List[Optional[str]]:
     """Per check: None when ok, else why not. Prints one line each and the summary."""
     results: List[Optional[str]] = []
