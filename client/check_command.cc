@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/cli_args.h"
 #include "client/command.h"
 #include "client/commands.h"
@@ -50,6 +51,9 @@ absl::Status RunRepairIfAsked(const CliArgs& flags, const ScaleSet& scales,
   if (repair != flags.Has("out")) return UsageError("--repair and --out go together");
   if (!repair) {
     if (flags.Has("weights-from")) return UsageError("--weights-from only applies with --repair");
+    if (flags.Has("link-unchanged")) {
+      return UsageError("--link-unchanged only applies with --repair");
+    }
     return absl::OkStatus();
   }
   absl::StatusOr<RepairPolicy> policy = ParseRepairPolicies(flags.GetAll("repair"), "--repair");
@@ -62,6 +66,7 @@ absl::Status RunRepairIfAsked(const CliArgs& flags, const ScaleSet& scales,
   repair_options.out_dir = *flags.Get("out");
   repair_options.weights_from = flags.Get("weights-from").value_or("");
   repair_options.policy = *policy;
+  repair_options.link_unchanged = flags.Has("link-unchanged");
   repair_options.env = CliEnv();
   for (const std::string& id : {policy->experts_session, policy->kv_session}) {
     if (id.empty() || repair_options.sessions.count(id) > 0) continue;
@@ -74,15 +79,31 @@ absl::Status RunRepairIfAsked(const CliArgs& flags, const ScaleSet& scales,
   absl::StatusOr<RepairReport> report = RepairCheckpoint(scales, repair_options);
   if (!report.ok()) {
     return InFlagTerms(report.status(), {{"out_dir", "--out"}, {"weights_from", "--weights-from"},
+                                         {"link_unchanged", "--link-unchanged"},
                                          {"checkpoint_dir", "--checkpoint"}});
   }
   for (const RepairEntry& e : report->repairs) {
     out << "repaired  " << e.tensor << ": " << e.before << " -> " << e.after << " (" << e.policy
         << ", " << e.rule << ")" << (e.note.empty() ? "" : "; ") << e.note << "\n";
   }
+  const size_t unchanged = report->copied.size() + report->hard_linked.size() +
+                           report->symlinked.size();
   out << "caliper check: wrote " << repair_options.out_dir << " (" << report->repairs.size()
-      << " repairs, " << report->rewritten.size() << " shards rewritten, " << report->linked.size()
-      << " files linked; " << kRepairsFile << ")\n";
+      << " repairs, " << report->rewritten.size() << " shards rewritten, " << unchanged
+      << " files " << (repair_options.link_unchanged ? "linked" : "copied") << "; "
+      << kRepairsFile << ")\n";
+  if (!report->hard_linked.empty()) {
+    out << "hard-linked to the original (--link-unchanged): "
+        << absl::StrJoin(report->hard_linked, ", ") << "\n";
+  }
+  if (!report->symlinked.empty()) {
+    out << "symlinked to the original (--link-unchanged): "
+        << absl::StrJoin(report->symlinked, ", ") << "\n";
+  }
+  if (report->linked_any()) {
+    out << "  these are the original's files: writing into one of them in place changes the "
+           "original\n";
+  }
   absl::StatusOr<ScaleSet> again = ReadScaleSet(repair_options.out_dir, {});
   if (!again.ok()) return again.status();
   const std::vector<CheckFinding> remaining = CheckScaleSet(*again, options);
@@ -139,7 +160,8 @@ const CommandSpec& CheckCommand() {
       .name = "check",
       .summary = "find what in a quantized checkpoint's scales breaks or degrades each engine",
       .synopsis = "CHECKPOINT_DIR [--engine vllm|sglang|tensorrt-llm|lightllm|all] [--json FILE] "
-                  "[--tp T] [--deep] [--repair POLICY... --out DIR [--weights-from DIR]]",
+                  "[--tp T] [--deep] [--repair POLICY... --out DIR [--weights-from DIR] "
+                  "[--link-unchanged]]",
       .description =
           "Reads a compressed-tensors or ModelOpt checkpoint directory (any producer) with its\n"
           "config, or a LightLLM calibration JSON file: the safetensors headers first, then only\n"
@@ -147,7 +169,9 @@ const CommandSpec& CheckCommand() {
           "Reports each finding: the tensor, its value, the rule, and what each selected engine\n"
           "does with it (load error, NaN at run time, a warning and the value it uses, silent\n"
           "accuracy loss). Rules and the JSON schema: docs/check.md. With --repair and --out, a\n"
-          "repaired copy is written (the original never changes) with caliper_repairs.json.",
+          "repaired copy is written (the original never changes) with caliper_repairs.json;\n"
+          "the files the repair does not change are copied (reflinked where the filesystem\n"
+          "can), or with --link-unchanged hard-linked to the original's, each one listed.",
       .server = ServerUse::kWithServerFlag,
       .reports_findings = true,
       .flags = WithConnectionFlags({
@@ -170,6 +194,9 @@ const CommandSpec& CheckCommand() {
           {.name = "out", .value_name = "DIR", .help = "where --repair writes the repaired copy"},
           {.name = "weights-from", .value_name = "DIR",
            .help = "unquantized checkpoint to requantize from when a global scale changes"},
+          {.name = "link-unchanged",
+           .help = "hard-link (symlink across filesystems) the files --repair does not change "
+                   "instead of copying them: writing into one changes the original"},
           {.name = "server", .value_name = "ADDR",
            .help = "caliper-server holding the sessions a from-session:ID policy names"},
       }),

@@ -412,20 +412,34 @@ absl::Status PlanKv(const ScaleSet& scales, const RepairOptions& options, Plan* 
   return absl::OkStatus();
 }
 
-absl::Status LinkInto(const fs::path& source, const fs::path& target, RepairReport* report) {
-  std::error_code ec;
-  fs::create_hard_link(source, target, ec);
-  if (!ec) {
-    report->linked.push_back(target.filename().string());
+// An unchanged file of the checkpoint into the copy: copied (a reflink where the filesystem
+// offers one), or with `link` hard-linked, else symlinked by absolute path (another
+// filesystem). Each lands in the report's list of what it is.
+absl::Status PlaceUnchanged(const fs::path& source, const fs::path& target, bool link, Env* env,
+                            RepairReport* report) {
+  const std::string name = target.filename().string();
+  if (!link) {
+    absl::Status s = env->CopyFile(source.string(), target.string());
+    if (absl::IsResourceExhausted(s)) {
+      return Annotate(s, "the unchanged files are copied and need their space (link_unchanged "
+                         "links them instead): ");
+    }
+    if (!s.ok()) return s;
+    report->copied.push_back(name);
     return absl::OkStatus();
   }
-  fs::create_symlink(fs::absolute(source), target, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(source.string(), ": cannot link into ", target.parent_path().string(), ": ",
-                     ec.message()));
+  absl::Status hard = env->LinkFile(source.string(), target.string());
+  if (hard.ok()) {
+    report->hard_linked.push_back(name);
+    return absl::OkStatus();
   }
-  report->linked.push_back(target.filename().string());
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(source, ec);
+  absl::Status soft = env->SymlinkFile(ec ? source.string() : absolute.string(), target.string());
+  if (!soft.ok()) {
+    return Annotate(soft, absl::StrCat("cannot hard-link (", hard.message(), ") or symlink: "));
+  }
+  report->symlinked.push_back(name);
   return absl::OkStatus();
 }
 
@@ -551,7 +565,9 @@ absl::StatusOr<RepairReport> RepairCheckpoint(const ScaleSet& scales, const Repa
     const std::set<std::string> shards(ckpt.shard_files().begin(), ckpt.shard_files().end());
     for (const std::string& shard : ckpt.shard_files()) {
       if (touched.count(shard) == 0) {
-        if (absl::Status s = LinkInto(source_dir / shard, staging / shard, &report); !s.ok()) {
+        if (absl::Status s = PlaceUnchanged(source_dir / shard, staging / shard,
+                                            options.link_unchanged, options.env, &report);
+            !s.ok()) {
           return s;
         }
         continue;
@@ -589,12 +605,20 @@ absl::StatusOr<RepairReport> RepairCheckpoint(const ScaleSet& scales, const Repa
       if (absl::Status s = (*writer)->Finish(); !s.ok()) return s;
       report.rewritten.push_back(shard);
     }
-    for (const auto& item : fs::directory_iterator(source_dir)) {
-      const std::string name = item.path().filename().string();
+    absl::StatusOr<std::vector<std::string>> entries = options.env->ListDir(source_dir.string());
+    if (!entries.ok()) return entries.status();
+    std::sort(entries->begin(), entries->end());
+    for (const std::string& name : *entries) {
       if (shards.count(name) > 0 || name == kRepairsFile) continue;
       if (name == kSafetensorsIndexName && !plan.added.empty()) continue;
-      if (!item.is_regular_file()) continue;
-      if (absl::Status s = LinkInto(item.path(), staging / name, &report); !s.ok()) return s;
+      absl::StatusOr<FileInfo> info = options.env->Stat((source_dir / name).string());
+      if (!info.ok()) return info.status();
+      if (!info->regular) continue;  // symlinks followed, as the copy reads through them
+      if (absl::Status s = PlaceUnchanged(source_dir / name, staging / name,
+                                          options.link_unchanged, options.env, &report);
+          !s.ok()) {
+        return s;
+      }
     }
     if (ckpt.indexed() && !plan.added.empty()) {
       absl::StatusOr<std::string> text =
@@ -636,6 +660,11 @@ std::string RepairReportJson(const RepairReport& report, const RepairOptions& op
   }
   doc["repairs"] = std::move(repairs);
   doc["rewritten"] = report.rewritten;
+  // Linked files are the original's own: writing into one of them changes the original.
+  doc["unchanged_files"] = options.link_unchanged ? "linked" : "copied";
+  doc["copied"] = report.copied;
+  doc["hard_linked"] = report.hard_linked;
+  doc["symlinked"] = report.symlinked;
   return doc.dump(2) + "\n";
 }
 

@@ -3,8 +3,11 @@
 // caliper_repairs.json inside the copy. Never invents a KV scale of 1.0. When a weight global
 // scale changes, the tensors it covers are requantized from the unquantized weights
 // (`weights_from`) with caliper quantize's packing, or their group scales are rescaled to the
-// new global scale and the added error is stated per tensor. Shards without a change are
-// hard-linked (symlinked across filesystems); the copy appears whole or not at all.
+// new global scale and the added error is stated per tensor. Files without a change (shards,
+// config.json, tokenizer files, ...) are copied (a reflink where the filesystem offers one), so
+// nothing written into the copy ever reaches the original; with `link_unchanged` they are
+// hard-linked instead (symlinked across filesystems) and the report names each one. The copy
+// appears whole or not at all.
 #ifndef CALIPER_CORE_CHECK_CHECKPOINT_REPAIR_H_
 #define CALIPER_CORE_CHECK_CHECKPOINT_REPAIR_H_
 
@@ -46,6 +49,10 @@ struct RepairOptions {
   // The scales of each session a from-session:ID policy names (the caller fetches them).
   std::map<std::string, ScaleSet> sessions;
   ReductionBackend* backend = nullptr;  // packs requantized weights; required with weights_from
+  // Hard-link the unchanged files into the copy (symlink by absolute path across filesystems)
+  // instead of copying them: no space, but writing into one of them in place (as
+  // json.dump(open(path, "w")) does) changes the original. `caliper check --link-unchanged`.
+  bool link_unchanged = false;
   Env* env = Env::Default();
 };
 
@@ -62,7 +69,10 @@ struct RepairEntry {
 
 struct RepairReport {
   std::vector<RepairEntry> repairs;
-  std::vector<std::string> rewritten, linked;  // file names in out_dir
+  // File names in out_dir: shards rewritten with repairs; unchanged files copied (the
+  // default); unchanged files hard-linked or symlinked to the original's (link_unchanged only).
+  std::vector<std::string> rewritten, copied, hard_linked, symlinked;
+  bool linked_any() const { return !hard_linked.empty() || !symlinked.empty(); }
 };
 
 // `scales` must be ReadScaleSet(options.checkpoint_dir). FailedPrecondition for kv-missing=refuse
@@ -71,7 +81,9 @@ struct RepairReport {
 // module's weight. Errors name the file and tensor; I/O errors are the Env's.
 absl::StatusOr<RepairReport> RepairCheckpoint(const ScaleSet& scales, const RepairOptions& options);
 
-// caliper_repairs.json's text (also written into the copy).
+// caliper_repairs.json's text (also written into the copy): the repairs, the files rewritten,
+// and how the unchanged ones got there ("unchanged_files": "copied" or "linked", with
+// `copied`, `hard_linked` and `symlinked` naming them).
 std::string RepairReportJson(const RepairReport& report, const RepairOptions& options);
 
 }  // namespace caliper

@@ -66,7 +66,11 @@ class Env {
   virtual absl::Status LinkFile(const std::string& from, const std::string& to) = 0;
   // A symbolic link `link` that points to `target`.
   virtual absl::Status SymlinkFile(const std::string& target, const std::string& link) = 0;
-  // Copies the file `from` to a new `to` in pieces (any size) and fsyncs it.
+  // Copies the file `from` to a new `to` (an I/O error when `to` exists: it never
+  // writes through an existing file or link) and fsyncs it. An independent file either way:
+  // a reflink where the filesystem offers one (Linux FICLONE; copy-on-write, so writing into
+  // one never changes the other), else copy_file_range, else a read/write loop in pieces (any
+  // size). On error `to` is removed.
   virtual absl::Status CopyFile(const std::string& from, const std::string& to) = 0;
 
   // The wall clock: what core reads for creation times, durations, timeouts and retention.

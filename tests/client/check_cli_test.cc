@@ -69,7 +69,27 @@ TEST_F(CheckCliTest, ExitCodesJsonAndRepair) {
   EXPECT_EQ(repaired.code, kExitOk) << repaired.err << repaired.out;
   EXPECT_THAT(repaired.out, ::testing::HasSubstr("repaired  model.layers.0.mlp.experts.1"));
   EXPECT_TRUE(fs::exists(fs::path(out) / "caliper_repairs.json"));
+  EXPECT_THAT(repaired.out, ::testing::HasSubstr(" files copied; caliper_repairs.json)"));
+  EXPECT_THAT(repaired.out, ::testing::Not(::testing::HasSubstr("linked")));
+  EXPECT_EQ(fs::hard_link_count(fs::path(out) / "config.json"), 1u);
   EXPECT_EQ(Check({out}).code, kExitOk);
+
+  // --link-unchanged: links, and the output names each linked file.
+  const std::string linked = (dir_ / "linked").string();
+  Result links = Check({broken, "--repair", "experts=median-of-layer", "--out", linked,
+                        "--link-unchanged"});
+  EXPECT_EQ(links.code, kExitOk) << links.err << links.out;
+  EXPECT_THAT(links.out, ::testing::HasSubstr(" files linked; caliper_repairs.json)"));
+  EXPECT_THAT(links.out, ::testing::HasSubstr("hard-linked to the original (--link-unchanged): "));
+  EXPECT_THAT(links.out, ::testing::HasSubstr("config.json"));
+  EXPECT_THAT(links.out, ::testing::HasSubstr("changes the original"));
+  EXPECT_EQ(fs::hard_link_count(fs::path(linked) / "config.json"), 2u);
+  const nlohmann::json repairs =
+      nlohmann::json::parse(std::ifstream(fs::path(linked) / "caliper_repairs.json"));
+  EXPECT_EQ(repairs["unchanged_files"], "linked");
+  EXPECT_THAT(repairs["hard_linked"].get<std::vector<std::string>>(),
+              ::testing::Contains("config.json"));
+  EXPECT_EQ(Check({clean, "--link-unchanged"}).code, kExitUsage);  // no --repair
 
   EXPECT_EQ(Check({(dir_ / "nowhere").string()}).code, kExitUsage);
   EXPECT_EQ(Check({clean, "--engine", "trt"}).code, kExitUsage);

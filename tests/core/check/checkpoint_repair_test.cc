@@ -1,12 +1,20 @@
 // RepairCheckpoint over synthetic checkpoints: each policy's values, the copy checks clean, the
-// original is untouched, unchanged shards are linked, caliper_repairs.json lists every repair,
+// original is untouched, unchanged files are copied (and writing into the copy never reaches
+// the original) or, asked for, linked and named, caliper_repairs.json lists every repair,
 // requantization matches caliper quantize's packing, and no KV scale of 1.0 is ever invented.
 #include "core/check/checkpoint_repair.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -94,15 +102,17 @@ TEST_F(RepairTest, DeadExpertsFromTheirSiblings) {
   // The largest amax among the healthy gate_proj experts is expert 0's (divisor 600).
   EXPECT_FLOAT_EQ(Scalar(out, missing), 2688.0f / (2688.0f / 600.0f));
   EXPECT_EQ(report->repairs[0].before == "missing" || report->repairs[1].before == "missing", true);
-  // The original never changes; shards without a repair are links.
+  // The original never changes; files without a repair are copies, not links.
   EXPECT_FALSE(Findings(Read(src)).empty());
-  EXPECT_FALSE(report->linked.empty());
+  EXPECT_FALSE(report->copied.empty());
+  EXPECT_THAT(report->hard_linked, ::testing::IsEmpty());
+  EXPECT_THAT(report->symlinked, ::testing::IsEmpty());
   EXPECT_GE(report->rewritten.size(), 1u);
   EXPECT_LE(report->rewritten.size(), 2u);
   for (const std::string& shard : report->rewritten) {
     EXPECT_EQ(fs::hard_link_count(fs::path(out) / shard), 1u) << shard;
   }
-  EXPECT_EQ(fs::hard_link_count(fs::path(out) / "config.json"), 2u);
+  EXPECT_EQ(fs::hard_link_count(fs::path(out) / "config.json"), 1u);
   const nlohmann::json repairs =
       nlohmann::json::parse(std::ifstream((fs::path(out) / kRepairsFile).string()));
   EXPECT_EQ(repairs["repairs"].size(), 2u);
@@ -226,6 +236,167 @@ TEST_F(RepairTest, MissingKvScalesComeFromASessionOrAreRefused) {
   absl::StatusOr<RepairReport> short_session =
       Repair(src, {"kv-missing=from-session:s1"}, (dir_ / "out2").string(), options);
   EXPECT_EQ(short_session.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// What a file holds, byte for byte.
+std::string Bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+ino_t Inode(const fs::path& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_ino;
+}
+
+// Writes `data` into `path` in place, as an editor or json.dump(open(path, "w")) does: the same
+// inode, opened for writing (truncated when `truncate`), never replaced by a rename.
+void WriteInPlace(const fs::path& path, const std::string& data, bool truncate) {
+  const int fd = ::open(path.c_str(), O_WRONLY | (truncate ? O_TRUNC : 0));
+  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(::close(fd), 0);
+}
+
+// The checkpoint's files beside its shards: what a real one carries and the repair leaves as is.
+SyntheticCheckpoint WithSideFiles(const std::string& src, int shards) {
+  SyntheticCheckpoint c = Nvfp4Checkpoint(4);
+  c.Scalar("model.layers.1.mlp.experts.1.up_proj.input_global_scale", 0.0f);
+  c.Write(src, shards);
+  std::ofstream(src + "/tokenizer.json") << R"({"version": "1.0", "model": {"type": "BPE"}})";
+  std::ofstream(src + "/tokenizer_config.json") << R"({"model_max_length": 4096})";
+  std::ofstream(src + "/recipe.yaml") << "quant_stage:\n  scheme: NVFP4\n";
+  return c;
+}
+
+// The unchanged files of a repaired copy: every file of the original but the rewritten shards.
+std::vector<std::string> Unchanged(const std::string& src, const RepairReport& report) {
+  std::vector<std::string> names;
+  for (const auto& item : fs::directory_iterator(src)) {
+    const std::string name = item.path().filename().string();
+    if (std::find(report.rewritten.begin(), report.rewritten.end(), name) ==
+        report.rewritten.end()) {
+      names.push_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_F(RepairTest, WritingIntoTheDefaultCopyNeverChangesTheOriginal) {
+  const std::string src = (dir_ / "src").string(), out = (dir_ / "out").string();
+  WithSideFiles(src, /*shards=*/4);
+  std::map<std::string, std::string> before;
+  for (const auto& item : fs::directory_iterator(src)) {
+    before[item.path().filename().string()] = Bytes(item.path());
+  }
+  absl::StatusOr<RepairReport> report = Repair(src, {"experts=max-of-layer"}, out);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->rewritten.size(), 1u);
+  std::vector<std::string> copied = report->copied;
+  std::sort(copied.begin(), copied.end());
+  const std::vector<std::string> unchanged = Unchanged(src, *report);
+  EXPECT_EQ(copied, unchanged);
+  EXPECT_THAT(copied, ::testing::Contains("config.json"));
+  EXPECT_THAT(copied, ::testing::Contains("tokenizer.json"));
+  EXPECT_THAT(copied, ::testing::Contains("recipe.yaml"));
+  EXPECT_THAT(report->hard_linked, ::testing::IsEmpty());
+  EXPECT_THAT(report->symlinked, ::testing::IsEmpty());
+  // Each unchanged file: the same bytes, a file of its own (another inode, one link, no symlink).
+  std::string unchanged_shard;
+  for (const std::string& name : unchanged) {
+    const fs::path mine = fs::path(out) / name, theirs = fs::path(src) / name;
+    EXPECT_FALSE(fs::is_symlink(mine)) << name;
+    EXPECT_EQ(fs::hard_link_count(mine), 1u) << name;
+    EXPECT_EQ(fs::hard_link_count(theirs), 1u) << name;
+    EXPECT_NE(Inode(mine), Inode(theirs)) << name;
+    EXPECT_EQ(Bytes(mine), before[name]) << name;
+    if (name.ends_with(".safetensors")) unchanged_shard = name;
+  }
+  ASSERT_FALSE(unchanged_shard.empty());
+
+  // Written into in place: config.json truncated and rewritten (json.dump(open(p, "w"))), the
+  // head of a shard overwritten.
+  WriteInPlace(fs::path(out) / "config.json", R"({"edited": true})", /*truncate=*/true);
+  WriteInPlace(fs::path(out) / unchanged_shard, std::string(64, '\xff'), /*truncate=*/false);
+  WriteInPlace(fs::path(out) / "tokenizer.json", "{}", /*truncate=*/true);
+  EXPECT_EQ(Bytes(fs::path(out) / "config.json"), R"({"edited": true})");
+  for (const auto& [name, bytes] : before) {
+    EXPECT_EQ(Bytes(fs::path(src) / name), bytes) << name << " of the original changed";
+  }
+  EXPECT_FALSE(Findings(Read(src)).empty());  // still the broken original
+
+  const nlohmann::json doc =
+      nlohmann::json::parse(std::ifstream((fs::path(out) / kRepairsFile).string()));
+  EXPECT_EQ(doc["unchanged_files"], "copied");
+  EXPECT_EQ(doc["copied"].size(), unchanged.size());
+  EXPECT_TRUE(doc["hard_linked"].empty());
+  EXPECT_TRUE(doc["symlinked"].empty());
+}
+
+TEST_F(RepairTest, LinkUnchangedLinksTheFilesAndTheReportNamesThem) {
+  const std::string src = (dir_ / "src").string(), out = (dir_ / "out").string();
+  WithSideFiles(src, /*shards=*/4);
+  RepairOptions options;
+  options.link_unchanged = true;
+  absl::StatusOr<RepairReport> report = Repair(src, {"experts=max-of-layer"}, out, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->rewritten.size(), 1u);
+  EXPECT_TRUE(report->linked_any());
+  EXPECT_THAT(report->copied, ::testing::IsEmpty());
+  std::vector<std::string> linked = report->hard_linked;
+  linked.insert(linked.end(), report->symlinked.begin(), report->symlinked.end());
+  std::sort(linked.begin(), linked.end());
+  EXPECT_EQ(linked, Unchanged(src, *report));
+  // One filesystem here: hard links, the original's own inodes.
+  EXPECT_THAT(report->symlinked, ::testing::IsEmpty());
+  for (const std::string& name : report->hard_linked) {
+    EXPECT_EQ(Inode(fs::path(out) / name), Inode(fs::path(src) / name)) << name;
+  }
+  EXPECT_THAT(report->hard_linked, ::testing::Contains("config.json"));
+  // The rewritten shard is a file of its own still.
+  EXPECT_NE(Inode(fs::path(out) / report->rewritten[0]), Inode(fs::path(src) / report->rewritten[0]));
+
+  const nlohmann::json doc =
+      nlohmann::json::parse(std::ifstream((fs::path(out) / kRepairsFile).string()));
+  EXPECT_EQ(doc["unchanged_files"], "linked");
+  EXPECT_TRUE(doc["copied"].empty());
+  std::vector<std::string> named = doc["hard_linked"].get<std::vector<std::string>>();
+  std::sort(named.begin(), named.end());
+  std::vector<std::string> hard = report->hard_linked;
+  std::sort(hard.begin(), hard.end());
+  EXPECT_EQ(named, hard);
+
+  // Which is why it is not the default: a write into the copy is a write into the original.
+  WriteInPlace(fs::path(out) / "config.json", R"({"edited": true})", /*truncate=*/true);
+  EXPECT_EQ(Bytes(fs::path(src) / "config.json"), R"({"edited": true})");
+}
+
+// A disk that fills up while the unchanged files are copied.
+class FullDiskEnv : public EnvWrapper {
+ public:
+  FullDiskEnv() : EnvWrapper(Env::Default()) {}
+  absl::Status CopyFile(const std::string& from, const std::string&) override {
+    return MarkIoError(absl::ResourceExhaustedError(from + ": cannot copy (No space left)"));
+  }
+};
+
+TEST_F(RepairTest, AFullDiskNamesTheLinkOptionAndLeavesNoCopy) {
+  const std::string src = (dir_ / "src").string(), out = (dir_ / "out").string();
+  WithSideFiles(src, /*shards=*/4);
+  FullDiskEnv env;
+  RepairOptions options;
+  options.env = &env;
+  absl::StatusOr<RepairReport> report = Repair(src, {"experts=max-of-layer"}, out, options);
+  ASSERT_EQ(report.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsIoError(report.status()));
+  EXPECT_THAT(std::string(report.status().message()), ::testing::HasSubstr("link_unchanged"));
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& item : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(item.path().filename().string().find(".partial-"), std::string::npos)
+        << item.path();
+  }
 }
 
 TEST_F(RepairTest, Policies) {

@@ -123,7 +123,14 @@ TEST(EnvFilesTest, StatLinksCopiesAndRemoveTree) {
             absl::StatusCode::kInternal);  // EEXIST
   ASSERT_TRUE(env->CopyFile(dir.File("f"), dir.File("copy")).ok());
   EXPECT_EQ(Read(dir.File("copy")), "12345");
+  EXPECT_EQ(fs::hard_link_count(dir.File("copy")), 1u);  // a file of its own (or a reflink)
   EXPECT_EQ(env->CopyFile(dir.File("nope"), dir.File("x")).code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(fs::exists(dir.File("x")));
+  // Never onto an existing file: through the hard link it would write into "f".
+  absl::Status onto = env->CopyFile(dir.File("copy"), dir.File("hard"));
+  EXPECT_FALSE(onto.ok());
+  EXPECT_TRUE(IsIoError(onto));
+  EXPECT_EQ(Read(dir.File("f")), "12345");
 
   ASSERT_TRUE(fs::create_directories(dir.File("tree/a/b")));
   ASSERT_TRUE(WriteFileAtomically(dir.File("tree/a/b/c"), "x").ok());
