@@ -244,13 +244,8 @@ absl::StatusOr<Window> FleetService::CloseWindowSession(const std::string& tenan
                                                         const std::string& fleet,
                                                         const std::string& session_id,
                                                         WindowCloseReason reason) {
-  // What this replica's streams accepted into the window is committed first (the flusher
-  // would take up to --state_flush_interval), so the window decides on it.
-  if (options_.flusher != nullptr) {
-    if (absl::Status flushed = options_.flusher->Flush(session_id); !flushed.ok()) {
-      return flushed;
-    }
-  }
+  // The caller's fleet and an open window of it first: nothing is done to a session (not
+  // even a flush) for a tenant whose fleet does not hold it.
   {
     absl::StatusOr<FleetState> state = options_.fleets->Get(tenant, fleet);
     if (!state.ok()) return state.status();
@@ -260,6 +255,13 @@ absl::StatusOr<Window> FleetService::CloseWindowSession(const std::string& tenan
           absl::StrCat("session_id: ", session_id, " is not a window of fleet ", fleet));
     }
     if (window->state != WindowState::kOpen) return AlreadyClosed(session_id, fleet);
+  }
+  // What this replica's streams accepted into the window is committed next (the flusher
+  // would take up to --state_flush_interval), so the window decides on it.
+  if (options_.flusher != nullptr) {
+    if (absl::Status flushed = options_.flusher->Flush(session_id); !flushed.ok()) {
+      return flushed;
+    }
   }
   // Finalizing first stops every stream into it; its scales and its counts both come from
   // what the session committed, in the same transactions.

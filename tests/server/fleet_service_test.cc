@@ -1,7 +1,8 @@
 // In-process gRPC tests of fleets: a real caliper-server on 127.0.0.1:0 (in memory, with
 // --state_dir, and with --state_store on a PostgreSQL the test starts), real stubs. Every publish
 // reason and refusal, window ordering and races, pin/unpin with a watcher, retention, a
-// restart, and replicas over one PostgreSQL.
+// restart, replicas over one PostgreSQL, and another tenant's calls on a fleet (NOT_FOUND,
+// nothing changed).
 #include <atomic>
 #include <chrono>
 #include <set>
@@ -100,6 +101,10 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     options.service.env = &clock_;
     options.state_flush_interval = flush_interval_;
     options.service.fleet_saturation_layers = saturation_layers_;
+    if (!tokens_.empty()) {  // every call tenant-scoped by its bearer token
+      options.service.authenticator = std::make_shared<const TokenAuthenticator>(tokens_);
+      options.security.allow_plaintext_tokens = true;
+    }
     absl::StatusOr<std::unique_ptr<CaliperServer>> server =
         CaliperServer::Start(options, MakeCpuBackend(1), &log_);
     EXPECT_TRUE(server.ok()) << server.status();
@@ -112,6 +117,11 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
     ASSERT_NE(server_, nullptr);
     channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
     stub_ = v1::Calibration::NewStub(channel_);
+  }
+
+  // The calls of the helpers below carry token_ (none when empty).
+  void Auth(grpc::ClientContext& ctx) const {
+    if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
   }
 
   v1::CreateFleetRequest FleetRequest(const std::string& name = "prod") {
@@ -133,6 +143,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
 
   grpc::Status CreateFleet(const v1::CreateFleetRequest& req, v1::Fleet* out = nullptr) {
     grpc::ClientContext ctx;
+    Auth(ctx);
     v1::Fleet fleet;
     return stub_->CreateFleet(&ctx, req, out ? out : &fleet);
   }
@@ -140,6 +151,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
   grpc::Status Open(const std::string& wv, v1::FleetWindow* window,
                     const std::string& fleet = "prod", v1::Calibration::Stub* stub = nullptr) {
     grpc::ClientContext ctx;
+    Auth(ctx);
     v1::OpenWindowRequest req;
     req.set_fleet(fleet);
     req.set_weight_version(wv);
@@ -182,6 +194,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
   grpc::Status Stream(const std::vector<v1::TensorChunk>& chunks,
                       v1::ObserveSummary* summary = nullptr) {
     grpc::ClientContext ctx;
+    Auth(ctx);
     v1::ObserveSummary local;
     std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer =
         stub_->Observe(&ctx, summary ? summary : &local);
@@ -194,6 +207,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
 
   v1::FleetWindow Close(const std::string& session) {
     grpc::ClientContext ctx;
+    Auth(ctx);
     v1::CloseWindowRequest req;
     req.set_fleet("prod");
     req.set_session_id(session);
@@ -212,6 +226,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
 
   v1::Fleet Get(const std::string& name = "prod", v1::Calibration::Stub* stub = nullptr) {
     grpc::ClientContext ctx;
+    Auth(ctx);
     v1::GetFleetRequest req;
     req.set_fleet(name);
     v1::Fleet out;
@@ -221,6 +236,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
 
   grpc::Status FleetScales(int64_t version, v1::ScalesResponse* out) {
     grpc::ClientContext ctx;
+    Auth(ctx);
     v1::ScalesRequest req;
     req.set_fleet("prod");
     req.set_version(version);
@@ -230,6 +246,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
 
   std::vector<int64_t> VersionIds() {
     grpc::ClientContext ctx;
+    Auth(ctx);
     v1::ListVersionsRequest req;
     req.set_fleet("prod");
     v1::ListVersionsResponse out;
@@ -241,6 +258,7 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
 
   grpc::Status Pin(int64_t version) {
     grpc::ClientContext ctx;
+    Auth(ctx);
     v1::PinVersionRequest req;
     req.set_fleet("prod");
     req.set_version(version);
@@ -265,6 +283,8 @@ class FleetServiceTest : public ::testing::TestWithParam<Store> {
   int max_sessions_per_tenant_ = 0;
   absl::Duration flush_interval_ = absl::Seconds(1);  // --state_flush_interval
   int saturation_layers_ = 128;                       // --fleet_saturation_layers
+  std::vector<TenantToken> tokens_;  // --tokens_file (empty: one anonymous tenant)
+  std::string token_;                // the helpers' bearer token
   // Window ages (and sessions, streams and the flusher) on a clock the test moves.
   testing_util::FakeClockEnv clock_;
   EventLog log_{LogFormat::kText, stderr};
@@ -772,6 +792,286 @@ TEST_P(FleetServiceTest, ReplicasShareWindowsAndWatchersSeeEachOthersVersions) {
   while (reader->Read(&message)) {
   }
   reader->Finish();
+}
+
+// Tenant B names tenant A's fleet in every fleet call: each answers NOT_FOUND, exactly as for a
+// fleet that does not exist, and A's fleet is as it was (windows, versions, the pin, in-use,
+// the open window's uncommitted chunks). A fleet B makes under the same name is B's own.
+TEST_P(FleetServiceTest, AnotherTenantsFleetIsNotFoundOnEveryCallAndUnchanged) {
+  const std::string kTokenA = "token-of-tenant-alpha-0123456789";
+  const std::string kTokenB = "token-of-tenant-beta-9876543210";
+  tokens_ = {{"alpha", kTokenA}, {"beta", kTokenB}};
+  token_ = kTokenA;
+  flush_interval_ = absl::Minutes(10);  // the open stream's chunks stay unflushed
+  Start();
+
+  // Tenant A: versions 1 (step-1) and 2 (step-2), pinned to 1; an engine's in-use report; an
+  // open window of step-3 with a stream whose accepted chunks are not yet committed.
+  ASSERT_TRUE(CreateFleet(FleetRequest()).ok());
+  ASSERT_EQ(Window("step-1", 8, 4.0f).version(), 1);
+  ASSERT_EQ(Window("step-2", 8, 5.0f).version(), 2);
+  ASSERT_TRUE(Pin(1).ok());
+  {
+    grpc::ClientContext ctx;
+    Auth(ctx);
+    v1::ReportInUseRequest req;
+    req.set_fleet("prod");
+    req.set_producer_id("engine-a/0");
+    req.set_version(1);
+    req.set_saturation(0.0);
+    v1::ReportInUseResponse out;
+    ASSERT_TRUE(stub_->ReportInUse(&ctx, req, &out).ok());
+  }
+  const std::string open = OpenOk("step-3");
+  ASSERT_FALSE(open.empty());
+  grpc::ClientContext stream_ctx;
+  Auth(stream_ctx);
+  v1::ObserveSummary summary;
+  std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> writer =
+      stub_->Observe(&stream_ctx, &summary);
+  const int64_t accepted_before = AcceptedChunks(*server_);
+  for (const v1::TensorChunk& c : Traffic(open, 8, 6.0f)) ASSERT_TRUE(writer->Write(c));
+  for (int i = 0; i < 500 && AcceptedChunks(*server_) < accepted_before + 2 * kLayers; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(AcceptedChunks(*server_), accepted_before + 2 * kLayers);
+
+  // What A sees, before and after B's calls.
+  auto a_session = [&] {
+    grpc::ClientContext ctx;
+    Auth(ctx);
+    v1::GetSessionRequest req;
+    req.set_session_id(open);
+    v1::Session out;
+    EXPECT_TRUE(stub_->GetSession(&ctx, req, &out).ok());
+    return out.DebugString();
+  };
+  auto a_versions = [&] {
+    grpc::ClientContext ctx;
+    Auth(ctx);
+    v1::ListVersionsRequest req;
+    req.set_fleet("prod");
+    v1::ListVersionsResponse out;
+    EXPECT_TRUE(stub_->ListVersions(&ctx, req, &out).ok());
+    return out.DebugString();
+  };
+  auto a_scales = [&] {
+    v1::ScalesResponse out;
+    EXPECT_TRUE(FleetScales(0, &out).ok());
+    return out.SerializeAsString();
+  };
+  const v1::Fleet fleet_before = Get();
+  ASSERT_EQ(fleet_before.current_version(), 1);
+  ASSERT_EQ(fleet_before.pinned_version(), 1);
+  ASSERT_EQ(fleet_before.newest_version(), 2);
+  ASSERT_EQ(fleet_before.in_use_size(), 1);
+  const std::string session_before = a_session(), versions_before = a_versions(),
+                    scales_before = a_scales();
+
+  // Tenant B, naming A's fleet (and A's window session) in every fleet call.
+  auto as_b = [&](grpc::ClientContext& ctx) {
+    ctx.AddMetadata("authorization", "Bearer " + kTokenB);
+  };
+  auto not_found = [](const grpc::Status& s, const std::string& call) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND)
+        << call << ": " << s.error_code() << " " << s.error_message();
+  };
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::ListFleetsResponse out;
+    ASSERT_TRUE(stub_->ListFleets(&ctx, {}, &out).ok());
+    EXPECT_EQ(out.fleets_size(), 0) << out.DebugString();
+  }
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::GetFleetRequest req;
+    req.set_fleet("prod");
+    v1::Fleet out;
+    not_found(stub_->GetFleet(&ctx, req, &out), "GetFleet");
+  }
+  for (const std::string wv : {"step-3", "step-4", "step-0"}) {  // joins, supersedes, older
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::OpenWindowRequest req;
+    req.set_fleet("prod");
+    req.set_weight_version(wv);
+    v1::FleetWindow out;
+    not_found(stub_->OpenWindow(&ctx, req, &out), "OpenWindow " + wv);
+  }
+  for (const bool by_session : {true, false}) {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::CloseWindowRequest req;
+    req.set_fleet("prod");
+    if (by_session) {
+      req.set_session_id(open);
+    } else {
+      req.set_weight_version("step-3");
+    }
+    v1::FleetWindow out;
+    not_found(stub_->CloseWindow(&ctx, req, &out),
+              by_session ? "CloseWindow by session_id" : "CloseWindow by weight_version");
+  }
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::ListVersionsRequest req;
+    req.set_fleet("prod");
+    v1::ListVersionsResponse out;
+    not_found(stub_->ListVersions(&ctx, req, &out), "ListVersions");
+  }
+  for (int64_t version : {0, 1, 2}) {
+    const std::string v = absl::StrCat(" version ", version);
+    {
+      grpc::ClientContext ctx;
+      as_b(ctx);
+      v1::GetVersionRequest req;
+      req.set_fleet("prod");
+      req.set_version(version);
+      v1::FleetVersion out;
+      not_found(stub_->GetVersion(&ctx, req, &out), "GetVersion" + v);
+    }
+    {
+      grpc::ClientContext ctx;
+      as_b(ctx);
+      v1::ScalesRequest req;
+      req.set_fleet("prod");
+      req.set_version(version);
+      req.mutable_deployment()->set_tp_size(1);
+      v1::ScalesResponse out;
+      not_found(stub_->GetScales(&ctx, req, &out), "GetScales (fleet)" + v);
+    }
+    {
+      grpc::ClientContext ctx;
+      as_b(ctx);
+      v1::ReportRequest req;
+      req.set_fleet("prod");
+      req.set_version(version);
+      v1::ReportResponse out;
+      not_found(stub_->GetReport(&ctx, req, &out), "GetReport (fleet)" + v);
+    }
+  }
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::PinVersionRequest req;
+    req.set_fleet("prod");
+    req.set_version(2);
+    v1::Fleet out;
+    not_found(stub_->PinVersion(&ctx, req, &out), "PinVersion");
+  }
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::UnpinVersionRequest req;
+    req.set_fleet("prod");
+    v1::Fleet out;
+    not_found(stub_->UnpinVersion(&ctx, req, &out), "UnpinVersion");
+  }
+  for (int64_t after : {0, 1}) {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::WatchScalesRequest req;
+    req.set_fleet("prod");
+    req.set_after_version(after);
+    req.mutable_deployment()->set_tp_size(1);
+    std::unique_ptr<grpc::ClientReader<v1::WatchScalesResponse>> reader =
+        stub_->WatchScales(&ctx, req);
+    v1::WatchScalesResponse message;
+    EXPECT_FALSE(reader->Read(&message)) << "WatchScales sent version " << message.version();
+    not_found(reader->Finish(), absl::StrCat("WatchScales after ", after));
+  }
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::ReportInUseRequest req;
+    req.set_fleet("prod");
+    req.set_producer_id("engine-b/0");
+    req.set_version(2);
+    req.set_saturation(0.5);
+    req.set_sampled_tokens(100);
+    v1::ReportInUseResponse out;
+    not_found(stub_->ReportInUse(&ctx, req, &out), "ReportInUse");
+  }
+  // A's window is a session of A's: B can neither read it nor stream into it.
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::GetSessionRequest req;
+    req.set_session_id(open);
+    v1::Session out;
+    not_found(stub_->GetSession(&ctx, req, &out), "GetSession of the window");
+  }
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::ObserveSummary b_summary;
+    std::unique_ptr<grpc::ClientWriter<v1::TensorChunk>> b_writer =
+        stub_->Observe(&ctx, &b_summary);
+    for (const v1::TensorChunk& c : Traffic(open, 8, 100.0f)) {
+      if (!b_writer->Write(c)) break;
+    }
+    b_writer->WritesDone();
+    not_found(b_writer->Finish(), "Observe into the window");
+  }
+  {
+    grpc::ClientContext ctx;
+    as_b(ctx);
+    v1::DeleteFleetRequest req;
+    req.set_fleet("prod");
+    v1::DeleteFleetResponse out;
+    not_found(stub_->DeleteFleet(&ctx, req, &out), "DeleteFleet");
+  }
+
+  // Nothing of A's moved (after a few sweeps, which would record what got committed).
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const v1::Fleet fleet_after = Get();
+  EXPECT_EQ(fleet_after.DebugString(), fleet_before.DebugString());
+  EXPECT_EQ(fleet_after.current_version(), 1);
+  EXPECT_EQ(fleet_after.pinned_version(), 1);
+  ASSERT_EQ(fleet_after.in_use_size(), 1);
+  EXPECT_EQ(fleet_after.in_use(0).producer_id(), "engine-a/0");
+  EXPECT_EQ(a_session(), session_before) << "B's calls committed (or changed) A's open window";
+  EXPECT_EQ(a_versions(), versions_before);
+  EXPECT_EQ(a_scales(), scales_before);
+
+  // B's own fleet of the same name is another fleet; deleting it leaves A's.
+  token_ = kTokenB;
+  v1::Fleet b_fleet;
+  ASSERT_TRUE(CreateFleet(FleetRequest(), &b_fleet).ok());
+  EXPECT_EQ(b_fleet.current_version(), 0);
+  EXPECT_EQ(Get().windows_size(), 0);
+  {  // A's window session named in B's own fleet: not one of its windows
+    grpc::ClientContext ctx;
+    Auth(ctx);
+    v1::CloseWindowRequest req;
+    req.set_fleet("prod");
+    req.set_session_id(open);
+    v1::FleetWindow out;
+    not_found(stub_->CloseWindow(&ctx, req, &out), "CloseWindow in B's own fleet");
+  }
+  {
+    grpc::ClientContext ctx;
+    Auth(ctx);
+    v1::DeleteFleetRequest req;
+    req.set_fleet("prod");
+    v1::DeleteFleetResponse out;
+    ASSERT_TRUE(stub_->DeleteFleet(&ctx, req, &out).ok());
+  }
+  token_ = kTokenA;
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_EQ(Get().DebugString(), fleet_before.DebugString());
+  EXPECT_EQ(a_session(), session_before);
+
+  // A's window still works: its stream ends OK and the window closes into version 3.
+  writer->WritesDone();
+  EXPECT_TRUE(writer->Finish().ok());
+  EXPECT_EQ(summary.accepted_chunks(), 2 * kLayers);
+  const v1::FleetWindow closed = Close(open);
+  EXPECT_EQ(closed.tokens(), 8);
+  EXPECT_EQ(closed.version(), 3) << closed.decision() << " " << closed.detail();
 }
 
 // The PostgreSQL store's cases build into a test of their own (label `postgres`).
