@@ -1,6 +1,8 @@
 """The Llama trained here (scripts/tiny_llama.py, test size, seed 0; cached outside the checkout,
 trained on first use: a few minutes of one core) learned its corpus, and the per-head FP8 KV scales
-Caliper calibrates from it (a real server fed by caliper.hooks) cost less KL than scale 1.0."""
+Caliper calibrates from it (a real server fed by caliper.hooks) cost about what scale 1.0 costs at
+the magnitudes it learned (within the spread measured over sample seeds 0-2), and far less than
+scale 1.0 at trained models' magnitudes."""
 import json
 import os
 import pathlib
@@ -13,8 +15,19 @@ SOURCE = pathlib.Path(os.environ.get("CALIPER_SOURCE_DIR", pathlib.Path(__file__
 sys.path.insert(0, str(SOURCE / "scripts"))
 import tiny_llama  # noqa: E402
 
-# Uniform over bytes is 256; the trained model's held-out perplexity is about 5 (training.json).
+# Uniform over bytes is 256; the trained model's held-out perplexity is about 6.6 (training.json).
 PERPLEXITY_BOUND = 10.0
+
+# KL(calibrated per head) / KL(scale 1.0) at the magnitudes the model learned, measured with the
+# cached test-size model of seed 0 (torch 2.14.0+cu130, corpus /usr/lib/python3.11, held-out
+# perplexity 6.60), 2026-12-07, by
+#  CALIPER_PYTHON_SET=tools tests/python/run_pytest.sh build trained_model_test.py -s -k cost_little
+# sample seed 0: 9.668e-4 / 1.0198e-3 = 0.948; 1: 9.849e-4 / 1.0352e-3 = 0.951;
+# 2: 9.537e-4 / 8.425e-4 = 1.132. Mean 1.010, standard deviation over the seeds 0.105
+# (docs/accuracy.md). Calibrated is not better than scale 1.0 here, nor worse beyond the spread:
+# the ratio must stay within the mean +- 2 standard deviations, [0.80, 1.22]. (Seeds 3-9 gave
+# 1.037, 1.090, 1.089, 1.011, 1.015, 1.025, 1.057, all inside.)
+KL_RATIO_MEAN, KL_RATIO_SD = 1.010, 0.105
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +51,17 @@ def test_it_learned_held_out_text(trained):
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # GQA
 
 
+def sample(trained, seed):
+    """Sample seed `seed`'s 16 calibration windows (training split) and 64 evaluation windows
+    (held-out files) of 128 bytes: bench/kv_evidence_bench.py's seeds (100 + seed, 200 + seed)."""
+    _, _, train, held = trained
+    return (tiny_llama.windows(train, 16, 128, 100 + seed),
+            tiny_llama.windows(held, 64, 128, 200 + seed))
+
+
 @pytest.fixture(scope="module")
 def windows(trained):
-    _, _, train, held = trained
-    return tiny_llama.windows(train, 16, 128, 100), tiny_llama.windows(held, 64, 128, 200)
+    return sample(trained, 0)
 
 
 def kl_of(model, evaluation, scales):
@@ -49,12 +69,13 @@ def kl_of(model, evaluation, scales):
     return tiny_llama.evaluate(model, evaluation, ref, scales)
 
 
-def test_per_head_scales_are_the_hooks_absmax_and_cost_little(trained, windows, server):
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_per_head_scales_are_the_hooks_absmax_and_cost_little(trained, seed, server):
     """At the magnitudes this model learned (K, V absmax 8-14, far inside FP8's range) E4M3's
     3-bit mantissa sets the error whatever the scale: calibrated scales cost about what scale 1.0
-    costs (docs/accuracy.md: 9.0e-4 vs 8.7e-4 nats/token over 3 seeds), both little."""
+    costs, both little (KL_RATIO_MEAN +- 2 KL_RATIO_SD over sample seeds 0-2, each checked)."""
     path, model, _, _ = trained
-    calibration, evaluation = windows
+    calibration, evaluation = sample(trained, seed)
     _, scales = tiny_llama.caliper_session(model, server.address, path, calibration)
     heads = model.config.num_key_value_heads
     assert sorted(scales) == list(range(model.config.num_hidden_layers))
@@ -73,10 +94,13 @@ def test_per_head_scales_are_the_hooks_absmax_and_cost_little(trained, windows, 
     ref = tiny_llama.log_probs(model, evaluation)
     ppl_unit, kl_unit = tiny_llama.evaluate(model, evaluation, ref, tiny_llama.unit_scales(model))
     ppl_cal, kl_cal = tiny_llama.evaluate(model, evaluation, ref, scales)
-    print(f"perplexity {ppl_ref:.4f} unquantised, {ppl_unit:.4f} scale 1.0, {ppl_cal:.4f} "
-          f"per head; KL {kl_unit:.3e} scale 1.0, {kl_cal:.3e} per head")
+    print(f"seed {seed}: perplexity {ppl_ref:.4f} unquantised, {ppl_unit:.4f} scale 1.0, "
+          f"{ppl_cal:.4f} per head; KL {kl_unit:.4e} scale 1.0, {kl_cal:.4e} per head, "
+          f"ratio {kl_cal / kl_unit:.4f}")
     assert 0 < kl_cal < 5e-3 and 0 < kl_unit < 5e-3
-    assert kl_cal < 1.5 * kl_unit
+    ratio = kl_cal / kl_unit
+    assert abs(ratio - KL_RATIO_MEAN) <= 2 * KL_RATIO_SD, (
+        f"seed {seed}: KL ratio {ratio:.4f} outside {KL_RATIO_MEAN} +- 2 x {KL_RATIO_SD}")
     assert abs(ppl_cal / ppl_ref - 1) < 5e-3
 
 
