@@ -50,6 +50,7 @@ absl::Status RunMerge(const CliArgs& flags, std::ostream& out, std::ostream& err
   options.scales_path = *flags.Get("scales");
   options.out_dir = *flags.Get("out");
   options.kv_only = flags.Has("kv-only");
+  options.link_unchanged = flags.Has("link-unchanged");
   options.env = CliEnv();
   absl::StatusOr<MergeReport> report = MergeScalesIntoCheckpoint(options);
   if (!report.ok()) {
@@ -57,20 +58,30 @@ absl::Status RunMerge(const CliArgs& flags, std::ostream& out, std::ostream& err
     const FieldFlags names = {{"checkpoint_dir", "--checkpoint"},
                               {"scales_path", "--scales"},
                               {"out_dir", "--out"},
-                              {"kv_only", "--kv-only"}};
+                              {"kv_only", "--kv-only"},
+                              {"link_unchanged", "--link-unchanged"}};
     return InFlagTerms(report.status(), names);
   }
   for (const ScaleWarning& warning : report->warnings) {
     err << "caliper merge: warning: " << warning.where << ": " << warning.message << "\n";
   }
+  const size_t unchanged =
+      report->copied.size() + report->hard_linked.size() + report->symlinked.size();
   out << "caliper merge: wrote " << options.out_dir << " (" << report->format << ", "
-      << report->scale_tensors << " scale tensors; " << report->hard_linked.size()
-      << " files hard-linked";
-  if (!report->symlinked.empty()) {
-    out << ", " << report->symlinked.size() << " symlinked: "
-        << absl::StrJoin(report->symlinked, ", ");
+      << report->scale_tensors << " scale tensors; " << unchanged << " files "
+      << (options.link_unchanged ? "linked" : "copied") << ")\n";
+  if (!report->hard_linked.empty()) {
+    out << "hard-linked to the original (--link-unchanged): "
+        << absl::StrJoin(report->hard_linked, ", ") << "\n";
   }
-  out << ")\n";
+  if (!report->symlinked.empty()) {
+    out << "symlinked to the original (--link-unchanged): "
+        << absl::StrJoin(report->symlinked, ", ") << "\n";
+  }
+  if (report->linked_any()) {
+    out << "  these are the original's files: writing into one of them in place changes the "
+           "original\n";
+  }
   WarnOfFindings(options.out_dir, err);
   return absl::OkStatus();
 }
@@ -81,15 +92,16 @@ const CommandSpec& MergeCommand() {
   static const CommandSpec command{
       .name = "merge",
       .summary = "add a scale file to an HF checkpoint as a new shard + quantization_config",
-      .synopsis = "--checkpoint DIR --scales FILE --out DIR [--kv-only]",
+      .synopsis = "--checkpoint DIR --scales FILE --out DIR [--kv-only] [--link-unchanged]",
       .description =
           "Writes a new checkpoint directory: config.json with the quantization_config block added\n"
           "(and hf_quant_config.json for ModelOpt), the scale tensors in their own shard\n"
           "model-caliper-scales.safetensors, and model.safetensors.index.json listing it with the\n"
-          "original shards. The weight shards are not rewritten: they are hard-linked (same\n"
-          "filesystem; no copy, and the new directory survives deletion of the old one) or else\n"
-          "symlinked by absolute path. Refuses scale tensors the checkpoint already holds, and NVFP4\n"
-          "global scales beside unquantized weights (use --kv-only).",
+          "original shards. The weight shards are not rewritten: they and the other files are\n"
+          "copied (reflinked where the filesystem can), so writing into the new directory never\n"
+          "changes the original; with --link-unchanged they are hard-linked to the original's\n"
+          "(symlinked across filesystems), each one listed. Refuses scale tensors the checkpoint\n"
+          "already holds, and NVFP4 global scales beside unquantized weights (use --kv-only).",
       .flags = {
           {.name = "checkpoint", .value_name = "DIR",
            .help = "Hugging Face checkpoint (config.json + safetensors shards)", .required = true},
@@ -99,6 +111,9 @@ const CommandSpec& MergeCommand() {
           {.name = "out", .value_name = "DIR",
            .help = "new checkpoint directory (must not exist, or be empty)", .required = true},
           {.name = "kv-only", .help = "merge only the KV cache scales, leaving NVFP4 global scales out"},
+          {.name = "link-unchanged",
+           .help = "hard-link (symlink across filesystems) the shards and files the merge does "
+                   "not change instead of copying them: writing into one changes the original"},
       },
       .run = RunMerge,
   };

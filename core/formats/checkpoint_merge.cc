@@ -50,9 +50,22 @@ std::vector<std::string> IgnoreFromMetadata(const SafetensorsFile& file) {
   return out;
 }
 
-// Hard link, else a symlink by absolute path (another filesystem); the report says which.
-absl::Status LinkInto(Env* env, const std::string& source, StagedDirectory& out,
-                      const std::string& name, MergeReport* report) {
+// A file the merge does not change into the new directory: copied (a reflink where the
+// filesystem offers one; symlinks in the checkpoint are read through), or with `link`
+// hard-linked, else symlinked by absolute path (another filesystem). The report lists each
+// under what it is.
+absl::Status PlaceUnchanged(Env* env, const std::string& source, StagedDirectory& out,
+                            const std::string& name, bool link, MergeReport* report) {
+  if (!link) {
+    absl::Status copied = out.CopyFile(source, name);
+    if (absl::IsResourceExhausted(copied)) {
+      return Annotate(copied, "the unchanged files are copied and need their space "
+                              "(link_unchanged links them instead): ");
+    }
+    if (!copied.ok()) return copied;
+    report->copied.push_back(name);
+    return absl::OkStatus();
+  }
   absl::Status hard = env->LinkFile(source, out.PathOf(name));
   if (hard.ok()) {
     report->hard_linked.push_back(name);
@@ -230,8 +243,9 @@ absl::StatusOr<std::string> RenderScaleShard(const MergeOptions& options, const 
   return shard;
 }
 
-// The new directory: shards linked, other files carried, the scale shard, the index, config.json
-// and the side file written, all in staging, then committed.
+// The new directory: shards and other files carried (copied, or linked with link_unchanged),
+// the scale shard, the index, config.json and the side file written, all in staging, then
+// committed.
 absl::Status WriteMergedCheckpoint(const MergeOptions& options, MergeInputs& in,
                                    const std::string& shard, uint64_t scale_bytes,
                                    const std::optional<ojson>& hf_quant_config,
@@ -250,7 +264,11 @@ absl::Status WriteMergedCheckpoint(const MergeOptions& options, MergeInputs& in,
     const std::string target = lone_single ? kMergedSingleShard : name;
     renamed[name] = target;
     const std::string source = JoinPath(options.checkpoint_dir, name);
-    if (absl::Status s = LinkInto(env, source, out, target, report); !s.ok()) return s;
+    if (absl::Status s =
+            PlaceUnchanged(env, source, out, target, options.link_unchanged, report);
+        !s.ok()) {
+      return s;
+    }
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(source);
     if (!file.ok()) return file.status();
     for (const SafetensorsEntry& entry : (*file)->tensors()) weight_bytes += entry.end - entry.begin;
@@ -272,7 +290,10 @@ absl::Status WriteMergedCheckpoint(const MergeOptions& options, MergeInputs& in,
           {source, "not a regular file; not carried into the merged checkpoint"});
       continue;
     }
-    if (absl::Status s = LinkInto(env, source, out, name, report); !s.ok()) return s;
+    if (absl::Status s = PlaceUnchanged(env, source, out, name, options.link_unchanged, report);
+        !s.ok()) {
+      return s;
+    }
   }
   if (absl::Status s = out.WriteFile(kMergedScalesShard, shard); !s.ok()) return s;
   ojson weight_map = ojson::object();

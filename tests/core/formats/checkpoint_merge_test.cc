@@ -1,17 +1,23 @@
 #include "core/formats/checkpoint_merge.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "client/commands.h"
+#include "client/exit_codes.h"
+#include "client/file_io.h"
 #include "core/formats/checkpoint.h"
 #include "core/formats/engine_formats.h"
 #include "gmock/gmock.h"
@@ -44,6 +50,29 @@ ino_t Inode(const fs::path& path) {
 }
 
 ModelConfig Model() { return *ParseHfConfig(kConfig); }
+
+// Writes `data` into `path` in place, as an editor or json.dump(open(path, "w")) does: the same
+// inode, opened for writing (truncated when `truncate`), never replaced by a rename.
+void WriteInPlace(const fs::path& path, const std::string& data, bool truncate) {
+  const int fd = ::open(path.c_str(), O_WRONLY | (truncate ? O_TRUNC : 0));
+  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(::close(fd), 0);
+}
+
+std::vector<std::string> Sorted(std::vector<std::string> names) {
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A disk that fills up while the unchanged files are copied.
+class FullDiskEnv : public EnvWrapper {
+ public:
+  FullDiskEnv() : EnvWrapper(Env::Default()) {}
+  absl::Status CopyFile(const std::string& from, const std::string&) override {
+    return MarkIoError(absl::ResourceExhaustedError(from + ": cannot copy (No space left)"));
+  }
+};
 
 RenderInputs KvInputs(KvGranularity granularity) {
   RenderInputs in;
@@ -134,12 +163,16 @@ TEST_F(MergeTest, CompressedTensorsKvIntoShardedCheckpoint) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->format, "compressed-tensors");
   EXPECT_EQ(report->scale_tensors, 4);
-  // Shards and the tokenizer are the same files (hard links), not copies.
-  EXPECT_EQ(report->hard_linked.size(), 3u);
+  // Shards and the tokenizer are copies (files of their own), not links.
+  EXPECT_THAT(Sorted(report->copied),
+              ElementsAre("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                          "tokenizer.json"));
+  EXPECT_TRUE(report->hard_linked.empty());
   EXPECT_TRUE(report->symlinked.empty());
-  EXPECT_EQ(Inode(out_ / "model-00001-of-00002.safetensors"),
+  EXPECT_NE(Inode(out_ / "model-00001-of-00002.safetensors"),
             Inode(ckpt_ / "model-00001-of-00002.safetensors"));
-  EXPECT_EQ(Inode(out_ / "tokenizer.json"), Inode(ckpt_ / "tokenizer.json"));
+  EXPECT_NE(Inode(out_ / "tokenizer.json"), Inode(ckpt_ / "tokenizer.json"));
+  EXPECT_EQ(ReadAll(out_ / "model-00001-of-00002.safetensors"), shard_before);
   EXPECT_EQ(ReadAll(ckpt_ / "model-00001-of-00002.safetensors"), shard_before);
   EXPECT_EQ(ReadAll(ckpt_ / kSafetensorsIndexName), index_before);
   EXPECT_FALSE(fs::exists(out_.string() + ".partial-" + std::to_string(::getpid())));
@@ -215,7 +248,7 @@ TEST_F(MergeTest, AFailedWriteIsAnIoErrorAndLeavesNoOutput) {
   EXPECT_TRUE(MergeScalesIntoCheckpoint(Options(scales)).ok());  // the real Env works
 }
 
-TEST_F(MergeTest, SingleFileIsLinkedUnderAShardNameAndModelOptWritesItsSideFile) {
+TEST_F(MergeTest, SingleFileIsCopiedUnderAShardNameAndModelOptWritesItsSideFile) {
   WriteText(ckpt_ / "config.json", kConfig);
   WriteShard(kSingleSafetensorsName, 0);
   {  // layer 1 in the same single file
@@ -231,7 +264,9 @@ TEST_F(MergeTest, SingleFileIsLinkedUnderAShardNameAndModelOptWritesItsSideFile)
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->format, "modelopt");
   EXPECT_FALSE(fs::exists(out_ / kSingleSafetensorsName));
-  EXPECT_EQ(Inode(out_ / kMergedSingleShard), Inode(ckpt_ / kSingleSafetensorsName));
+  EXPECT_THAT(report->copied, ElementsAre(kMergedSingleShard));
+  EXPECT_NE(Inode(out_ / kMergedSingleShard), Inode(ckpt_ / kSingleSafetensorsName));
+  EXPECT_EQ(ReadAll(out_ / kMergedSingleShard), ReadAll(ckpt_ / kSingleSafetensorsName));
   json index = json::parse(ReadAll(out_ / kSafetensorsIndexName));
   EXPECT_EQ(index["weight_map"]["model.layers.0.self_attn.q_proj.weight"], kMergedSingleShard);
   EXPECT_EQ(index["weight_map"]["model.layers.0.self_attn.k_proj.k_scale"], kMergedScalesShard);
@@ -325,6 +360,113 @@ TEST_F(MergeTest, ScalesThatDoNotFitTheModelAreRefused) {
   EXPECT_THAT(status.status().message(), HasSubstr("KV scales for layer 2, but the model has 2"));
 }
 
+// The default merge copies what it does not change: writing into the merged checkpoint in place
+// (a shard's head overwritten, the tokenizer and generation config truncated and rewritten, as
+// json.dump(open(p, "w")) does) leaves every byte of the original as it was.
+TEST_F(MergeTest, WritingIntoTheMergedCopyNeverChangesTheOriginal) {
+  WriteSharded();
+  WriteText(ckpt_ / "generation_config.json", R"({"temperature": 0.6})");
+  std::map<std::string, std::string> before;
+  for (const auto& item : fs::directory_iterator(ckpt_)) {
+    before[item.path().filename().string()] = ReadAll(item.path());
+  }
+  auto report = MergeScalesIntoCheckpoint(
+      Options(WriteScales("compressed-tensors", KvInputs(KvGranularity::kPerHead))));
+  ASSERT_TRUE(report.ok()) << report.status();
+  const std::vector<std::string> unchanged = {"generation_config.json",
+                                              "model-00001-of-00002.safetensors",
+                                              "model-00002-of-00002.safetensors",
+                                              "tokenizer.json"};
+  EXPECT_EQ(Sorted(report->copied), unchanged);
+  EXPECT_FALSE(report->linked_any());
+  // Each one: the same bytes, a file of its own (another inode, one link, no symlink).
+  for (const std::string& name : unchanged) {
+    const fs::path mine = out_ / name, theirs = ckpt_ / name;
+    EXPECT_FALSE(fs::is_symlink(mine)) << name;
+    EXPECT_EQ(fs::hard_link_count(mine), 1u) << name;
+    EXPECT_EQ(fs::hard_link_count(theirs), 1u) << name;
+    EXPECT_NE(Inode(mine), Inode(theirs)) << name;
+    EXPECT_EQ(ReadAll(mine), before[name]) << name;
+  }
+
+  WriteInPlace(out_ / "model-00001-of-00002.safetensors", std::string(64, '\xff'),
+               /*truncate=*/false);
+  WriteInPlace(out_ / "tokenizer.json", "{}", /*truncate=*/true);
+  WriteInPlace(out_ / "generation_config.json", R"({"edited": true})", /*truncate=*/true);
+  WriteInPlace(out_ / "config.json", R"({"edited": true})", /*truncate=*/true);
+  EXPECT_EQ(ReadAll(out_ / "generation_config.json"), R"({"edited": true})");
+  EXPECT_EQ(ReadAll(out_ / "model-00001-of-00002.safetensors").substr(0, 64),
+            std::string(64, '\xff'));
+  for (const auto& [name, bytes] : before) {
+    EXPECT_EQ(ReadAll(ckpt_ / name), bytes) << name << " of the original changed";
+  }
+}
+
+// A checkpoint from the Hugging Face cache: its files are relative symlinks into blobs/. The
+// copy reads through them, so the merged checkpoint holds real files that load anywhere.
+TEST_F(MergeTest, SymlinkedCheckpointFilesAreCopiedThrough) {
+  WriteSharded();
+  fs::create_directories(root_ / "blobs");
+  for (const char* name : {"model-00002-of-00002.safetensors", "tokenizer.json"}) {
+    fs::rename(ckpt_ / name, root_ / "blobs" / name);
+    fs::create_symlink(fs::path("..") / "blobs" / name, ckpt_ / name);
+  }
+  auto report = MergeScalesIntoCheckpoint(
+      Options(WriteScales("compressed-tensors", KvInputs(KvGranularity::kPerHead))));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->copied.size(), 3u);
+  for (const char* name : {"model-00002-of-00002.safetensors", "tokenizer.json"}) {
+    EXPECT_FALSE(fs::is_symlink(out_ / name)) << name;
+    EXPECT_EQ(ReadAll(out_ / name), ReadAll(root_ / "blobs" / name)) << name;
+  }
+  auto merged = HfCheckpoint::Open(out_.string());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_TRUE((*merged)->Get("model.layers.1.mlp.up_proj.weight").ok());
+}
+
+// link_unchanged: the original's own files (same inodes), each named in the report; which is why
+// it is not the default: a write into the merged checkpoint is a write into the original.
+TEST_F(MergeTest, LinkUnchangedLinksTheFilesAndTheReportNamesThem) {
+  WriteSharded();
+  MergeOptions options =
+      Options(WriteScales("compressed-tensors", KvInputs(KvGranularity::kPerHead)));
+  options.link_unchanged = true;
+  auto report = MergeScalesIntoCheckpoint(options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->copied.empty());
+  EXPECT_TRUE(report->symlinked.empty());  // one filesystem here
+  EXPECT_TRUE(report->linked_any());
+  EXPECT_THAT(Sorted(report->hard_linked),
+              ElementsAre("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                          "tokenizer.json"));
+  for (const std::string& name : report->hard_linked) {
+    EXPECT_EQ(Inode(out_ / name), Inode(ckpt_ / name)) << name;
+  }
+  // config.json and the index are written new either way.
+  EXPECT_NE(Inode(out_ / "config.json"), Inode(ckpt_ / "config.json"));
+  EXPECT_NE(Inode(out_ / kSafetensorsIndexName), Inode(ckpt_ / kSafetensorsIndexName));
+
+  WriteInPlace(out_ / "tokenizer.json", "{}", /*truncate=*/true);
+  EXPECT_EQ(ReadAll(ckpt_ / "tokenizer.json"), "{}");
+}
+
+TEST_F(MergeTest, AFullDiskWhileCopyingNamesTheLinkOptionAndLeavesNoOutput) {
+  WriteSharded();
+  FullDiskEnv env;
+  MergeOptions options =
+      Options(WriteScales("compressed-tensors", KvInputs(KvGranularity::kPerHead)));
+  options.env = &env;
+  auto report = MergeScalesIntoCheckpoint(options);
+  ASSERT_EQ(report.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsIoError(report.status()));
+  EXPECT_THAT(report.status().message(), HasSubstr("link_unchanged links them instead"));
+  EXPECT_FALSE(fs::exists(out_));
+  EXPECT_FALSE(fs::exists(out_.string() + ".partial-" + std::to_string(::getpid())));
+  // Linking copies nothing, so it goes through.
+  options.link_unchanged = true;
+  EXPECT_TRUE(MergeScalesIntoCheckpoint(options).ok());
+}
+
 TEST_F(MergeTest, CommandLine) {
   WriteSharded();
   const std::string kv = WriteScales("compressed-tensors", KvInputs(KvGranularity::kPerHead));
@@ -334,6 +476,7 @@ TEST_F(MergeTest, CommandLine) {
   EXPECT_THAT(err.str(), HasSubstr("caliper merge: --out DIR is required"));
   err.str("");
   EXPECT_EQ(cli::RunMergeCommand({"--help"}, out, err), cli::kExitOk);
+  EXPECT_THAT(out.str(), HasSubstr("--link-unchanged"));
   EXPECT_THAT(out.str(), HasSubstr("hard-linked"));
   out.str("");
   EXPECT_EQ(cli::RunMergeCommand({"--checkpoint", ckpt_.string(), "--scales", kv, "--out",
@@ -341,7 +484,9 @@ TEST_F(MergeTest, CommandLine) {
                                  out, err),
             cli::kExitOk)
       << err.str();
-  EXPECT_THAT(out.str(), HasSubstr("(compressed-tensors, 4 scale tensors; 3 files hard-linked)"));
+  EXPECT_THAT(out.str(), HasSubstr("(compressed-tensors, 4 scale tensors; 3 files copied)"));
+  EXPECT_THAT(out.str(), ::testing::Not(HasSubstr("linked")));
+  EXPECT_EQ(fs::hard_link_count(out_ / "tokenizer.json"), 1u);
   // The new checkpoint is checked: per-head K/V scales are per tensor only in SGLang/TRT-LLM.
   EXPECT_THAT(err.str(), HasSubstr("caliper merge: warning: check: kv-per-head: "));
   EXPECT_THAT(err.str(), HasSubstr("` says what each engine does with them"));
@@ -350,6 +495,36 @@ TEST_F(MergeTest, CommandLine) {
                                  out, err),
             cli::kExitUsage);
   EXPECT_THAT(err.str(), HasSubstr("not a directory"));
+
+  // --link-unchanged: links, and the output names each linked file and what that means.
+  const fs::path linked = root_ / "linked";
+  out.str("");
+  err.str("");
+  EXPECT_EQ(cli::RunMergeCommand({"--checkpoint", ckpt_.string(), "--scales", kv, "--out",
+                                  linked.string(), "--link-unchanged"},
+                                 out, err),
+            cli::kExitOk)
+      << err.str();
+  EXPECT_THAT(out.str(), HasSubstr("(compressed-tensors, 4 scale tensors; 3 files linked)"));
+  EXPECT_THAT(out.str(), HasSubstr("hard-linked to the original (--link-unchanged): "
+                                   "model-00001-of-00002.safetensors, "
+                                   "model-00002-of-00002.safetensors, tokenizer.json\n"));
+  EXPECT_THAT(out.str(), HasSubstr("writing into one of them in place changes the original"));
+  EXPECT_EQ(Inode(linked / "tokenizer.json"), Inode(ckpt_ / "tokenizer.json"));
+}
+
+// A full disk while copying: the error says the flag that links instead.
+TEST_F(MergeTest, CommandLineFullDiskNamesTheFlag) {
+  WriteSharded();
+  const std::string kv = WriteScales("compressed-tensors", KvInputs(KvGranularity::kPerHead));
+  FullDiskEnv env;
+  cli::ScopedCliEnv scoped(&env);
+  std::ostringstream out, err;
+  EXPECT_EQ(cli::RunMergeCommand(
+                {"--checkpoint", ckpt_.string(), "--scales", kv, "--out", out_.string()}, out, err),
+            cli::kExitIo);
+  EXPECT_THAT(err.str(), HasSubstr("(--link-unchanged links them instead)"));
+  EXPECT_FALSE(fs::exists(out_));
 }
 
 }  // namespace
