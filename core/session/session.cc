@@ -647,7 +647,7 @@ absl::Status CalibrationSession::Finalize() {
                                     {recipe_.kv_observer, recipe_.averaging_constant, Arithmetic()});
     if (IsHistogramObserver(recipe_.kv_observer)) {
       ApplyKvHistogramObserver(kv_layers_, recipe_.kv_observer, recipe_.kv_percentile,
-                               &*final_kv_);
+                               &*final_kv_, model_.dtype);
     }
   } else if (recipe_.kv != KvMode::kOff) {
     final_kv_ = FinalizeKvScales(kv_layers_,
@@ -658,7 +658,7 @@ absl::Status CalibrationSession::Finalize() {
                                  model_.layer_attention);
     if (IsHistogramObserver(recipe_.kv_observer)) {
       ApplyKvHistogramObserver(kv_layers_, recipe_.kv_observer, recipe_.kv_percentile,
-                               &*final_kv_);
+                               &*final_kv_, model_.dtype);
     }
   }
   final_amax_.clear();
@@ -683,7 +683,7 @@ absl::Status CalibrationSession::Finalize() {
           // NVFP4 block scales are E4M3FN whatever the KV flavor (docs/observers.md).
           const double clip = HistogramClip(
               state.input_hist, recipe_.activation_observer == ActivationObserverKind::kMse,
-              recipe_.activation_percentile, Fp8Flavor::kE4M3FN);
+              recipe_.activation_percentile, Fp8Flavor::kE4M3FN, model_.dtype);
           if (clip > 0) amax.input_amax = static_cast<float>(clip);
         }
       } else {

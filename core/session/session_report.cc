@@ -118,7 +118,7 @@ json KvSide(const SessionObservations& obs, const KvScales& session, size_t l, i
                             const char* name) -> double {
     if (std::string(name) == "static_minmax") return max / qmax;
     if (h.empty() || h.max <= 0) return NAN;
-    return HistogramClip(h, std::string(name) == "mse", kv_p, flavor) / qmax;
+    return HistogramClip(h, std::string(name) == "mse", kv_p, flavor, obs.model.dtype) / qmax;
   };
   const char* kObservers[] = {"static_minmax", "percentile", "mse"};
   Totals session_totals, observer_totals[3];
@@ -200,7 +200,7 @@ json KvSide(const SessionObservations& obs, const KvScales& session, size_t l, i
     const MagnitudeHistogram& shown = w.hist ? *w.hist : w.merged;
     w.clips = {{"static_minmax", shown.max},
                {"percentile", PercentileClip(shown, kv_p)},
-               {"mse", MseClip(shown, flavor)}};
+               {"mse", MseClip(shown, flavor, obs.model.dtype)}};
     if (std::isfinite(w.sqnr)) worst->push_back(std::move(w));
   } else {
     side["recommended"] = nullptr;
@@ -219,7 +219,8 @@ json KvSection(const SessionObservations& obs, json* warnings, std::vector<Worst
                                       {recipe.kv_observer, recipe.averaging_constant,
                                        RecipeArithmetic(recipe, obs.model)});
   if (IsHistogramObserver(recipe.kv_observer) && recipe.NeedsHistograms()) {
-    ApplyKvHistogramObserver(obs.kv_layers, recipe.kv_observer, recipe.kv_percentile, &session);
+    ApplyKvHistogramObserver(obs.kv_layers, recipe.kv_observer, recipe.kv_percentile, &session,
+                             obs.model.dtype);
   }
   for (const ScaleWarning& w : session.warnings) {
     warnings->push_back({{"where", w.where}, {"message", w.message}});
@@ -302,7 +303,7 @@ json Nvfp4Section(const SessionObservations& obs) {
         mod["input_p99_99"] = p9999;
         mod["amax_over_p99_99"] = Num(a / p9999);
         observers["percentile"] = PercentileClip(m.input_hist, recipe.activation_percentile);
-        observers["mse"] = MseClip(m.input_hist, Fp8Flavor::kE4M3FN);
+        observers["mse"] = MseClip(m.input_hist, Fp8Flavor::kE4M3FN, obs.model.dtype);
       } else {
         mod["input_p99_99"] = nullptr;
         mod["amax_over_p99_99"] = nullptr;
