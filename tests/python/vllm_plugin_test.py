@@ -1196,3 +1196,75 @@ def test_two_openai_servers_feed_one_window_and_switch_to_one_version(server, tm
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+def test_openai_server_tensor_parallel_two_ranks_feed_one_window_and_switch(server, tmp_path):
+    """The OpenAI server with --tensor-parallel-size 2 (one core per worker), default mode,
+    requests from the openai client: both ranks feed the fleet's window (each reports the tokens
+    it sampled), the window holds exactly the tokens served, and after the publish both ranks
+    apply version 1 on the same step (one collective_rpc from the engine core: one switch line)
+    and report it in use."""
+    openai = pytest.importorskip("openai")
+    config = tiny_llama(tmp_path / "model")
+    client = caliper.Client(server.address)
+    fleets.create_fleet(client, "f", config, caliper.Recipe(kv="per_head"), min_tokens=16)
+    env = clean_env(CALIPER_FLEET="f", CALIPER_SERVER=server.address,
+                    CALIPER_SAMPLE_FRACTION="1", CALIPER_REPORT_S="0.5",
+                    VLLM_CPU_OMP_THREADS_BIND="0|1" if (os.cpu_count() or 1) >= 2 else "0|0")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    port, log = free_port(), tmp_path / "vllm.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+         str(tmp_path / "model"), "--served-model-name", "tiny", "--host", "127.0.0.1",
+         "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "256",
+         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--tensor-parallel-size", "2",
+         "--distributed-executor-backend", "mp"],
+        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        def wait(ready, what, seconds=600):
+            deadline = time.time() + seconds
+            while not ready():
+                assert proc.poll() is None, log.read_text()[-4000:]
+                assert time.time() < deadline, what + "\n" + log.read_text()[-3000:]
+                time.sleep(0.5)
+        wait(lambda: http_ok(f"http://127.0.0.1:{port}/health"), "the OpenAI server started")
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                            max_retries=0, timeout=120)
+        wait(lambda: any(w.open for w in fleets.get_fleet(client, "f").windows), "window open")
+        served = 0
+        for p in prompts(4, 24, seed=30):
+            r = api.completions.create(model="tiny", prompt=" ".join(f"t{t}" for t in p),
+                                       max_tokens=8, temperature=0)
+            served += r.usage.prompt_tokens + r.usage.completion_tokens - 1
+
+        def window():
+            return next(w for w in fleets.get_fleet(client, "f").windows if w.open)
+        wait(lambda: window().tokens >= served, f"the window reached {served} tokens", 120)
+        assert window().tokens == served
+        time.sleep(3)  # the window counts rank 0's tokens; rank 1's statistics land beside them
+
+        # Both ranks report from the start (version 0), and each fed its KV head: the version's
+        # per-head scales come from rank 0 (head 0) and rank 1 (head 1).
+        assert sorted(u.producer_id.rsplit("/", 1)[1]
+                      for u in fleets.get_fleet(client, "f").in_use) == ["rank0", "rank1"]
+        closed = fleets.close_window(client, "f", weight_version="initial")
+        assert (closed.version, closed.tokens) == (1, served)
+        for layer in client.session(closed.session_id).scales(tp=1).kv_layers:
+            assert len(layer.k_scale) == 2 and min(layer.k_scale + layer.v_scale) > 0
+
+        def switched():
+            api.completions.create(model="tiny", prompt="t5 t6 t7", max_tokens=2)
+            return "caliper: fleet f version 1 in use" in log.read_text()
+        wait(switched, "the engine switched", 120)
+        assert log.read_text().count("caliper: fleet f version 1 in use") == 1  # one switch
+        wait(lambda: sorted((u.producer_id.rsplit("/", 1)[1], u.version)
+                            for u in fleets.get_fleet(client, "f").in_use)
+             == [("rank0", 1), ("rank1", 1)], "both ranks reported version 1 in use", 60)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
