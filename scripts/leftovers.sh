@@ -7,7 +7,7 @@
 #   line names RUN_TMPDIR (a postmaster's `-D`);
 # - a temporary file or directory of the run is an entry of RUN_TMPDIR. Caches their tools keep
 #   there on purpose are not counted (pytest-of-*: pytest keeps its last 3 base temps;
-#   torchinductor_*: torch's compile cache).
+#   torchinductor_*: torch's compile cache), nor what vLLM leaves behind (below).
 # Processes get a grace period (GRACE seconds, default 30) to finish exiting first. When nothing
 # is left, RUN_TMPDIR is removed; otherwise it stays, for a look.
 # usage: scripts/leftovers.sh RUN_ID RUN_TMPDIR
@@ -71,8 +71,15 @@ if [[ -n "$left" ]]; then
   done
 fi
 if [[ -d "$run_tmp" ]]; then
+  # vLLM leaves its ZeroMQ IPC sockets (uuid4 names, vllm/utils/network_utils.py
+  # get_open_zmq_ipc_path, under VLLM_RPC_BASE_PATH = TMPDIR) and its file:// rendezvous files (vllm_dist_*, the same file's
+  # get_distributed_init_method) in TMPDIR after a clean shutdown: not the run's to clean, removed
+  # with RUN_TMPDIR.
   entries=$(find "$run_tmp" -mindepth 1 -maxdepth 1 -not -name 'pytest-of-*' \
-              -not -name 'torchinductor_*' -printf '%f\n' 2>/dev/null | sort)
+              -not -name 'torchinductor_*' -not -name 'vllm_dist_*' \
+              -not \( -type s -regextype posix-extended \
+                     -regex '.*/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}' \) \
+              -printf '%f\n' 2>/dev/null | sort)
   if [[ -n "$entries" ]]; then
     failed=1
     echo "leftovers: temporary files and directories the test run left in $run_tmp:"

@@ -27,6 +27,10 @@ std::vector<std::string> Modules(const StreamPlan& plan) {
 TEST(TensorStreamTest, RoutersAreNeverStreamed) {
   const std::string dir = ::testing::TempDir() + "/tensor_stream_test";
   std::filesystem::create_directories(dir);
+  struct RemoveAll {
+    std::string dir;
+    ~RemoveAll() { std::filesystem::remove_all(dir); }
+  } remove_at_end{dir};
   SafetensorsWriter weights;
   ASSERT_TRUE(weights.Add("model.layers.0.block_sparse_moe.gate.weight", "F32", {4, 16}, Zeros(64)).ok());
   ASSERT_TRUE(weights.Add("model.layers.0.block_sparse_moe.experts.0.w1.weight", "F32", {8, 16},

@@ -79,6 +79,11 @@ class MemoryBudgetTest : public ::testing::Test {
     start_kib_ = StatusKiB(server_->pid(), "VmRSS:");
   }
 
+  void TearDown() override {
+    server_.reset();
+    if (!HasFailure()) std::remove(log_.c_str());  // kept for a look when the test failed
+  }
+
   std::string CreateSession() {
     v1::CreateSessionRequest request;
     *request.mutable_model() = testing::LlamaDescription(
@@ -262,6 +267,9 @@ TEST(OutOfMemoryTest, FailedAllocationAnswersResourceExhausted) {
   std::ifstream in(log);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(text.find("ran out of memory"), std::string::npos) << "no log line";
+  child.Kill(SIGKILL);
+  child.Wait(10);
+  if (!::testing::Test::HasFailure()) std::remove(log.c_str());
 }
 
 }  // namespace
