@@ -5,10 +5,17 @@ Checked and printed: no request failed, the window got the served tokens (prompt
 but the last, from the responses), version 1 published and reported in use by the engine, and its
 per-head K/V absmax against an independent capture of the same token sequences through
 transformers (caliper.hooks), relative difference at most --rtol (1%).
-The model is one no test uses: a tiny random Qwen3 (4 layers, 8 query and 2 KV heads, head dim
-64) with a word-level tokenizer. An evidence run, not a test (minutes of 2 cores).
+The model is one no test uses: a tiny random Llama (--arch; 4 layers, 8 query and 2 KV heads, head
+dim 64) with a word-level tokenizer; generated ids come from the response's logprobs
+(return_tokens_as_token_ids), not from its text.
+Measured here (2026-12-07, AMD EPYC AVX-512, 20-30 s of 4 client threads): 0 failed requests
+with Caliper killed -9 (about 400 served while it was down), version 1 published and in use; but
+the live per-head absmax of layers 1-3 is up to 16-24% from the eager vLLM process's over the
+same sequences, layer 0 equal (the same tokens). Unexplained and open: the LLM-API tests (single
+requests) match an eager process bit for bit; what differs here is concurrent traffic (mixed
+prefill/decode batches, chunked prefill). An evidence run, not a test (minutes of 2 cores).
 usage: build/python-env-vllm/bin/python bench/vllm_serve_check.py --build build
-       [--seconds 60] [--threads 4] [--kv-cache-dtype auto|fp8]
+       [--seconds 60] [--threads 4] [--kv-cache-dtype auto|fp8] [--arch Llama|Qwen3]
 """
 import argparse
 import json
@@ -30,16 +37,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tiny_qwen3(directory: pathlib.Path) -> dict:
+def tiny_model(directory: pathlib.Path, arch: str) -> dict:
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     torch.manual_seed(7)
-    cfg = transformers.Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                                   num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                                   vocab_size=1024, max_position_embeddings=1024)
-    cfg.architectures = ["Qwen3ForCausalLM"]
-    model = transformers.Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+    dims = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1024,
+                max_position_embeddings=1024)
+    cfg = getattr(transformers, f"{arch}Config")(**dims)
+    cfg.architectures = [f"{arch}ForCausalLM"]
+    model = getattr(transformers, f"{arch}ForCausalLM")(cfg).to(torch.bfloat16).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
@@ -89,6 +97,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--rtol", type=float, default=0.01)
+    ap.add_argument("--arch", default="Llama", help="transformers architecture: Llama, Qwen3")
     args = ap.parse_args()
     import openai
     import torch
@@ -100,7 +109,7 @@ def main() -> None:
     build = args.build.resolve()
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
-        config = tiny_qwen3(tmp / "model")
+        config = tiny_model(tmp / "model", args.arch)
         server = CaliperServer(build, tmp)
         vllm_proc = None
         try:
@@ -109,8 +118,10 @@ def main() -> None:
                             server.address, "--min-tokens", "16"], check=True)
             port = free_port()
             env = {k: v for k, v in os.environ.items() if not k.startswith("CALIPER_")}
+            # Every step sampled and no token budget: the window must hold all served tokens.
             env.update(CALIPER_FLEET="prod", CALIPER_SERVER=server.address,
-                       CALIPER_SAMPLE_FRACTION="1", CALIPER_REPORT_S="1",
+                       CALIPER_SAMPLE_FRACTION="1", CALIPER_SAMPLE_TOKENS=str(1 << 40),
+                       CALIPER_REPORT_S="1",
                        VLLM_CPU_KVCACHE_SPACE="1")
             log = tmp / "vllm.log"
             started = time.time()
@@ -143,12 +154,16 @@ def main() -> None:
                         r = api.completions.create(model="tiny",
                                                    prompt=" ".join(f"w{i}" for i in ids),
                                                    max_tokens=rng.randrange(2, 24),
-                                                   temperature=0,
-                                                   extra_body={"ignore_eos": True})
-                        out = [int(w[1:]) for w in r.choices[0].text.split()]
+                                                   temperature=0, logprobs=1,
+                                                   extra_body={"ignore_eos": True,
+                                                               "return_tokens_as_token_ids": True})
+                        # The generated ids as the engine produced them (not re-read from text).
+                        out = [int(t.split(":", 1)[1]) for t in r.choices[0].logprobs.tokens]
+                        # The server's tokenizer may put the BOS token (w2) first.
+                        bos = [2] * (r.usage.prompt_tokens - len(ids))
                         with lock:
                             served[0] += r.usage.prompt_tokens + r.usage.completion_tokens - 1
-                            sequences.append(ids + out[:-1])
+                            sequences.append(bos + ids + out[:-1])
                     except Exception as e:  # noqa: BLE001 - counted and printed
                         with lock:
                             failed.append(repr(e))
@@ -182,21 +197,49 @@ def main() -> None:
             print("in use:", [(u.producer_id, u.version, u.sampled_tokens)
                               for u in fleets.get_fleet(client, "prod").in_use])
             live = client.session(closed.session_id).scales().kv_layers
-            ref = client.create_session(config, caliper.Recipe(kv="per_head"), name="reference")
-            hf = transformers.AutoModelForCausalLM.from_pretrained(
-                tmp / "model", dtype="auto", attn_implementation="eager").eval()
-            handle = caliper.hooks.attach(hf, ref)
-            with torch.no_grad():
-                for ids in sequences:
-                    hf(torch.tensor([ids]), use_cache=False)
+            stop_server = vllm_proc
+            stop_server.send_signal(signal.SIGINT)
+            stop_server.wait(120)
+
+            def worst(reference) -> float:
+                return max(abs(a - b) / b for lv, lr in zip(live, reference)
+                           for xs, ys in ((lv.k_absmax, lr.k_absmax), (lv.v_absmax, lr.v_absmax))
+                           for a, b in zip(xs, ys))
+            # Reference 1: an eager vLLM process of its own (vllm_hooks), each served sequence
+            # as one prefill: the same kernels, the same tokens.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            import vllm
+
+            from caliper import vllm_hooks
+            eager = vllm.LLM(model=str(tmp / "model"), skip_tokenizer_init=True,
+                             enforce_eager=True, dtype="bfloat16", max_model_len=512,
+                             kv_cache_memory_bytes=256 << 20)
+            ref = client.create_session(config, caliper.Recipe(kv="per_head"), name="eager")
+            handle = vllm_hooks.attach(eager, ref, inputs=False, weights=False)
+            eager.generate([{"prompt_token_ids": ids} for ids in sequences],
+                           vllm.SamplingParams(max_tokens=1), use_tqdm=False)
             handle.detach()
             ref.finalize()
-            want = ref.scales().kv_layers
-            worst = max(abs(a - b) / b for lv, lr in zip(live, want)
-                        for xs, ys in ((lv.k_absmax, lr.k_absmax), (lv.v_absmax, lr.v_absmax))
-                        for a, b in zip(xs, ys))
-            print(f"per-head K/V absmax, live vs transformers over the same {len(sequences)} "
-                  f"sequences: worst relative difference {worst:.4f} (allowed {args.rtol})")
+            worst_eager = worst(ref.scales().kv_layers)
+            for lv, lr in zip(live, ref.scales().kv_layers):
+                print(f"layer {lv.layer}: live K {[round(x, 3) for x in lv.k_absmax]} "
+                      f"V {[round(x, 3) for x in lv.v_absmax]}; eager K "
+                      f"{[round(x, 3) for x in lr.k_absmax]} V {[round(x, 3) for x in lr.v_absmax]}")
+            # Reference 2 (printed, not asserted): transformers on the same sequences.
+            hf_ref = client.create_session(config, caliper.Recipe(kv="per_head"), name="hf")
+            hf = transformers.AutoModelForCausalLM.from_pretrained(
+                tmp / "model", dtype="auto", attn_implementation="eager").eval()
+            handle = caliper.hooks.attach(hf, hf_ref)
+            with torch.no_grad():
+                for ids in sequences[:200]:
+                    hf(torch.tensor([ids]), use_cache=False)
+            handle.detach()
+            hf_ref.finalize()
+            print(f"per-head K/V absmax, live (default mode, OpenAI server) vs an eager vLLM "
+                  f"process over the same {len(sequences)} sequences: worst relative difference "
+                  f"{worst_eager:.4f} (allowed {args.rtol}); vs transformers over the first 200 "
+                  f"(informational): {worst(hf_ref.scales().kv_layers):.4f}")
+            worst = worst_eager  # type: ignore[assignment]
             ok = (not failed and down > 0 and window.tokens == served[0]
                   and closed.version == 1 and worst <= args.rtol)
             print("vllm_serve_check:", "ok" if ok else "FAILED")
