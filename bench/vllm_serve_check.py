@@ -142,6 +142,9 @@ def main() -> None:
             client = caliper.Client(server.address)
             while not any(w.open for w in fleets.get_fleet(client, "prod").windows):
                 time.sleep(0.5)
+            time.sleep(3)
+            before = next(w for w in fleets.get_fleet(client, "prod").windows if w.open).tokens
+            print(f"window tokens before any request: {before}", flush=True)
             import random
             served, failed, sequences = [0], [], []
             lock, stop = threading.Lock(), threading.Event()
