@@ -11,9 +11,9 @@ dim 64) with a word-level tokenizer; generated ids come from the response's logp
 Measured here (2026-12-07, AMD EPYC AVX-512, 20-30 s of 4 client threads): 0 failed requests
 with Caliper killed -9 (about 400 served while it was down), version 1 published and in use; but
 the live per-head absmax of layers 1-3 is up to 16-24% from the eager vLLM process's over the
-same sequences, layer 0 equal (the same tokens). Unexplained and open: the LLM-API tests (single
-requests) match an eager process bit for bit; what differs here is concurrent traffic (mixed
-prefill/decode batches, chunked prefill). An evidence run, not a test (minutes of 2 cores).
+same sequences, layer 0 equal (the same tokens), with one client thread as with four. Unexplained
+and open: through vllm.LLM (also with steps mixing prefill and decode) the plugin matches an eager
+process bit for bit; what differs here is the OpenAI server. An evidence run, not a test (minutes of 2 cores).
 usage: build/python-env-vllm/bin/python bench/vllm_serve_check.py --build build
        [--seconds 60] [--threads 4] [--kv-cache-dtype auto|fp8] [--arch Llama|Qwen3]
 """
